@@ -1,0 +1,604 @@
+package jobs
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"strconv"
+	"unicode/utf16"
+	"unicode/utf8"
+)
+
+// MaxDepth is the deepest nesting of arrays and objects that Canonicalize
+// accepts. The bound keeps a hostile document from exhausting the stack.
+const MaxDepth = 64
+
+// maxSafeInteger is 2^53 written in decimal: the largest magnitude at which every
+// integer still has its own double.
+const maxSafeInteger = "9007199254740992"
+
+// Errors returned by Canonicalize and ParseStrict. Each names one rule of the
+// wire contract; the error that comes back wraps one of these together with the
+// byte offset where the input broke it.
+var (
+	ErrSyntax        = errors.New("jobs: invalid JSON")
+	ErrNotObject     = errors.New("jobs: args must be a JSON object")
+	ErrDuplicateName = errors.New("jobs: duplicate member name")
+	ErrInvalidUTF8   = errors.New("jobs: invalid UTF-8")
+	ErrLoneSurrogate = errors.New("jobs: lone surrogate escape")
+	ErrNumberRange   = errors.New("jobs: number outside the double range")
+	ErrUnsafeInteger = errors.New("jobs: integer beyond ±2^53 (send it as a string)")
+	ErrTooDeep       = errors.New("jobs: nesting deeper than the limit")
+)
+
+// A SyntaxError reports where a document broke a rule. Is matches the sentinel
+// error of the rule, so errors.Is(err, ErrDuplicateName) works.
+type SyntaxError struct {
+	Offset int    // byte offset into the input
+	Detail string // what was found, for the human reading the message
+	rule   error
+}
+
+func (e *SyntaxError) Error() string {
+	if e.Detail == "" {
+		return fmt.Sprintf("%v at offset %d", e.rule, e.Offset)
+	}
+	return fmt.Sprintf("%v at offset %d: %s", e.rule, e.Offset, e.Detail)
+}
+
+func (e *SyntaxError) Unwrap() error { return e.rule }
+
+// Canonicalize returns the RFC 8785 (JSON Canonicalization Scheme) form of a
+// JSON document: members sorted by the UTF-16 code units of their names, no
+// insignificant whitespace, numbers in their shortest ECMAScript form, strings
+// with the minimal escapes. It rejects, never coerces, a document that is not
+// valid JSON or that breaks a rule of the contract: duplicate member names,
+// invalid UTF-8, lone surrogate escapes, numbers outside the double range,
+// integer literals beyond ±2^53 and nesting deeper than MaxDepth. The error
+// wraps one of the Err* sentinels.
+func Canonicalize(doc []byte) ([]byte, error) {
+	v, err := ParseStrict(doc)
+	if err != nil {
+		return nil, err
+	}
+	var buf bytes.Buffer
+	buf.Grow(len(doc))
+	v.appendCanonical(&buf)
+	return buf.Bytes(), nil
+}
+
+// CanonicalizeObject is Canonicalize for documents that must be a JSON object,
+// as tool arguments are; any other top-level value gives ErrNotObject.
+func CanonicalizeObject(doc []byte) ([]byte, error) {
+	v, err := ParseStrict(doc)
+	if err != nil {
+		return nil, err
+	}
+	if v.Kind != KindObject {
+		return nil, &SyntaxError{Offset: 0, Detail: "found " + v.Kind.String(), rule: ErrNotObject}
+	}
+	var buf bytes.Buffer
+	buf.Grow(len(doc))
+	v.appendCanonical(&buf)
+	return buf.Bytes(), nil
+}
+
+// Kind is the type of a parsed JSON value.
+type Kind uint8
+
+// The kinds of JSON value.
+const (
+	KindNull Kind = iota
+	KindBool
+	KindNumber
+	KindString
+	KindArray
+	KindObject
+)
+
+func (k Kind) String() string {
+	return [...]string{"null", "boolean", "number", "string", "array", "object"}[k]
+}
+
+// Value is a JSON value parsed by ParseStrict.
+type Value struct {
+	Kind    Kind
+	Bool    bool
+	Number  float64
+	String  string
+	Array   []Value
+	Members []Member // in document order
+}
+
+// Member is one name/value pair of an object.
+type Member struct {
+	Name  string
+	Value Value
+}
+
+// ParseStrict parses one JSON document under the rules of Canonicalize. It is
+// exported so that callers can validate a whole message body with the same
+// rules that protect the key.
+func ParseStrict(doc []byte) (Value, error) {
+	p := parser{in: doc}
+	p.skipSpace()
+	v, err := p.value(0)
+	if err != nil {
+		return Value{}, err
+	}
+	p.skipSpace()
+	if p.pos != len(p.in) {
+		return Value{}, p.fail(ErrSyntax, "data after the top-level value")
+	}
+	return v, nil
+}
+
+type parser struct {
+	in  []byte
+	pos int
+}
+
+func (p *parser) fail(rule error, detail string) error {
+	return &SyntaxError{Offset: p.pos, Detail: detail, rule: rule}
+}
+
+func (p *parser) skipSpace() {
+	for p.pos < len(p.in) {
+		switch p.in[p.pos] {
+		case ' ', '\t', '\n', '\r':
+			p.pos++
+		default:
+			return
+		}
+	}
+}
+
+func (p *parser) value(depth int) (Value, error) {
+	if p.pos >= len(p.in) {
+		return Value{}, p.fail(ErrSyntax, "unexpected end of input")
+	}
+	switch c := p.in[p.pos]; {
+	case c == '{':
+		return p.object(depth + 1)
+	case c == '[':
+		return p.array(depth + 1)
+	case c == '"':
+		s, err := p.string()
+		return Value{Kind: KindString, String: s}, err
+	case c == '-' || (c >= '0' && c <= '9'):
+		f, err := p.number()
+		return Value{Kind: KindNumber, Number: f}, err
+	case c == 't':
+		return Value{Kind: KindBool, Bool: true}, p.literal("true")
+	case c == 'f':
+		return Value{Kind: KindBool}, p.literal("false")
+	case c == 'n':
+		return Value{Kind: KindNull}, p.literal("null")
+	default:
+		return Value{}, p.fail(ErrSyntax, fmt.Sprintf("unexpected character %q", c))
+	}
+}
+
+func (p *parser) literal(word string) error {
+	if !bytes.HasPrefix(p.in[p.pos:], []byte(word)) {
+		return p.fail(ErrSyntax, "invalid literal")
+	}
+	p.pos += len(word)
+	return nil
+}
+
+func (p *parser) object(depth int) (Value, error) {
+	if depth > MaxDepth {
+		return Value{}, p.fail(ErrTooDeep, fmt.Sprintf("more than %d levels", MaxDepth))
+	}
+	p.pos++ // '{'
+	v := Value{Kind: KindObject, Members: []Member{}}
+	seen := map[string]struct{}{}
+	p.skipSpace()
+	if p.pos < len(p.in) && p.in[p.pos] == '}' {
+		p.pos++
+		return v, nil
+	}
+	for {
+		p.skipSpace()
+		if p.pos >= len(p.in) || p.in[p.pos] != '"' {
+			return Value{}, p.fail(ErrSyntax, "expected a member name")
+		}
+		at := p.pos
+		name, err := p.string()
+		if err != nil {
+			return Value{}, err
+		}
+		if _, dup := seen[name]; dup {
+			return Value{}, &SyntaxError{Offset: at, Detail: strconv.Quote(name), rule: ErrDuplicateName}
+		}
+		seen[name] = struct{}{}
+		p.skipSpace()
+		if p.pos >= len(p.in) || p.in[p.pos] != ':' {
+			return Value{}, p.fail(ErrSyntax, "expected ':'")
+		}
+		p.pos++
+		p.skipSpace()
+		mv, err := p.value(depth)
+		if err != nil {
+			return Value{}, err
+		}
+		v.Members = append(v.Members, Member{Name: name, Value: mv})
+		p.skipSpace()
+		if p.pos >= len(p.in) {
+			return Value{}, p.fail(ErrSyntax, "unexpected end of input in an object")
+		}
+		switch p.in[p.pos] {
+		case ',':
+			p.pos++
+		case '}':
+			p.pos++
+			return v, nil
+		default:
+			return Value{}, p.fail(ErrSyntax, "expected ',' or '}'")
+		}
+	}
+}
+
+func (p *parser) array(depth int) (Value, error) {
+	if depth > MaxDepth {
+		return Value{}, p.fail(ErrTooDeep, fmt.Sprintf("more than %d levels", MaxDepth))
+	}
+	p.pos++ // '['
+	v := Value{Kind: KindArray, Array: []Value{}}
+	p.skipSpace()
+	if p.pos < len(p.in) && p.in[p.pos] == ']' {
+		p.pos++
+		return v, nil
+	}
+	for {
+		p.skipSpace()
+		ev, err := p.value(depth)
+		if err != nil {
+			return Value{}, err
+		}
+		v.Array = append(v.Array, ev)
+		p.skipSpace()
+		if p.pos >= len(p.in) {
+			return Value{}, p.fail(ErrSyntax, "unexpected end of input in an array")
+		}
+		switch p.in[p.pos] {
+		case ',':
+			p.pos++
+		case ']':
+			p.pos++
+			return v, nil
+		default:
+			return Value{}, p.fail(ErrSyntax, "expected ',' or ']'")
+		}
+	}
+}
+
+// number parses an RFC 8259 number. Integer literals beyond ±2^53 are refused
+// because a double cannot tell two of them apart, and so are numbers whose
+// canonical form would be such a literal; so are values that overflow.
+func (p *parser) number() (float64, error) {
+	start := p.pos
+	if p.in[p.pos] == '-' {
+		p.pos++
+	}
+	intStart := p.pos
+	switch {
+	case p.pos < len(p.in) && p.in[p.pos] == '0':
+		p.pos++
+	case p.pos < len(p.in) && p.in[p.pos] >= '1' && p.in[p.pos] <= '9':
+		for p.pos < len(p.in) && isDigit(p.in[p.pos]) {
+			p.pos++
+		}
+	default:
+		return 0, p.fail(ErrSyntax, "invalid number")
+	}
+	intDigits := p.in[intStart:p.pos]
+	integer := true
+	if p.pos < len(p.in) && p.in[p.pos] == '.' {
+		integer = false
+		p.pos++
+		if p.pos >= len(p.in) || !isDigit(p.in[p.pos]) {
+			return 0, p.fail(ErrSyntax, "invalid number: no digit after '.'")
+		}
+		for p.pos < len(p.in) && isDigit(p.in[p.pos]) {
+			p.pos++
+		}
+	}
+	if p.pos < len(p.in) && (p.in[p.pos] == 'e' || p.in[p.pos] == 'E') {
+		integer = false
+		p.pos++
+		if p.pos < len(p.in) && (p.in[p.pos] == '+' || p.in[p.pos] == '-') {
+			p.pos++
+		}
+		if p.pos >= len(p.in) || !isDigit(p.in[p.pos]) {
+			return 0, p.fail(ErrSyntax, "invalid number: no digit in the exponent")
+		}
+		for p.pos < len(p.in) && isDigit(p.in[p.pos]) {
+			p.pos++
+		}
+	}
+	lit := string(p.in[start:p.pos])
+	if integer && (len(intDigits) > len(maxSafeInteger) ||
+		(len(intDigits) == len(maxSafeInteger) && string(intDigits) > maxSafeInteger)) {
+		return 0, &SyntaxError{Offset: start, Detail: lit, rule: ErrUnsafeInteger}
+	}
+	f, err := strconv.ParseFloat(lit, 64)
+	if err != nil || math.IsInf(f, 0) {
+		return 0, &SyntaxError{Offset: start, Detail: lit, rule: ErrNumberRange}
+	}
+	// Spelled another way (1e16), a value in (2^53, 1e21) still has an integer
+	// literal beyond 2^53 as its canonical form; refusing it too keeps every
+	// canonical form acceptable as input.
+	if a := math.Abs(f); a > 1<<53 && a < 1e21 {
+		return 0, &SyntaxError{Offset: start, Detail: lit, rule: ErrUnsafeInteger}
+	}
+	return f, nil
+}
+
+func isDigit(c byte) bool { return c >= '0' && c <= '9' }
+
+func (p *parser) string() (string, error) {
+	p.pos++ // opening quote
+	var out []byte
+	runStart := p.pos
+	for {
+		if p.pos >= len(p.in) {
+			return "", p.fail(ErrSyntax, "unterminated string")
+		}
+		c := p.in[p.pos]
+		switch {
+		case c == '"':
+			out = append(out, p.in[runStart:p.pos]...)
+			p.pos++
+			return string(out), nil
+		case c == '\\':
+			out = append(out, p.in[runStart:p.pos]...)
+			r, err := p.escape()
+			if err != nil {
+				return "", err
+			}
+			out = utf8.AppendRune(out, r)
+			runStart = p.pos
+		case c < 0x20:
+			return "", p.fail(ErrSyntax, "control character in a string")
+		case c < utf8.RuneSelf:
+			p.pos++
+		default:
+			r, size := utf8.DecodeRune(p.in[p.pos:])
+			if r == utf8.RuneError && size <= 1 {
+				return "", p.fail(ErrInvalidUTF8, "")
+			}
+			p.pos += size
+		}
+	}
+}
+
+// escape decodes one escape sequence at p.pos (the backslash), joining a
+// surrogate pair; a surrogate without its partner is an error.
+func (p *parser) escape() (rune, error) {
+	at := p.pos
+	p.pos++
+	if p.pos >= len(p.in) {
+		return 0, p.fail(ErrSyntax, "unterminated escape")
+	}
+	c := p.in[p.pos]
+	p.pos++
+	switch c {
+	case '"', '\\', '/':
+		return rune(c), nil
+	case 'b':
+		return '\b', nil
+	case 'f':
+		return '\f', nil
+	case 'n':
+		return '\n', nil
+	case 'r':
+		return '\r', nil
+	case 't':
+		return '\t', nil
+	case 'u':
+	default:
+		return 0, &SyntaxError{Offset: at, Detail: fmt.Sprintf("invalid escape \\%c", c), rule: ErrSyntax}
+	}
+	r, err := p.hex4()
+	if err != nil {
+		return 0, err
+	}
+	switch {
+	case r >= 0xDC00 && r <= 0xDFFF:
+		return 0, &SyntaxError{Offset: at, Detail: fmt.Sprintf("\\u%04x", r), rule: ErrLoneSurrogate}
+	case r >= 0xD800 && r <= 0xDBFF:
+		if p.pos+6 > len(p.in) || p.in[p.pos] != '\\' || p.in[p.pos+1] != 'u' {
+			return 0, &SyntaxError{Offset: at, Detail: fmt.Sprintf("\\u%04x", r), rule: ErrLoneSurrogate}
+		}
+		p.pos += 2
+		lo, err := p.hex4()
+		if err != nil {
+			return 0, err
+		}
+		if lo < 0xDC00 || lo > 0xDFFF {
+			return 0, &SyntaxError{Offset: at, Detail: fmt.Sprintf("\\u%04x", r), rule: ErrLoneSurrogate}
+		}
+		return utf16.DecodeRune(r, lo), nil
+	}
+	return r, nil
+}
+
+func (p *parser) hex4() (rune, error) {
+	if p.pos+4 > len(p.in) {
+		return 0, p.fail(ErrSyntax, "short \\u escape")
+	}
+	var r rune
+	for _, c := range p.in[p.pos : p.pos+4] {
+		r <<= 4
+		switch {
+		case c >= '0' && c <= '9':
+			r |= rune(c - '0')
+		case c >= 'a' && c <= 'f':
+			r |= rune(c - 'a' + 10)
+		case c >= 'A' && c <= 'F':
+			r |= rune(c - 'A' + 10)
+		default:
+			return 0, p.fail(ErrSyntax, "invalid \\u escape")
+		}
+	}
+	p.pos += 4
+	return r, nil
+}
+
+func (v *Value) appendCanonical(buf *bytes.Buffer) {
+	switch v.Kind {
+	case KindNull:
+		buf.WriteString("null")
+	case KindBool:
+		if v.Bool {
+			buf.WriteString("true")
+		} else {
+			buf.WriteString("false")
+		}
+	case KindNumber:
+		buf.WriteString(FormatNumber(v.Number))
+	case KindString:
+		appendString(buf, v.String)
+	case KindArray:
+		buf.WriteByte('[')
+		for i := range v.Array {
+			if i > 0 {
+				buf.WriteByte(',')
+			}
+			v.Array[i].appendCanonical(buf)
+		}
+		buf.WriteByte(']')
+	case KindObject:
+		members := slices.Clone(v.Members)
+		slices.SortFunc(members, func(a, b Member) int { return compareUTF16(a.Name, b.Name) })
+		buf.WriteByte('{')
+		for i := range members {
+			if i > 0 {
+				buf.WriteByte(',')
+			}
+			appendString(buf, members[i].Name)
+			buf.WriteByte(':')
+			members[i].Value.appendCanonical(buf)
+		}
+		buf.WriteByte('}')
+	}
+}
+
+// compareUTF16 orders two strings by their UTF-16 code units, as RFC 8785
+// sorts member names. It differs from byte order only when one side has a
+// code point above U+FFFF and the other one in U+E000..U+FFFF.
+func compareUTF16(a, b string) int {
+	for a != "" && b != "" {
+		ra, na := utf8.DecodeRuneInString(a)
+		rb, nb := utf8.DecodeRuneInString(b)
+		if ra != rb {
+			return utf16Unit(ra) - utf16Unit(rb)
+		}
+		a, b = a[na:], b[nb:]
+	}
+	return len(a) - len(b)
+}
+
+// utf16Unit is the first UTF-16 code unit of r.
+func utf16Unit(r rune) int {
+	if r >= 0x10000 {
+		hi, _ := utf16.EncodeRune(r)
+		return int(hi)
+	}
+	return int(r)
+}
+
+const hexDigits = "0123456789abcdef"
+
+func appendString(buf *bytes.Buffer, s string) {
+	buf.WriteByte('"')
+	start := 0
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c >= 0x20 && c != '"' && c != '\\' {
+			continue
+		}
+		buf.WriteString(s[start:i])
+		switch c {
+		case '"':
+			buf.WriteString(`\"`)
+		case '\\':
+			buf.WriteString(`\\`)
+		case '\b':
+			buf.WriteString(`\b`)
+		case '\f':
+			buf.WriteString(`\f`)
+		case '\n':
+			buf.WriteString(`\n`)
+		case '\r':
+			buf.WriteString(`\r`)
+		case '\t':
+			buf.WriteString(`\t`)
+		default:
+			buf.WriteString(`\u00`)
+			buf.WriteByte(hexDigits[c>>4])
+			buf.WriteByte(hexDigits[c&0xF])
+		}
+		start = i + 1
+	}
+	buf.WriteString(s[start:])
+	buf.WriteByte('"')
+}
+
+// FormatNumber writes a finite double as ECMAScript's Number.prototype.toString
+// does (ECMA-262 "Number::toString"), which is the form RFC 8785 requires:
+// shortest round-trip digits, exponent form below 1e-6 and from 1e21 up.
+func FormatNumber(f float64) string {
+	if f == 0 {
+		return "0" // -0 too
+	}
+	var out []byte
+	if f < 0 {
+		out = append(out, '-')
+		f = -f
+	}
+	// Shortest digits d1.d2d3…e±x; ECMAScript's n is x+1 with the value 0.digits×10^n.
+	e := strconv.AppendFloat(nil, f, 'e', -1, 64)
+	mant, exp, _ := bytes.Cut(e, []byte{'e'})
+	digits := make([]byte, 0, len(mant))
+	for _, c := range mant {
+		if c != '.' {
+			digits = append(digits, c)
+		}
+	}
+	x, _ := strconv.Atoi(string(exp))
+	n, k := x+1, len(digits)
+	switch {
+	case k <= n && n <= 21:
+		out = append(out, digits...)
+		for range n - k {
+			out = append(out, '0')
+		}
+	case 0 < n && n <= 21:
+		out = append(out, digits[:n]...)
+		out = append(out, '.')
+		out = append(out, digits[n:]...)
+	case -6 < n && n <= 0:
+		out = append(out, '0', '.')
+		for range -n {
+			out = append(out, '0')
+		}
+		out = append(out, digits...)
+	default:
+		out = append(out, digits[0])
+		if k > 1 {
+			out = append(out, '.')
+			out = append(out, digits[1:]...)
+		}
+		out = append(out, 'e')
+		if n-1 >= 0 {
+			out = append(out, '+')
+		}
+		out = strconv.AppendInt(out, int64(n-1), 10)
+	}
+	return string(out)
+}

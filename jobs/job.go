@@ -1,0 +1,245 @@
+// Package jobs is toolq's wire contract: the Job an agent publishes for each
+// completed tool call, the Result toolq publishes back, their strict decoding
+// and validation, the idempotency key derived from a call, and the names of the
+// subjects, headers and streams they travel on.
+//
+// The key is
+//
+//	hex(sha256(conversation_id|turn_index|tool|ordinal|canonical(args)))[:32]
+//
+// where canonical is RFC 8785. Everything that could make two agents derive
+// different keys for the same call, or one key for two calls, is rejected,
+// never coerced.
+package jobs
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"regexp"
+	"strconv"
+	"time"
+)
+
+// Version is the only version of the Job and Result bodies this package reads
+// and writes.
+const Version = 1
+
+// MaxBodySize is the default limit on an encoded job body. Consumers may set a
+// lower one.
+const MaxBodySize = 1 << 20
+
+// ErrVersion is returned for a body whose version is not Version.
+var ErrVersion = errors.New("jobs: unsupported version")
+
+// A FieldError names the field of a job that broke a rule, and the rule.
+type FieldError struct {
+	Field string
+	Rule  string
+	Err   error // the underlying cause, if any
+}
+
+func (e *FieldError) Error() string {
+	if e.Err != nil {
+		return fmt.Sprintf("jobs: %s: %s: %v", e.Field, e.Rule, e.Err)
+	}
+	return fmt.Sprintf("jobs: %s: %s", e.Field, e.Rule)
+}
+
+func (e *FieldError) Unwrap() error { return e.Err }
+
+// Job is the body of one message on toolq.jobs.<tool>: one completed tool call
+// of an assistant turn.
+type Job struct {
+	Version        int             `json:"version"`
+	ConversationID string          `json:"conversation_id"`
+	TurnIndex      int64           `json:"turn_index"`
+	Ordinal        int64           `json:"ordinal"`
+	Tool           string          `json:"tool"`
+	ToolUseID      string          `json:"tool_use_id"`
+	Args           json.RawMessage `json:"args"`
+	CreatedAt      time.Time       `json:"created_at,omitzero"`
+}
+
+// Call returns the part of the job that its key is derived from.
+func (j *Job) Call() Call {
+	return Call{
+		ConversationID: j.ConversationID,
+		TurnIndex:      j.TurnIndex,
+		Tool:           j.Tool,
+		Ordinal:        j.Ordinal,
+		Args:           j.Args,
+	}
+}
+
+// Validate checks every field of the job, including its arguments, and returns
+// a *FieldError naming the first that breaks its rule (ErrVersion for a wrong
+// version).
+func (j *Job) Validate() error {
+	if j.Version != Version {
+		return &FieldError{Field: "version", Rule: fmt.Sprintf("must be %d, got %d", Version, j.Version), Err: ErrVersion}
+	}
+	if err := j.Call().Validate(); err != nil {
+		return err
+	}
+	if !toolUseIDPattern.MatchString(j.ToolUseID) {
+		return &FieldError{Field: "tool_use_id", Rule: "must match " + toolUseIDPattern.String()}
+	}
+	if _, err := CanonicalizeObject(j.Args); err != nil {
+		return &FieldError{Field: "args", Rule: "must be a canonicalizable JSON object", Err: err}
+	}
+	return nil
+}
+
+// Key derives the job's idempotency key; see Call.Key.
+func (j *Job) Key() (string, error) { return j.Call().Key() }
+
+// DecodeJob decodes and validates a job body. It is strict: the whole body must
+// pass ParseStrict (so duplicate fields, invalid UTF-8 and the like are
+// refused anywhere in it), unknown top-level fields are refused, version must
+// be 1, and the required fields (version, conversation_id, turn_index, tool,
+// tool_use_id, args) must be present. An absent ordinal is 0. Errors are
+// *FieldError or *SyntaxError values.
+func DecodeJob(body []byte) (*Job, error) {
+	fields, err := decodeFields(body, jobFields)
+	if err != nil {
+		return nil, err
+	}
+	var j Job
+	if j.Version, err = intField(fields, "version", true); err != nil {
+		return nil, err
+	}
+	if j.Version != Version {
+		return nil, &FieldError{Field: "version", Rule: fmt.Sprintf("must be %d, got %d", Version, j.Version), Err: ErrVersion}
+	}
+	if err := decodeCallFields(fields, &j); err != nil {
+		return nil, err
+	}
+	if j.ToolUseID, err = stringField(fields, "tool_use_id", true); err != nil {
+		return nil, err
+	}
+	if raw, ok := fields["created_at"]; ok {
+		if err := json.Unmarshal(raw, &j.CreatedAt); err != nil {
+			return nil, &FieldError{Field: "created_at", Rule: "must be an RFC 3339 timestamp"}
+		}
+	}
+	if err := j.Validate(); err != nil {
+		return nil, err
+	}
+	return &j, nil
+}
+
+// DecodeCall decodes the fields of a job body that the key depends on
+// (conversation_id, turn_index, tool, ordinal, args), ignoring the others, and
+// validates them. It serves `publisher key`, which derives keys for bodies that
+// need not be complete jobs.
+func DecodeCall(body []byte) (Call, error) {
+	fields, err := decodeFields(body, nil)
+	if err != nil {
+		return Call{}, err
+	}
+	var j Job
+	if err := decodeCallFields(fields, &j); err != nil {
+		return Call{}, err
+	}
+	c := j.Call()
+	return c, c.Validate()
+}
+
+var jobFields = map[string]bool{
+	"version": true, "conversation_id": true, "turn_index": true, "ordinal": true,
+	"tool": true, "tool_use_id": true, "args": true, "created_at": true,
+}
+
+// decodeFields checks the body with the strict parser and splits it into its
+// raw top-level members; known, when not nil, lists the only names allowed.
+func decodeFields(body []byte, known map[string]bool) (map[string]json.RawMessage, error) {
+	v, err := ParseStrict(body)
+	if err != nil {
+		return nil, err
+	}
+	if v.Kind != KindObject {
+		return nil, &FieldError{Field: "(body)", Rule: "must be a JSON object, got " + v.Kind.String()}
+	}
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(body, &fields); err != nil {
+		return nil, &FieldError{Field: "(body)", Rule: "must be a JSON object", Err: err}
+	}
+	if known != nil {
+		for _, m := range v.Members {
+			if !known[m.Name] {
+				return nil, &FieldError{Field: m.Name, Rule: "unknown field"}
+			}
+		}
+	}
+	return fields, nil
+}
+
+func decodeCallFields(fields map[string]json.RawMessage, j *Job) error {
+	var err error
+	if j.ConversationID, err = stringField(fields, "conversation_id", true); err != nil {
+		return err
+	}
+	if j.TurnIndex, err = int64Field(fields, "turn_index", true); err != nil {
+		return err
+	}
+	if j.Tool, err = stringField(fields, "tool", true); err != nil {
+		return err
+	}
+	if j.Ordinal, err = int64Field(fields, "ordinal", false); err != nil {
+		return err
+	}
+	args, ok := fields["args"]
+	if !ok {
+		return &FieldError{Field: "args", Rule: "required"}
+	}
+	j.Args = args
+	return nil
+}
+
+func stringField(fields map[string]json.RawMessage, name string, required bool) (string, error) {
+	raw, ok := fields[name]
+	if !ok {
+		if required {
+			return "", &FieldError{Field: name, Rule: "required"}
+		}
+		return "", nil
+	}
+	var s string
+	if len(raw) == 0 || raw[0] != '"' || json.Unmarshal(raw, &s) != nil {
+		return "", &FieldError{Field: name, Rule: "must be a string"}
+	}
+	return s, nil
+}
+
+// decimalInteger is a non-negative integer written without sign, fraction or
+// exponent: 1.0 or 1e0 is not a turn index.
+var decimalInteger = regexp.MustCompile(`^(0|[1-9][0-9]{0,15})$`)
+
+func int64Field(fields map[string]json.RawMessage, name string, required bool) (int64, error) {
+	raw, ok := fields[name]
+	if !ok {
+		if required {
+			return 0, &FieldError{Field: name, Rule: "required"}
+		}
+		return 0, nil
+	}
+	raw = bytes.TrimSpace(raw)
+	if !decimalInteger.Match(raw) {
+		return 0, &FieldError{Field: name, Rule: "must be a non-negative integer (at most 16 digits), got " + truncate(string(raw), 32)}
+	}
+	return strconv.ParseInt(string(raw), 10, 64)
+}
+
+func intField(fields map[string]json.RawMessage, name string, required bool) (int, error) {
+	n, err := int64Field(fields, name, required)
+	return int(n), err
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}

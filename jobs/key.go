@@ -1,0 +1,105 @@
+package jobs
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"regexp"
+	"strconv"
+)
+
+// The patterns that make the key material unambiguous: none of them admits the
+// '|' separator, and none admits '.', '*' or '>', so each is also safe as a NATS
+// subject token.
+var (
+	conversationIDPattern = regexp.MustCompile(`^[A-Za-z0-9_:-]{1,128}$`)
+	toolNamePattern       = regexp.MustCompile(`^[a-zA-Z0-9_-]{1,64}$`)
+	toolUseIDPattern      = regexp.MustCompile(`^[A-Za-z0-9_-]{1,128}$`)
+)
+
+// KeyLen is the length of a key in hexadecimal characters (128 bits).
+const KeyLen = 32
+
+// Call names one tool call for the purpose of its key: everything that makes
+// two calls the same call, and nothing that changes across a retry (the
+// tool_use_id is not here on purpose).
+type Call struct {
+	ConversationID string
+	TurnIndex      int64
+	Tool           string
+	Ordinal        int64
+	Args           []byte // a JSON object, in any formatting
+}
+
+// Material is the exact byte string a key is hashed from, with the canonical
+// form of the arguments kept apart for callers that store or compare it.
+type Material struct {
+	Text      string // conversation_id|turn_index|tool|ordinal|canonical(args)
+	Canonical []byte // canonical(args)
+}
+
+// Validate checks the identifying fields of the call (not its arguments) and
+// returns a *FieldError naming the first one that breaks its rule.
+func (c Call) Validate() error {
+	switch {
+	case !conversationIDPattern.MatchString(c.ConversationID):
+		return &FieldError{Field: "conversation_id", Rule: "must match " + conversationIDPattern.String()}
+	case c.TurnIndex < 0:
+		return &FieldError{Field: "turn_index", Rule: "must be a non-negative integer"}
+	case !toolNamePattern.MatchString(c.Tool):
+		return &FieldError{Field: "tool", Rule: "must match " + toolNamePattern.String()}
+	case c.Ordinal < 0:
+		return &FieldError{Field: "ordinal", Rule: "must be a non-negative integer"}
+	}
+	return nil
+}
+
+// Material validates the call and returns the material its key is hashed
+// from. Errors: a *FieldError for a bad identifying field, or a *SyntaxError
+// (wrapping ErrNotObject, ErrDuplicateName, …) for arguments the contract
+// rejects, itself wrapped in a *FieldError naming "args".
+func (c Call) Material() (Material, error) {
+	if err := c.Validate(); err != nil {
+		return Material{}, err
+	}
+	canon, err := CanonicalizeObject(c.Args)
+	if err != nil {
+		return Material{}, &FieldError{Field: "args", Rule: "must be a canonicalizable JSON object", Err: err}
+	}
+	text := make([]byte, 0, len(c.ConversationID)+len(c.Tool)+len(canon)+48)
+	text = append(text, c.ConversationID...)
+	text = append(text, '|')
+	text = strconv.AppendInt(text, c.TurnIndex, 10)
+	text = append(text, '|')
+	text = append(text, c.Tool...)
+	text = append(text, '|')
+	text = strconv.AppendInt(text, c.Ordinal, 10)
+	text = append(text, '|')
+	text = append(text, canon...)
+	return Material{Text: string(text), Canonical: canon}, nil
+}
+
+// Key derives the idempotency key of the call:
+//
+//	hex(sha256(conversation_id|turn_index|tool|ordinal|canonical(args)))[:32]
+//
+// Errors are those of Material.
+func (c Call) Key() (string, error) {
+	m, err := c.Material()
+	if err != nil {
+		return "", err
+	}
+	return m.Key(), nil
+}
+
+// Key hashes the material into the key.
+func (m Material) Key() string {
+	sum := sha256.Sum256([]byte(m.Text))
+	return hex.EncodeToString(sum[:])[:KeyLen]
+}
+
+// ArgsDigest is the full SHA-256 of the canonical arguments in hex; the ledger
+// keeps it to tell a key collision from a genuine duplicate.
+func (m Material) ArgsDigest() string {
+	sum := sha256.Sum256(m.Canonical)
+	return hex.EncodeToString(sum[:])
+}

@@ -1,0 +1,92 @@
+package jobs
+
+import (
+	"encoding/json"
+	"fmt"
+	"time"
+)
+
+// Status is the outcome a Result reports.
+type Status string
+
+// The statuses of a Result.
+const (
+	StatusOK            Status = "ok"            // the tool ran and succeeded
+	StatusError         Status = "error"         // the tool ran, or was refused downstream, and failed definitely
+	StatusRejected      Status = "rejected"      // nothing ran: unknown tool, invalid args, key mismatch
+	StatusIndeterminate Status = "indeterminate" // the outcome is unknown; an operator reconciles it
+)
+
+// Valid reports whether s is one of the four statuses.
+func (s Status) Valid() bool {
+	switch s {
+	case StatusOK, StatusError, StatusRejected, StatusIndeterminate:
+		return true
+	}
+	return false
+}
+
+// ResultError describes why a call did not succeed.
+type ResultError struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+// Result is the body of one message on toolq.results.<conversation_id>: the
+// outcome of one job, addressed to that job's tool_use_id.
+type Result struct {
+	Version           int             `json:"version"`
+	Key               string          `json:"key"`
+	ConversationID    string          `json:"conversation_id"`
+	TurnIndex         int64           `json:"turn_index"`
+	Ordinal           int64           `json:"ordinal"`
+	Tool              string          `json:"tool"`
+	ToolUseID         string          `json:"tool_use_id"`
+	Status            Status          `json:"status"`
+	Output            json.RawMessage `json:"output,omitempty"`
+	Error             *ResultError    `json:"error,omitempty"`
+	Duplicate         bool            `json:"duplicate"`
+	OriginalToolUseID string          `json:"original_tool_use_id,omitempty"`
+	Attempts          int             `json:"attempts"`
+	CompletedAt       time.Time       `json:"completed_at"`
+}
+
+// NewResult starts the result of job j with the given key and status.
+func NewResult(j *Job, key string, status Status) *Result {
+	return &Result{
+		Version:        Version,
+		Key:            key,
+		ConversationID: j.ConversationID,
+		TurnIndex:      j.TurnIndex,
+		Ordinal:        j.Ordinal,
+		Tool:           j.Tool,
+		ToolUseID:      j.ToolUseID,
+		Status:         status,
+		CompletedAt:    time.Now().UTC(),
+	}
+}
+
+// DecodeResult decodes a result body, refusing unknown fields, another
+// version or an unknown status.
+func DecodeResult(body []byte) (*Result, error) {
+	if _, err := ParseStrict(body); err != nil {
+		return nil, err
+	}
+	var r Result
+	if err := decodeStrictJSON(body, &r); err != nil {
+		return nil, &FieldError{Field: "(body)", Rule: "must be a Result v1", Err: err}
+	}
+	if r.Version != Version {
+		return nil, &FieldError{Field: "version", Rule: fmt.Sprintf("must be %d, got %d", Version, r.Version), Err: ErrVersion}
+	}
+	if !r.Status.Valid() {
+		return nil, &FieldError{Field: "status", Rule: fmt.Sprintf("unknown status %q", r.Status)}
+	}
+	return &r, nil
+}
+
+func decodeStrictJSON(body []byte, v any) error {
+	dec := json.NewDecoder(bytesReader(body))
+	dec.DisallowUnknownFields()
+	return dec.Decode(v)
+}

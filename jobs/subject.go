@@ -1,0 +1,51 @@
+package jobs
+
+import (
+	"bytes"
+	"io"
+)
+
+// Stream names.
+const (
+	JobsStream    = "TOOLQ_JOBS"
+	ResultsStream = "TOOLQ_RESULTS"
+	DLQStream     = "TOOLQ_DLQ"
+)
+
+// Subject prefixes and wildcards.
+const (
+	JobsPrefix    = "toolq.jobs."
+	ResultsPrefix = "toolq.results."
+	DLQPrefix     = "toolq.dlq."
+
+	JobsSubjects    = JobsPrefix + ">"
+	ResultsSubjects = ResultsPrefix + ">"
+	DLQSubjects     = DLQPrefix + ">"
+)
+
+// Header names.
+const (
+	HeaderKey      = "Toolq-Key"       // the key the publisher derived; the consumer checks it
+	HeaderReplayOf = "Toolq-Replay-Of" // on replays: the stream sequence of the original
+	HeaderMsgID    = "Nats-Msg-Id"     // JetStream's de-duplication id
+)
+
+// JobSubject is the subject a job for tool is published on. The tool name must
+// be valid (see Call.Validate); it then contains no subject wildcard.
+func JobSubject(tool string) string { return JobsPrefix + tool }
+
+// ResultSubject is the subject the results of a conversation are published on.
+func ResultSubject(conversationID string) string { return ResultsPrefix + conversationID }
+
+// DLQSubject is the subject a dead letter with the given reason goes to.
+func DLQSubject(reason string) string { return DLQPrefix + reason }
+
+// JobMsgID is the Nats-Msg-Id of a job, so that JetStream drops an exact
+// re-publication of the same job inside its duplicate window.
+func JobMsgID(key, toolUseID string) string { return "job:" + key + ":" + toolUseID }
+
+// ResultMsgID is the Nats-Msg-Id of a result, so that a consumer that publishes
+// a result again after a crash does not publish it twice.
+func ResultMsgID(key, toolUseID string) string { return "result:" + key + ":" + toolUseID }
+
+func bytesReader(b []byte) io.Reader { return bytes.NewReader(b) }
