@@ -1,0 +1,92 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+
+	"github.com/toolq/toolq/jobs"
+)
+
+func runKey(_ context.Context, args []string, stdio stdio) error {
+	fs := newFlagSet("key", "key [--conversation C --turn N --tool T [--ordinal K] --args JSON] [--material]\n\n"+
+		"With --args, prints the key of that one call. Without it, reads job bodies as JSON\n"+
+		"Lines on standard input (only conversation_id, turn_index, tool, ordinal and args\n"+
+		"are needed) and prints, for each line in order, its key or 'error: <reason>'.", stdio)
+	var call jobs.Call
+	var argsJSON string
+	fs.StringVar(&call.ConversationID, "conversation", "", "conversation id")
+	fs.Int64Var(&call.TurnIndex, "turn", 0, "turn index (non-negative)")
+	fs.StringVar(&call.Tool, "tool", "", "tool name")
+	fs.Int64Var(&call.Ordinal, "ordinal", 0, "position of the call among identical calls of the turn")
+	fs.StringVar(&argsJSON, "args", "", "the call's arguments, a JSON object")
+	material := fs.Bool("material", false, "print the exact hashed material instead of the key")
+	if help, err := parseFlags(fs, args); help || err != nil {
+		return err
+	}
+	argsSet := false
+	fs.Visit(func(f *flag.Flag) { argsSet = argsSet || f.Name == "args" })
+	if argsSet {
+		call.Args = []byte(argsJSON)
+		line, err := keyLine(call, *material)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintln(stdio.out, line)
+		return nil
+	}
+	return keysFromJSONLines(stdio.in, stdio.out, *material)
+}
+
+// keysFromJSONLines prints a key (or material) for each input line, or
+// "error: <reason>" for a line that is rejected, and fails at the end if any
+// line was.
+func keysFromJSONLines(in io.Reader, out io.Writer, material bool) error {
+	r := bufio.NewReader(in)
+	w := bufio.NewWriter(out)
+	defer w.Flush()
+	rejected := 0
+	for n := 1; ; n++ {
+		line, readErr := r.ReadBytes('\n')
+		if len(line) == 0 && readErr != nil {
+			if errors.Is(readErr, io.EOF) {
+				break
+			}
+			return readErr
+		}
+		line = bytes.TrimRight(line, "\r\n")
+		var text string
+		call, err := jobs.DecodeCall(line)
+		if err == nil {
+			text, err = keyLine(call, material)
+		}
+		if err != nil {
+			rejected++
+			text = "error: " + err.Error()
+		}
+		fmt.Fprintln(w, text)
+		if readErr != nil {
+			break
+		}
+	}
+	if rejected > 0 {
+		w.Flush()
+		return fmt.Errorf("%d line(s) rejected", rejected)
+	}
+	return nil
+}
+
+func keyLine(call jobs.Call, material bool) (string, error) {
+	m, err := call.Material()
+	if err != nil {
+		return "", err
+	}
+	if material {
+		return m.Text, nil
+	}
+	return m.Key(), nil
+}
