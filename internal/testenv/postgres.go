@@ -178,9 +178,10 @@ func (c *Cluster) Start() error {
 	return c.exec("pg_ctl", "-D", c.dataDir(), "-l", filepath.Join(c.dir, "log"), "-o", opts, "-w", "-t", "60", "start")
 }
 
-// Stop stops the server immediately (pg_ctl stop -m immediate) and waits.
+// Stop stops the server (pg_ctl stop -m fast: clients are disconnected, what
+// was committed is kept) and waits.
 func (c *Cluster) Stop() error {
-	return c.exec("pg_ctl", "-D", c.dataDir(), "-m", "immediate", "-w", "stop")
+	return c.exec("pg_ctl", "-D", c.dataDir(), "-m", "fast", "-w", "stop")
 }
 
 func (c *Cluster) exec(name string, args ...string) error {

@@ -1,0 +1,69 @@
+package ledger_test
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/toolq/toolq/ledger"
+)
+
+// BenchmarkClaimComplete measures claim+complete per row: one row per round
+// trip, and 100 rows per claim batch and per completion batch, as the
+// consumer does with a fetched batch. ns/op is per row in both.
+func BenchmarkClaimComplete(b *testing.B) {
+	for _, backend := range []string{"postgres", "sqlite"} {
+		b.Run(backend, func(b *testing.B) {
+			s := openBenchStore(b, backend)
+			output := json.RawMessage(`{"id":"pay_123","status":"succeeded"}`)
+			b.Run("single", func(b *testing.B) {
+				ctx := context.Background()
+				for b.Loop() {
+					res, err := s.Claim(ctx, []ledger.Claim{newClaim(time.Minute)})
+					if err != nil || !res[0].Claimed {
+						b.Fatal(err)
+					}
+					if err := s.Complete(ctx, res[0].Row.Fence(), output); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+			b.Run("batched-100", func(b *testing.B) {
+				ctx := context.Background()
+				claims := make([]ledger.Claim, 100)
+				completions := make([]ledger.Completion, 100)
+				rows := 0
+				for b.Loop() {
+					if rows%100 == 0 {
+						for i := range claims {
+							claims[i] = newClaim(time.Minute)
+						}
+						res, err := s.Claim(ctx, claims)
+						if err != nil {
+							b.Fatal(err)
+						}
+						for i, r := range res {
+							if !r.Claimed {
+								b.Fatalf("not claimed: %+v", r)
+							}
+							completions[i] = ledger.Completion{Fence: r.Row.Fence(), Output: output}
+						}
+						errs, err := s.CompleteBatch(ctx, completions)
+						if err != nil {
+							b.Fatal(err)
+						}
+						for _, err := range errs {
+							if err != nil {
+								b.Fatal(err)
+							}
+						}
+					}
+					rows++
+				}
+			})
+		})
+	}
+}
+
+func openBenchStore(b *testing.B, backend string) *ledger.Store { return openStoreTB(b, backend) }

@@ -1,0 +1,590 @@
+package ledger_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/toolq/toolq/internal/testenv"
+	"github.com/toolq/toolq/ledger"
+)
+
+func TestMain(m *testing.M) {
+	if helperMain() {
+		return
+	}
+	testenv.Main(m)
+}
+
+// eachBackend runs the test body once per backend, as subtests named
+// "postgres" and "sqlite", each on a fresh, migrated database.
+func eachBackend(t *testing.T, body func(t *testing.T, s *ledger.Store)) {
+	t.Helper()
+	for _, backend := range []string{"postgres", "sqlite"} {
+		t.Run(backend, func(t *testing.T) {
+			t.Parallel()
+			body(t, openStore(t, backend))
+		})
+	}
+}
+
+func openStore(t *testing.T, backend string) *ledger.Store { return openStoreTB(t, backend) }
+
+func openStoreTB(t testing.TB, backend string) *ledger.Store {
+	t.Helper()
+	ctx := context.Background()
+	var s *ledger.Store
+	var err error
+	switch backend {
+	case "postgres":
+		s, err = ledger.OpenPostgres(ctx, testenv.Postgres(t)+"&pool_max_conns=16")
+	case "sqlite":
+		s, err = ledger.OpenSQLite(ctx, filepath.Join(t.TempDir(), "ledger.db"))
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	if err := s.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+var keySeq atomic.Int64
+
+// newClaim returns a claim for a fresh key with a lease of d.
+func newClaim(d time.Duration) ledger.Claim {
+	n := keySeq.Add(1)
+	return ledger.Claim{
+		Key:            fmt.Sprintf("k%031d", n),
+		ConversationID: "conv-1",
+		TurnIndex:      n,
+		Tool:           "send_payment",
+		ArgsDigest:     "digest",
+		ToolUseID:      fmt.Sprintf("toolu_%d", n),
+		Owner:          "test",
+		Lease:          d,
+		TraceID:        "0af7651916cd43dd8448eb211c80319c",
+		SpanID:         "b7ad6b7169203331",
+	}
+}
+
+func claimOne(t *testing.T, s *ledger.Store, c ledger.Claim) ledger.ClaimResult {
+	t.Helper()
+	res, err := s.Claim(context.Background(), []ledger.Claim{c})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res) != 1 {
+		t.Fatalf("%d results for one claim", len(res))
+	}
+	return res[0]
+}
+
+func mustClaim(t *testing.T, s *ledger.Store, c ledger.Claim) ledger.Row {
+	t.Helper()
+	r := claimOne(t, s, c)
+	if !r.Claimed || r.Err != nil {
+		t.Fatalf("claim %s: claimed=%v err=%v row=%+v", c.Key, r.Claimed, r.Err, r.Row)
+	}
+	return r.Row
+}
+
+func mustGet(t *testing.T, s *ledger.Store, key string) ledger.Row {
+	t.Helper()
+	row, err := s.Get(context.Background(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return row
+}
+
+// waitExpired waits, with a deadline, until the database says the lease of
+// key has run out.
+func waitExpired(t *testing.T, s *ledger.Store, key string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		row := mustGet(t, s, key)
+		if row.LeaseExpired() {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("lease of %s still running: %v left", key, row.LeaseRemaining)
+		}
+		time.Sleep(min(row.LeaseRemaining+time.Millisecond, 100*time.Millisecond))
+	}
+}
+
+func isErr(t *testing.T, err, want error) {
+	t.Helper()
+	if !errors.Is(err, want) {
+		t.Fatalf("err = %v, want %v", err, want)
+	}
+}
+
+func TestClaimThenDuplicate(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, s *ledger.Store) {
+		ctx := context.Background()
+		c := newClaim(time.Minute)
+		row := mustClaim(t, s, c)
+		if row.State != ledger.InFlight || row.Attempt != 1 || row.FirstToolUseID != c.ToolUseID ||
+			row.TraceID != c.TraceID || row.SpanID != c.SpanID || row.LeaseRemaining <= 50*time.Second {
+			t.Fatalf("new row %+v", row)
+		}
+		dup := c
+		dup.ToolUseID = "toolu_other"
+		r := claimOne(t, s, dup)
+		if r.Claimed || r.Err != nil || r.Row.State != ledger.InFlight || r.Row.FirstToolUseID != c.ToolUseID || r.Row.LeaseExpired() {
+			t.Fatalf("duplicate of an in-flight claim: %+v", r)
+		}
+		out := json.RawMessage(`{"id":"pay_1", "amount": 1}`)
+		if err := s.Complete(ctx, row.Fence(), out); err != nil {
+			t.Fatal(err)
+		}
+		r = claimOne(t, s, dup)
+		if r.Claimed || r.Row.State != ledger.Completed || string(r.Row.Result) != string(out) || r.Row.Attempt != 1 {
+			t.Fatalf("duplicate of a completed claim: %+v", r)
+		}
+		// Completing twice is refused: the row is settled.
+		isErr(t, s.Complete(ctx, row.Fence(), out), ledger.ErrFenced)
+	})
+}
+
+func TestFailIsTheResult(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, s *ledger.Store) {
+		c := newClaim(time.Minute)
+		row := mustClaim(t, s, c)
+		if err := s.Fail(context.Background(), row.Fence(), ledger.ErrorInfo{Code: "card_declined", Message: "no"}); err != nil {
+			t.Fatal(err)
+		}
+		r := claimOne(t, s, c)
+		if r.Claimed || r.Row.State != ledger.Failed || r.Row.Error == nil || r.Row.Error.Code != "card_declined" {
+			t.Fatalf("after fail: %+v", r)
+		}
+	})
+}
+
+// TestClaimRace: 64 goroutines over at least 8 connections claim one key;
+// exactly one wins, and every other sees the winner's row.
+func TestClaimRace(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, s *ledger.Store) {
+		for round := range 5 {
+			c := newClaim(time.Minute)
+			var wins atomic.Int32
+			var wg sync.WaitGroup
+			start := make(chan struct{})
+			errs := make(chan error, 64)
+			for g := range 64 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					mine := c
+					mine.ToolUseID = fmt.Sprintf("toolu_%d", g)
+					<-start
+					res, err := s.Claim(context.Background(), []ledger.Claim{mine})
+					if err != nil {
+						errs <- err
+						return
+					}
+					if res[0].Claimed {
+						wins.Add(1)
+					} else if res[0].Row.Attempt != 1 || res[0].Row.State != ledger.InFlight {
+						errs <- fmt.Errorf("loser saw %+v", res[0].Row)
+					}
+				}()
+			}
+			close(start)
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				t.Fatal(err)
+			}
+			if wins.Load() != 1 {
+				t.Fatalf("round %d: %d claims won, want exactly 1", round, wins.Load())
+			}
+		}
+	})
+}
+
+func TestMaterialMismatch(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, s *ledger.Store) {
+		c := newClaim(time.Minute)
+		row := mustClaim(t, s, c)
+		if err := s.Complete(context.Background(), row.Fence(), json.RawMessage(`{"secret":"for conv-1 only"}`)); err != nil {
+			t.Fatal(err)
+		}
+		for name, change := range map[string]func(*ledger.Claim){
+			"conversation": func(c *ledger.Claim) { c.ConversationID = "conv-2" },
+			"turn":         func(c *ledger.Claim) { c.TurnIndex++ },
+			"tool":         func(c *ledger.Claim) { c.Tool = "void_payment" },
+			"ordinal":      func(c *ledger.Claim) { c.Ordinal = 9 },
+			"args":         func(c *ledger.Claim) { c.ArgsDigest = "other" },
+		} {
+			other := c
+			change(&other)
+			r := claimOne(t, s, other)
+			if !errors.Is(r.Err, ledger.ErrMaterialMismatch) || r.Claimed || r.Row.Result != nil || r.Row.Key != "" {
+				t.Fatalf("%s differs: %+v", name, r)
+			}
+		}
+	})
+}
+
+func TestTakeoverFencesTheStaleHolder(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, s *ledger.Store) {
+		ctx := context.Background()
+		c := newClaim(300 * time.Millisecond)
+		stale := mustClaim(t, s, c)
+		// While the lease runs nobody may take over.
+		_, err := s.Takeover(ctx, stale.Fence(), "taker", time.Minute)
+		isErr(t, err, ledger.ErrLeaseHeld)
+		waitExpired(t, s, c.Key)
+		taken, err := s.Takeover(ctx, stale.Fence(), "taker", time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if taken.Attempt != 2 || taken.Owner != "taker" || taken.LeaseExpired() || taken.FirstToolUseID != c.ToolUseID {
+			t.Fatalf("taken over: %+v", taken)
+		}
+		f := stale.Fence()
+		isErr(t, s.Complete(ctx, f, json.RawMessage(`{}`)), ledger.ErrFenced)
+		isErr(t, s.Fail(ctx, f, ledger.ErrorInfo{Code: "x"}), ledger.ErrFenced)
+		isErr(t, s.Release(ctx, f), ledger.ErrFenced)
+		isErr(t, s.Extend(ctx, f, time.Minute), ledger.ErrFenced)
+		isErr(t, s.EndLease(ctx, f, ledger.ErrorInfo{Code: "x"}), ledger.ErrFenced)
+		isErr(t, s.MarkIndeterminate(ctx, f, ledger.ErrorInfo{Code: "x"}), ledger.ErrFenced)
+		errs, err := s.CompleteBatch(ctx, []ledger.Completion{{Fence: f, Output: json.RawMessage(`{}`)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		isErr(t, errs[0], ledger.ErrFenced)
+		_, err = s.Takeover(ctx, f, "zombie", time.Minute)
+		isErr(t, err, ledger.ErrFenced)
+		// The row is the new holder's, untouched by the stale one.
+		row := mustGet(t, s, c.Key)
+		if row.State != ledger.InFlight || row.Attempt != 2 || row.Owner != "taker" || row.Result != nil {
+			t.Fatalf("row after the stale holder's writes: %+v", row)
+		}
+		if err := s.Complete(ctx, taken.Fence(), json.RawMessage(`{"ok":true}`)); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+func TestTakeoverRace(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, s *ledger.Store) {
+		c := newClaim(100 * time.Millisecond)
+		row := mustClaim(t, s, c)
+		waitExpired(t, s, c.Key)
+		var wins atomic.Int32
+		var wg sync.WaitGroup
+		for g := range 16 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				_, err := s.Takeover(context.Background(), row.Fence(), fmt.Sprintf("taker-%d", g), time.Minute)
+				switch {
+				case err == nil:
+					wins.Add(1)
+				case !errors.Is(err, ledger.ErrFenced):
+					t.Errorf("loser: %v", err)
+				}
+			}()
+		}
+		wg.Wait()
+		if wins.Load() != 1 {
+			t.Fatalf("%d takers won, want 1", wins.Load())
+		}
+		if got := mustGet(t, s, c.Key); got.Attempt != 2 {
+			t.Fatalf("attempt %d after one takeover", got.Attempt)
+		}
+	})
+}
+
+func TestReleaseLetsTheKeyBeClaimedAgain(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, s *ledger.Store) {
+		ctx := context.Background()
+		c := newClaim(time.Minute)
+		row := mustClaim(t, s, c)
+		if err := s.Release(ctx, row.Fence()); err != nil {
+			t.Fatal(err)
+		}
+		_, err := s.Get(ctx, c.Key)
+		isErr(t, err, ledger.ErrNotFound)
+		isErr(t, s.Complete(ctx, row.Fence(), json.RawMessage(`{}`)), ledger.ErrNotFound)
+		again := mustClaim(t, s, c)
+		if again.Attempt != 1 {
+			t.Fatalf("claim after release: %+v", again)
+		}
+	})
+}
+
+func TestEndLeaseAndExtend(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, s *ledger.Store) {
+		ctx := context.Background()
+		c := newClaim(2 * time.Second)
+		row := mustClaim(t, s, c)
+		if err := s.Extend(ctx, row.Fence(), time.Hour); err != nil {
+			t.Fatal(err)
+		}
+		if got := mustGet(t, s, c.Key); got.LeaseRemaining < 59*time.Minute {
+			t.Fatalf("extended lease: %v left", got.LeaseRemaining)
+		}
+		if err := s.EndLease(ctx, row.Fence(), ledger.ErrorInfo{Code: "timeout", Message: "no answer in 5s"}); err != nil {
+			t.Fatal(err)
+		}
+		got := mustGet(t, s, c.Key)
+		if !got.LeaseExpired() || got.State != ledger.InFlight || got.Error == nil || got.Error.Code != "timeout" {
+			t.Fatalf("after EndLease: %+v", got)
+		}
+		// The next delivery takes over at once, with the same key.
+		taken, err := s.Takeover(ctx, got.Fence(), "next", time.Minute)
+		if err != nil || taken.Attempt != 2 {
+			t.Fatalf("takeover after EndLease: %+v %v", taken, err)
+		}
+	})
+}
+
+func TestIndeterminateAndResolve(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, s *ledger.Store) {
+		ctx := context.Background()
+		settle := func() ledger.Claim {
+			c := newClaim(time.Minute)
+			row := mustClaim(t, s, c)
+			if err := s.MarkIndeterminate(ctx, row.Fence(), ledger.ErrorInfo{Code: "reset", Message: "connection reset mid-response"}); err != nil {
+				t.Fatal(err)
+			}
+			return c
+		}
+		a, b := settle(), settle()
+		if r := claimOne(t, s, a); r.Claimed || r.Row.State != ledger.Indeterminate {
+			t.Fatalf("duplicate of an indeterminate row: %+v", r)
+		}
+		rows, err := s.List(ctx, ledger.Filter{State: ledger.Indeterminate})
+		if err != nil || len(rows) != 2 {
+			t.Fatalf("list indeterminate: %d rows, %v", len(rows), err)
+		}
+		if err := s.Resolve(ctx, a.Key, ledger.Resolution{Output: json.RawMessage(`{"ticket":"T-1"}`)}); err != nil {
+			t.Fatal(err)
+		}
+		if r := claimOne(t, s, a); r.Row.State != ledger.Completed || string(r.Row.Result) != `{"ticket":"T-1"}` {
+			t.Fatalf("after resolve completed: %+v", r)
+		}
+		if err := s.Resolve(ctx, b.Key, ledger.Resolution{NotRun: true}); err != nil {
+			t.Fatal(err)
+		}
+		if r := claimOne(t, s, b); !r.Claimed {
+			t.Fatalf("after resolve not-run the key is claimable again: %+v", r)
+		}
+		isErr(t, s.Resolve(ctx, a.Key, ledger.Resolution{NotRun: true}), ledger.ErrNotIndeterminate)
+		isErr(t, s.Resolve(ctx, "missing", ledger.Resolution{NotRun: true}), ledger.ErrNotFound)
+		if err := s.Resolve(ctx, a.Key, ledger.Resolution{Output: json.RawMessage(`{bad`)}); err == nil {
+			t.Fatal("invalid output JSON accepted")
+		}
+	})
+}
+
+// TestBatchClaim: one batch mixes new keys, a completed key, an in-flight
+// key, a key given twice and a key with other material.
+func TestBatchClaim(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, s *ledger.Store) {
+		ctx := context.Background()
+		done, busy := newClaim(time.Minute), newClaim(time.Minute)
+		doneRow := mustClaim(t, s, done)
+		if err := s.Complete(ctx, doneRow.Fence(), json.RawMessage(`{"done":1}`)); err != nil {
+			t.Fatal(err)
+		}
+		mustClaim(t, s, busy)
+		fresh1, fresh2 := newClaim(time.Minute), newClaim(time.Minute)
+		twice := fresh1
+		twice.ToolUseID = "toolu_twice"
+		clash := done
+		clash.ArgsDigest = "another call"
+		batch := []ledger.Claim{fresh1, done, busy, twice, fresh2, clash}
+		res, err := s.Claim(ctx, batch)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := []struct {
+			claimed bool
+			state   ledger.State
+			err     error
+		}{
+			{true, ledger.InFlight, nil},
+			{false, ledger.Completed, nil},
+			{false, ledger.InFlight, nil},
+			{false, ledger.InFlight, nil},
+			{true, ledger.InFlight, nil},
+			{false, "", ledger.ErrMaterialMismatch},
+		}
+		for i, w := range want {
+			r := res[i]
+			if r.Claimed != w.claimed || r.Row.State != w.state || !errors.Is(r.Err, w.err) {
+				t.Errorf("batch[%d] (%s): claimed=%v state=%q err=%v", i, batch[i].Key, r.Claimed, r.Row.State, r.Err)
+			}
+		}
+		if string(res[1].Row.Result) != `{"done":1}` || res[3].Row.FirstToolUseID != fresh1.ToolUseID {
+			t.Errorf("rows: %+v / %+v", res[1].Row, res[3].Row)
+		}
+		// Batched completion of the two new claims.
+		errs, err := s.CompleteBatch(ctx, []ledger.Completion{
+			{Fence: res[0].Row.Fence(), Output: json.RawMessage(`{"n":1}`)},
+			{Fence: res[4].Row.Fence(), Output: json.RawMessage(`{"n":2}`)},
+			{Fence: doneRow.Fence(), Output: json.RawMessage(`{"n":3}`)},
+		})
+		if err != nil || errs[0] != nil || errs[1] != nil || !errors.Is(errs[2], ledger.ErrFenced) {
+			t.Fatalf("CompleteBatch: %v %v", errs, err)
+		}
+		if got := mustGet(t, s, fresh2.Key); got.State != ledger.Completed || string(got.Result) != `{"n":2}` {
+			t.Fatalf("after CompleteBatch: %+v", got)
+		}
+	})
+}
+
+func TestListAndCounts(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, s *ledger.Store) {
+		ctx := context.Background()
+		if rows, err := s.List(ctx, ledger.Filter{}); err != nil || rows == nil || len(rows) != 0 {
+			t.Fatalf("empty ledger: %v %v", rows, err)
+		}
+		short := newClaim(50 * time.Millisecond)
+		mustClaim(t, s, short)
+		mustClaim(t, s, newClaim(time.Hour))
+		doneRow := mustClaim(t, s, newClaim(time.Hour))
+		if err := s.Complete(ctx, doneRow.Fence(), json.RawMessage(`1`)); err != nil {
+			t.Fatal(err)
+		}
+		waitExpired(t, s, short.Key)
+		stale, err := s.List(ctx, ledger.Filter{Stale: true})
+		if err != nil || len(stale) != 1 || stale[0].Key != short.Key {
+			t.Fatalf("stale: %+v %v", stale, err)
+		}
+		inflight, _ := s.List(ctx, ledger.Filter{State: ledger.InFlight})
+		if len(inflight) != 2 {
+			t.Fatalf("in flight: %d rows", len(inflight))
+		}
+		counts, err := s.Counts(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if counts["in_flight"] != 2 || counts["completed"] != 1 || counts["stale"] != 1 || counts["failed"] != 0 {
+			t.Fatalf("counts %v", counts)
+		}
+		if _, err := s.List(ctx, ledger.Filter{State: "bogus"}); err == nil {
+			t.Fatal("unknown state accepted")
+		}
+	})
+}
+
+func TestPurgeLeavesUnfinishedRows(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, s *ledger.Store) {
+		ctx := context.Background()
+		var old []string
+		for i := range 25 {
+			row := mustClaim(t, s, newClaim(time.Hour))
+			var err error
+			if i%2 == 0 {
+				err = s.Complete(ctx, row.Fence(), json.RawMessage(`{}`))
+			} else {
+				err = s.Fail(ctx, row.Fence(), ledger.ErrorInfo{Code: "no"})
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			old = append(old, row.Key)
+		}
+		inflight := mustClaim(t, s, newClaim(time.Hour))
+		indet := mustClaim(t, s, newClaim(time.Hour))
+		if err := s.MarkIndeterminate(ctx, indet.Fence(), ledger.ErrorInfo{Code: "x"}); err != nil {
+			t.Fatal(err)
+		}
+		// Age everything past the retention, then add one fresh finished row.
+		const retention = time.Second
+		deadline := time.Now().Add(retention + 200*time.Millisecond)
+		for time.Now().Before(deadline) {
+			time.Sleep(time.Until(deadline))
+		}
+		fresh := mustClaim(t, s, newClaim(time.Hour))
+		if err := s.Complete(ctx, fresh.Fence(), json.RawMessage(`{}`)); err != nil {
+			t.Fatal(err)
+		}
+		n, err := s.Purge(ctx, retention, 10)
+		if err != nil || n != 25 {
+			t.Fatalf("purged %d rows (%v), want 25", n, err)
+		}
+		for _, k := range old {
+			if _, err := s.Get(ctx, k); !errors.Is(err, ledger.ErrNotFound) {
+				t.Fatalf("old row %s survived: %v", k, err)
+			}
+		}
+		for _, k := range []string{inflight.Key, indet.Key, fresh.Key} {
+			mustGet(t, s, k)
+		}
+	})
+}
+
+func TestMigrateConcurrently(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, backend := range []string{"postgres", "sqlite"} {
+		t.Run(backend, func(t *testing.T) {
+			t.Parallel()
+			url := ""
+			if backend == "postgres" {
+				url = testenv.Postgres(t)
+			}
+			dir := t.TempDir()
+			var wg sync.WaitGroup
+			errs := make(chan error, 6)
+			for range 6 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					s, err := ledger.Open(ctx, url, dir)
+					if err != nil {
+						errs <- err
+						return
+					}
+					defer s.Close()
+					errs <- s.Migrate(ctx)
+				}()
+			}
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
+			s, err := ledger.Open(ctx, url, dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			if s.Backend() != backend {
+				t.Fatalf("Open chose %s", s.Backend())
+			}
+			mustClaim(t, s, newClaim(time.Minute))
+		})
+	}
+}

@@ -1,0 +1,558 @@
+// Package ledger is toolq's claim store: before a write tool runs, the
+// consumer claims the call's key here, and every later write about that call
+// is fenced by the claim's attempt number, so a call takes effect once however
+// often it is delivered.
+//
+// Store has two backends with identical semantics, checked by one conformance
+// suite: Postgres (pgx, shared by any number of consumers) and SQLite (the
+// embedded default, one host). Lease times come from the database's clock, so
+// clock skew between consumer hosts cannot break a lease. Errors of the
+// drivers never leave this package: a database that cannot be reached gives
+// an error that wraps ErrUnavailable, the others wrap the sentinels below or
+// carry only a message.
+package ledger
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// State is the state of a ledger row.
+type State string
+
+// The states of DESIGN.md's state machine.
+const (
+	InFlight      State = "in_flight"     // claimed; the holder's lease says until when
+	Completed     State = "completed"     // the tool succeeded; Result is its output
+	Failed        State = "failed"        // the tool failed definitely; Error says why
+	Indeterminate State = "indeterminate" // the outcome is unknown; an operator resolves it
+)
+
+// Valid reports whether s is one of the four states.
+func (s State) Valid() bool {
+	switch s {
+	case InFlight, Completed, Failed, Indeterminate:
+		return true
+	}
+	return false
+}
+
+// Errors of the ledger. They are returned wrapped with the operation's name;
+// test them with errors.Is.
+var (
+	ErrNotFound         = errors.New("ledger: key not found")
+	ErrFenced           = errors.New("ledger: fenced out (the claim was taken over, settled or released)")
+	ErrLeaseHeld        = errors.New("ledger: lease still held by another attempt")
+	ErrMaterialMismatch = errors.New("ledger: key exists with different material (collision or tampering)")
+	ErrNotIndeterminate = errors.New("ledger: row is not indeterminate")
+	ErrUnavailable      = errors.New("ledger: database unavailable")
+)
+
+// DefaultTimeout bounds every call whose context has no deadline.
+const DefaultTimeout = 15 * time.Second
+
+// Claim asks for the right to run one call.
+type Claim struct {
+	Key            string
+	ConversationID string
+	TurnIndex      int64
+	Tool           string
+	Ordinal        int64
+	ArgsDigest     string // SHA-256 of the canonical args, hex
+	ToolUseID      string // recorded as first_tool_use_id when the claim is new
+	Owner          string // the consumer instance, for operators
+	Lease          time.Duration
+	TraceID        string // the claiming span, so duplicates can link to it
+	SpanID         string
+}
+
+// sameMaterial reports whether the row was claimed for the same call.
+func (c *Claim) sameMaterial(r *Row) bool {
+	return c.ConversationID == r.ConversationID && c.TurnIndex == r.TurnIndex && c.Tool == r.Tool &&
+		c.Ordinal == r.Ordinal && c.ArgsDigest == r.ArgsDigest
+}
+
+// Fence identifies one claim of a key: writes that name an attempt other
+// than the row's fail with ErrFenced.
+type Fence struct {
+	Key     string
+	Attempt int64
+}
+
+// Row is one ledger row.
+type Row struct {
+	Key            string          `json:"key"`
+	ConversationID string          `json:"conversation_id"`
+	TurnIndex      int64           `json:"turn_index"`
+	Tool           string          `json:"tool"`
+	Ordinal        int64           `json:"ordinal"`
+	ArgsDigest     string          `json:"args_digest"`
+	State          State           `json:"state"`
+	Attempt        int64           `json:"attempt"`
+	Owner          string          `json:"owner"`
+	LeaseUntil     time.Time       `json:"lease_until"`
+	FirstToolUseID string          `json:"first_tool_use_id"`
+	TraceID        string          `json:"trace_id,omitempty"`
+	SpanID         string          `json:"span_id,omitempty"`
+	Result         json.RawMessage `json:"result,omitempty"`
+	Error          *ErrorInfo      `json:"error,omitempty"`
+	CreatedAt      time.Time       `json:"created_at"`
+	UpdatedAt      time.Time       `json:"updated_at"`
+	// LeaseRemaining is how long the lease still runs by the database's
+	// clock when the row was read; zero once it has expired.
+	LeaseRemaining time.Duration `json:"lease_remaining_ms"`
+}
+
+// Fence returns the fence of the row's current attempt.
+func (r *Row) Fence() Fence { return Fence{Key: r.Key, Attempt: r.Attempt} }
+
+// LeaseExpired reports whether the row is in flight with its lease run out.
+func (r *Row) LeaseExpired() bool { return r.State == InFlight && r.LeaseRemaining <= 0 }
+
+// ErrorInfo is the error recorded with a failed, ambiguous or indeterminate
+// attempt.
+type ErrorInfo struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+// ClaimResult is the answer to one Claim. Exactly one of these holds:
+// Claimed is true and Row is the new row (attempt 1, in flight, ours); Err is
+// set (ErrMaterialMismatch: the key belongs to another call, and its row is
+// withheld); or Row is the existing row of the same call.
+type ClaimResult struct {
+	Claimed bool
+	Row     Row
+	Err     error
+}
+
+// Resolution is an operator's verdict on an indeterminate row.
+type Resolution struct {
+	Output json.RawMessage // the call happened: complete the row with this output
+	NotRun bool            // the call did not happen: release the row so it can run
+}
+
+// Filter selects rows for List.
+type Filter struct {
+	State State // empty: every state
+	Stale bool  // only in-flight rows whose lease has expired
+	Limit int   // 0: 100
+}
+
+// Store is the ledger on one database. Its methods are safe for concurrent
+// use. Open it with Open, OpenPostgres or OpenSQLite.
+type Store struct {
+	db      database
+	backend string
+}
+
+// database is what a backend provides: the statements that differ between
+// Postgres and SQLite, and a way to run the ones that do not.
+type database interface {
+	claim(ctx context.Context, claims []Claim) ([]claimed, error)
+	completeBatch(ctx context.Context, cs []Completion) (map[Fence]bool, error)
+	exec(ctx context.Context, query string, args ...any) (int64, error)
+	queryRows(ctx context.Context, query string, args []any, each func(scanner) error) error
+	migrate(ctx context.Context) error
+	sql() *dialect
+	translate(op string, err error) error
+	ping(ctx context.Context) error
+	close()
+}
+
+type scanner interface{ Scan(dest ...any) error }
+
+// claimed is the row a claim statement returned and whether it inserted it.
+type claimed struct {
+	inserted bool
+	row      Row
+}
+
+// Open opens the ledger named by databaseURL (postgres:// or postgresql://),
+// or with an empty URL the SQLite file ledger.db under dataDir. It does not
+// migrate: call Migrate.
+func Open(ctx context.Context, databaseURL, dataDir string) (*Store, error) {
+	switch {
+	case databaseURL == "":
+		return OpenSQLite(ctx, sqlitePath(dataDir))
+	case strings.HasPrefix(databaseURL, "postgres://"), strings.HasPrefix(databaseURL, "postgresql://"):
+		return OpenPostgres(ctx, databaseURL)
+	case strings.HasPrefix(databaseURL, "sqlite://"), strings.HasPrefix(databaseURL, "file:"):
+		return OpenSQLite(ctx, strings.TrimPrefix(strings.TrimPrefix(databaseURL, "sqlite://"), "file:"))
+	default:
+		return nil, fmt.Errorf("ledger: unsupported database URL %q (want postgres://… or empty for SQLite)", redact(databaseURL))
+	}
+}
+
+// Backend is "postgres" or "sqlite".
+func (s *Store) Backend() string { return s.backend }
+
+// Close closes the store's connections.
+func (s *Store) Close() { s.db.close() }
+
+// Ping checks that the database answers.
+func (s *Store) Ping(ctx context.Context) error {
+	ctx, cancel := withDefaultTimeout(ctx)
+	defer cancel()
+	return s.db.translate("ping", s.db.ping(ctx))
+}
+
+// Migrate applies the embedded schema migrations that the database lacks. It
+// is safe when several processes start at once.
+func (s *Store) Migrate(ctx context.Context) error {
+	ctx, cancel := withDefaultTimeout(ctx)
+	defer cancel()
+	return s.db.translate("migrate", s.db.migrate(ctx))
+}
+
+// Claim claims a batch of keys in one round trip. Each claim either inserts a
+// new in-flight row (attempt 1) or finds the existing row, which comes back
+// for the caller to act on; a row with different material comes back as
+// ErrMaterialMismatch instead. A key that appears twice in the batch is
+// claimed by its first occurrence; the later ones see that row. The error is
+// for the batch as a whole (ErrUnavailable and the like); results are in the
+// order of claims.
+func (s *Store) Claim(ctx context.Context, claims []Claim) ([]ClaimResult, error) {
+	if len(claims) == 0 {
+		return nil, nil
+	}
+	ctx, cancel := withDefaultTimeout(ctx)
+	defer cancel()
+	unique := make([]Claim, 0, len(claims))
+	first := make(map[string]int, len(claims))
+	for _, c := range claims {
+		if c.Key == "" || c.Lease <= 0 {
+			return nil, fmt.Errorf("ledger: claim %q: key and a positive lease are required", c.Key)
+		}
+		if _, dup := first[c.Key]; !dup {
+			first[c.Key] = len(unique)
+			unique = append(unique, c)
+		}
+	}
+	got, err := s.db.claim(ctx, unique)
+	if err != nil {
+		return nil, s.db.translate("claim", err)
+	}
+	out := make([]ClaimResult, len(claims))
+	handedOut := make(map[string]bool, len(unique))
+	for i := range claims {
+		c := &claims[i]
+		r := got[first[c.Key]]
+		switch {
+		case !c.sameMaterial(&r.row):
+			out[i] = ClaimResult{Err: fmt.Errorf("ledger: claim %s: %w", c.Key, ErrMaterialMismatch)}
+		case r.inserted && !handedOut[c.Key]:
+			out[i] = ClaimResult{Claimed: true, Row: r.row}
+			handedOut[c.Key] = true
+		default:
+			out[i] = ClaimResult{Row: r.row}
+		}
+	}
+	return out, nil
+}
+
+// Takeover takes over an in-flight row whose lease has expired, by a
+// compare-and-set on its attempt: the winner gets the row with the next
+// attempt number and a fresh lease. Errors: ErrLeaseHeld while the lease runs,
+// ErrFenced when another taker won or the row was settled, ErrNotFound when
+// it was released.
+func (s *Store) Takeover(ctx context.Context, f Fence, owner string, lease time.Duration) (Row, error) {
+	ctx, cancel := withDefaultTimeout(ctx)
+	defer cancel()
+	q := s.db.sql()
+	var row Row
+	found := false
+	err := s.db.queryRows(ctx, q.takeover, []any{f.Key, f.Attempt, owner, lease.Milliseconds()}, func(sc scanner) error {
+		found = true
+		return scanRow(sc, &row)
+	})
+	if err != nil {
+		return Row{}, s.db.translate("takeover", err)
+	}
+	if found {
+		return row, nil
+	}
+	return Row{}, s.whyNot(ctx, "takeover", f, true)
+}
+
+// whyNot explains a fenced write that changed nothing.
+func (s *Store) whyNot(ctx context.Context, op string, f Fence, takeover bool) error {
+	row, err := s.Get(ctx, f.Key)
+	switch {
+	case errors.Is(err, ErrNotFound):
+		return fmt.Errorf("ledger: %s %s: %w", op, f.Key, ErrNotFound)
+	case err != nil:
+		return err
+	case row.Attempt == f.Attempt && row.State == InFlight && takeover && !row.LeaseExpired():
+		return fmt.Errorf("ledger: %s %s: %w (%s left)", op, f.Key, ErrLeaseHeld, row.LeaseRemaining.Round(time.Millisecond))
+	default:
+		return fmt.Errorf("ledger: %s %s attempt %d (row: %s, attempt %d): %w", op, f.Key, f.Attempt, row.State, row.Attempt, ErrFenced)
+	}
+}
+
+// Extend renews the lease of an in-flight claim to lease from now (by the
+// database's clock). ErrFenced or ErrNotFound: the claim is no longer ours.
+func (s *Store) Extend(ctx context.Context, f Fence, lease time.Duration) error {
+	return s.fenced(ctx, "extend", f, s.db.sql().extend, lease.Milliseconds())
+}
+
+// Complete records the tool's output and settles the row as completed.
+func (s *Store) Complete(ctx context.Context, f Fence, output json.RawMessage) error {
+	return s.fenced(ctx, "complete", f, s.db.sql().complete, string(output))
+}
+
+// Completion is one fenced completion for CompleteBatch.
+type Completion struct {
+	Fence  Fence
+	Output json.RawMessage
+}
+
+// CompleteBatch completes many claims in one round trip, as a consumer that
+// group-commits the results of concurrent tools does. The error is for the
+// batch as a whole; errs[i] is nil when cs[i] was applied, or says why not
+// (ErrFenced, ErrNotFound), as Complete would.
+func (s *Store) CompleteBatch(ctx context.Context, cs []Completion) (errs []error, err error) {
+	if len(cs) == 0 {
+		return nil, nil
+	}
+	ctx, cancel := withDefaultTimeout(ctx)
+	defer cancel()
+	done, err := s.db.completeBatch(ctx, cs)
+	if err != nil {
+		return nil, s.db.translate("complete", err)
+	}
+	errs = make([]error, len(cs))
+	for i, c := range cs {
+		if !done[c.Fence] {
+			errs[i] = s.whyNot(ctx, "complete", c.Fence, false)
+		}
+	}
+	return errs, nil
+}
+
+// Fail settles the row as failed: the downstream answered no, and that answer
+// is the call's result from now on.
+func (s *Store) Fail(ctx context.Context, f Fence, e ErrorInfo) error {
+	return s.fenced(ctx, "fail", f, s.db.sql().fail, encodeError(e))
+}
+
+// EndLease ends the lease now and records why, leaving the row in flight: a
+// keyed write whose outcome is ambiguous is retried by the next delivery,
+// which takes over with the same key.
+func (s *Store) EndLease(ctx context.Context, f Fence, e ErrorInfo) error {
+	return s.fenced(ctx, "end lease", f, s.db.sql().endLease, encodeError(e))
+}
+
+// MarkIndeterminate settles the row as indeterminate: an unkeyed write whose
+// outcome is unknown, left for an operator to resolve.
+func (s *Store) MarkIndeterminate(ctx context.Context, f Fence, e ErrorInfo) error {
+	return s.fenced(ctx, "mark indeterminate", f, s.db.sql().indeterminate, encodeError(e))
+}
+
+// Release deletes the claim: the tool was not sent, so nothing happened and
+// the next delivery may claim the key afresh.
+func (s *Store) Release(ctx context.Context, f Fence) error {
+	return s.fenced(ctx, "release", f, s.db.sql().release)
+}
+
+func (s *Store) fenced(ctx context.Context, op string, f Fence, query string, args ...any) error {
+	ctx, cancel := withDefaultTimeout(ctx)
+	defer cancel()
+	n, err := s.db.exec(ctx, query, append([]any{f.Key, f.Attempt}, args...)...)
+	if err != nil {
+		return s.db.translate(op, err)
+	}
+	if n == 0 {
+		return s.whyNot(ctx, op, f, false)
+	}
+	return nil
+}
+
+// Get returns the row of key, or ErrNotFound.
+func (s *Store) Get(ctx context.Context, key string) (Row, error) {
+	ctx, cancel := withDefaultTimeout(ctx)
+	defer cancel()
+	var row Row
+	found := false
+	err := s.db.queryRows(ctx, s.db.sql().get, []any{key}, func(sc scanner) error {
+		found = true
+		return scanRow(sc, &row)
+	})
+	if err != nil {
+		return Row{}, s.db.translate("get", err)
+	}
+	if !found {
+		return Row{}, fmt.Errorf("ledger: get %s: %w", key, ErrNotFound)
+	}
+	return row, nil
+}
+
+// List returns rows, most recently updated first.
+func (s *Store) List(ctx context.Context, f Filter) ([]Row, error) {
+	ctx, cancel := withDefaultTimeout(ctx)
+	defer cancel()
+	if f.State != "" && !f.State.Valid() {
+		return nil, fmt.Errorf("ledger: list: unknown state %q (want in_flight, completed, failed or indeterminate)", f.State)
+	}
+	if f.Limit <= 0 {
+		f.Limit = 100
+	}
+	q := s.db.sql()
+	query, args := q.list, []any{string(f.State), f.Limit}
+	if f.Stale {
+		query, args = q.listStale, []any{f.Limit}
+	}
+	rows := []Row{}
+	err := s.db.queryRows(ctx, query, args, func(sc scanner) error {
+		var r Row
+		if err := scanRow(sc, &r); err != nil {
+			return err
+		}
+		rows = append(rows, r)
+		return nil
+	})
+	if err != nil {
+		return nil, s.db.translate("list", err)
+	}
+	return rows, nil
+}
+
+// Counts returns the number of rows in each state, and of in-flight rows
+// whose lease has expired under the key "stale".
+func (s *Store) Counts(ctx context.Context) (map[string]int64, error) {
+	ctx, cancel := withDefaultTimeout(ctx)
+	defer cancel()
+	counts := map[string]int64{string(InFlight): 0, string(Completed): 0, string(Failed): 0, string(Indeterminate): 0, "stale": 0}
+	err := s.db.queryRows(ctx, s.db.sql().counts, nil, func(sc scanner) error {
+		var state string
+		var n int64
+		if err := sc.Scan(&state, &n); err != nil {
+			return err
+		}
+		counts[state] = n
+		return nil
+	})
+	if err != nil {
+		return nil, s.db.translate("counts", err)
+	}
+	return counts, nil
+}
+
+// Resolve settles an indeterminate row as an operator decided: completed with
+// the given output (the call did happen), or released (NotRun: it did not,
+// and a redelivery or replay may run it). Errors: ErrNotFound,
+// ErrNotIndeterminate.
+func (s *Store) Resolve(ctx context.Context, key string, r Resolution) error {
+	ctx, cancel := withDefaultTimeout(ctx)
+	defer cancel()
+	if r.NotRun == (r.Output != nil) {
+		return errors.New("ledger: resolve: give exactly one of an output and not-run")
+	}
+	q := s.db.sql()
+	var n int64
+	var err error
+	if r.NotRun {
+		n, err = s.db.exec(ctx, q.resolveNotRun, key)
+	} else {
+		if !json.Valid(r.Output) {
+			return errors.New("ledger: resolve: the output is not valid JSON")
+		}
+		n, err = s.db.exec(ctx, q.resolveCompleted, key, string(r.Output))
+	}
+	if err != nil {
+		return s.db.translate("resolve", err)
+	}
+	if n == 0 {
+		row, err := s.Get(ctx, key)
+		if err != nil {
+			return err
+		}
+		return fmt.Errorf("ledger: resolve %s (state %s): %w", key, row.State, ErrNotIndeterminate)
+	}
+	return nil
+}
+
+// Purge deletes completed and failed rows last updated more than olderThan
+// ago, in batches of batchSize rows (0: 1000) so that no statement holds locks
+// for long. In-flight and indeterminate rows are never purged. The retention
+// must exceed the jobs stream's max age, or a replay would run a call again.
+func (s *Store) Purge(ctx context.Context, olderThan time.Duration, batchSize int) (int64, error) {
+	if olderThan <= 0 {
+		return 0, errors.New("ledger: purge: the age must be positive")
+	}
+	if batchSize <= 0 {
+		batchSize = 1000
+	}
+	var total int64
+	for {
+		bctx, cancel := withDefaultTimeout(ctx)
+		n, err := s.db.exec(bctx, s.db.sql().purge, olderThan.Milliseconds(), batchSize)
+		cancel()
+		if err != nil {
+			return total, s.db.translate("purge", err)
+		}
+		total += n
+		if n < int64(batchSize) {
+			return total, nil
+		}
+	}
+}
+
+func encodeError(e ErrorInfo) string {
+	b, _ := json.Marshal(e)
+	return string(b)
+}
+
+// scanRow reads the columns of dialect.cols, after the leading ones if any.
+func scanRow(sc scanner, r *Row, leading ...any) error {
+	var state, result, errText string
+	var leaseMS, remainingMS, createdMS, updatedMS int64
+	dest := append(leading, &r.Key, &r.ConversationID, &r.TurnIndex, &r.Tool, &r.Ordinal, &r.ArgsDigest, &state,
+		&r.Attempt, &r.Owner, &leaseMS, &remainingMS, &r.FirstToolUseID, &r.TraceID, &r.SpanID, &result,
+		&errText, &createdMS, &updatedMS)
+	if err := sc.Scan(dest...); err != nil {
+		return err
+	}
+	r.State = State(state)
+	r.LeaseUntil = time.UnixMilli(leaseMS).UTC()
+	r.LeaseRemaining = time.Duration(max(remainingMS, 0)) * time.Millisecond
+	r.CreatedAt = time.UnixMilli(createdMS).UTC()
+	r.UpdatedAt = time.UnixMilli(updatedMS).UTC()
+	r.Result = nil
+	if result != "" {
+		r.Result = json.RawMessage(result)
+	}
+	r.Error = nil
+	if errText != "" {
+		r.Error = new(ErrorInfo)
+		if json.Unmarshal([]byte(errText), r.Error) != nil {
+			r.Error = &ErrorInfo{Code: "unknown", Message: errText}
+		}
+	}
+	return nil
+}
+
+func withDefaultTimeout(ctx context.Context) (context.Context, context.CancelFunc) {
+	if _, ok := ctx.Deadline(); ok {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, DefaultTimeout)
+}
+
+// redact hides a password in a URL for error messages.
+func redact(u string) string {
+	at := strings.LastIndex(u, "@")
+	scheme := strings.Index(u, "://")
+	if at < 0 || scheme < 0 || at < scheme {
+		return u
+	}
+	creds := u[scheme+3 : at]
+	if user, _, ok := strings.Cut(creds, ":"); ok {
+		return u[:scheme+3] + user + ":xxxxx" + u[at:]
+	}
+	return u
+}

@@ -1,0 +1,252 @@
+package ledger
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// postgresDialect writes times as timestamptz and reads them as Unix
+// milliseconds; every lease is measured against the server's now().
+var postgresDialect = newDialect(expandWith(func(name, arg string) string {
+	switch name {
+	case "now":
+		return "now()"
+	case "ms":
+		return "(extract(epoch from " + arg + ") * 1000)::bigint"
+	case "remaining":
+		return "greatest(0, (extract(epoch from (lease_until - now())) * 1000)::bigint)"
+	case "plus":
+		return "(now() + " + arg + "::bigint * interval '1 millisecond')"
+	case "minus":
+		return "(now() - " + arg + "::bigint * interval '1 millisecond')"
+	case "text":
+		return arg + "::text"
+	}
+	panic("ledger: unknown placeholder " + name)
+}))
+
+// claimPostgres inserts the whole batch in one statement and returns, for
+// each key, the inserted row or the row that was already there, looked up by
+// primary key for the conflicting keys only (OFFSET 0 keeps the planner from
+// turning the lookups into a scan). A row that a concurrent transaction
+// committed after this statement's snapshot was taken is not in the answer;
+// claim reads those again.
+var claimPostgres = `WITH input AS (
+	SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::bigint[], $6::text[],
+		$7::text[], $8::text[], $9::text[], $10::text[], $11::bigint[])
+		AS t(key, conversation_id, turn_index, tool, ordinal, args_digest, first_tool_use_id, owner, trace_id, span_id, lease_ms)
+), ins AS (
+	INSERT INTO toolq_ledger (key, conversation_id, turn_index, tool, ordinal, args_digest, state, attempt, owner,
+		lease_until, first_tool_use_id, trace_id, span_id)
+	SELECT key, conversation_id, turn_index, tool, ordinal, args_digest, 'in_flight', 1, owner,
+		now() + lease_ms * interval '1 millisecond', first_tool_use_id, trace_id, span_id FROM input
+	ON CONFLICT (key) DO NOTHING
+	RETURNING ` + postgresDialect.cols + `
+)
+SELECT true, ins.* FROM ins
+UNION ALL
+SELECT false, existing.* FROM (SELECT key FROM input WHERE key NOT IN (SELECT key FROM ins)) AS conflicted
+	CROSS JOIN LATERAL (SELECT ` + postgresDialect.cols + ` FROM toolq_ledger WHERE key = conflicted.key OFFSET 0) AS existing`
+
+type postgresDB struct {
+	pool *pgxpool.Pool
+}
+
+// OpenPostgres opens a pool on the Postgres database at url. Pool settings
+// (pool_max_conns and the like) and TLS (sslmode, sslrootcert, …) come from
+// the URL. A connection attempt gives up after 5 s unless the URL says
+// otherwise (connect_timeout).
+func OpenPostgres(ctx context.Context, url string) (*Store, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("ledger: database URL %s: %s", redact(url), strings.ReplaceAll(err.Error(), url, redact(url)))
+	}
+	if cfg.ConnConfig.ConnectTimeout == 0 {
+		cfg.ConnConfig.ConnectTimeout = 5 * time.Second
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("ledger: open %s: %s", redact(url), err)
+	}
+	return &Store{db: &postgresDB{pool: pool}, backend: "postgres"}, nil
+}
+
+func (p *postgresDB) sql() *dialect { return postgresDialect }
+
+func (p *postgresDB) ping(ctx context.Context) error { return p.pool.Ping(ctx) }
+
+func (p *postgresDB) close() { p.pool.Close() }
+
+func (p *postgresDB) exec(ctx context.Context, query string, args ...any) (int64, error) {
+	tag, err := p.pool.Exec(ctx, query, args...)
+	return tag.RowsAffected(), err
+}
+
+func (p *postgresDB) queryRows(ctx context.Context, query string, args []any, each func(scanner) error) error {
+	rows, err := p.pool.Query(ctx, query, args...)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		if err := each(rows); err != nil {
+			return err
+		}
+	}
+	return rows.Err()
+}
+
+func (p *postgresDB) claim(ctx context.Context, claims []Claim) ([]claimed, error) {
+	out := make([]claimed, len(claims))
+	pending := make([]int, len(claims)) // indexes of claims still without an answer
+	for i := range pending {
+		pending[i] = i
+	}
+	for round := 0; len(pending) > 0; round++ {
+		if round == 10 {
+			return nil, errors.New("claim did not settle after 10 rounds of concurrent inserts and deletes")
+		}
+		n := len(pending)
+		keys, convs, tools, digests, tuids, owners, traces, spans := make([]string, n), make([]string, n), make([]string, n),
+			make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+		turns, ordinals, leases := make([]int64, n), make([]int64, n), make([]int64, n)
+		at := make(map[string]int, n)
+		for j, i := range pending {
+			c := &claims[i]
+			keys[j], convs[j], turns[j], tools[j], ordinals[j], digests[j] = c.Key, c.ConversationID, c.TurnIndex, c.Tool, c.Ordinal, c.ArgsDigest
+			tuids[j], owners[j], traces[j], spans[j], leases[j] = c.ToolUseID, c.Owner, c.TraceID, c.SpanID, c.Lease.Milliseconds()
+			at[c.Key] = i
+		}
+		answered := make(map[int]bool, n)
+		err := p.queryRows(ctx, claimPostgres, []any{keys, convs, turns, tools, ordinals, digests, tuids, owners, traces, spans, leases},
+			func(sc scanner) error {
+				var c claimed
+				var r Row
+				if err := scanRow(sc, &r, &c.inserted); err != nil {
+					return err
+				}
+				c.row = r
+				i := at[r.Key]
+				out[i] = c
+				answered[i] = true
+				return nil
+			})
+		if err != nil {
+			return nil, err
+		}
+		var next []int
+		for _, i := range pending {
+			if !answered[i] {
+				next = append(next, i)
+			}
+		}
+		pending = next
+	}
+	return out, nil
+}
+
+// completeBatch sends one fenced UPDATE per row in a single pipelined round
+// trip (pgx.Batch: one implicit transaction). Each is a primary-key lookup
+// whatever the planner's statistics say.
+func (p *postgresDB) completeBatch(ctx context.Context, cs []Completion) (map[Fence]bool, error) {
+	var batch pgx.Batch
+	for _, c := range cs {
+		batch.Queue(postgresDialect.complete, c.Fence.Key, c.Fence.Attempt, string(c.Output))
+	}
+	results := p.pool.SendBatch(ctx, &batch)
+	defer results.Close()
+	done := make(map[Fence]bool, len(cs))
+	for _, c := range cs {
+		tag, err := results.Exec()
+		if err != nil {
+			return nil, err
+		}
+		if tag.RowsAffected() == 1 {
+			done[c.Fence] = true
+		}
+	}
+	return done, results.Close()
+}
+
+func (p *postgresDB) migrate(ctx context.Context) error {
+	tx, err := p.pool.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	// One migrator at a time across every process sharing the database.
+	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(7360291846)`); err != nil {
+		return err
+	}
+	if err := applyMigrations(ctx, "postgres", pgxTx{tx},
+		`CREATE TABLE IF NOT EXISTS toolq_schema_migrations (version bigint PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())`,
+		`INSERT INTO toolq_schema_migrations (version, name) VALUES ($1, $2)`); err != nil {
+		return err
+	}
+	return tx.Commit(ctx)
+}
+
+type pgxTx struct{ tx pgx.Tx }
+
+func (t pgxTx) exec(ctx context.Context, q string, args ...any) error {
+	_, err := t.tx.Exec(ctx, q, args...)
+	return err
+}
+
+func (t pgxTx) versions(ctx context.Context) (map[int64]bool, error) {
+	rows, err := t.tx.Query(ctx, `SELECT version FROM toolq_schema_migrations`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	done := map[int64]bool{}
+	for rows.Next() {
+		var v int64
+		if err := rows.Scan(&v); err != nil {
+			return nil, err
+		}
+		done[v] = true
+	}
+	return done, rows.Err()
+}
+
+// translate turns a pgx error into a ledger error: one that wraps
+// ErrUnavailable when the server could not be reached or is going away, or
+// else one that carries only the server's message.
+func (p *postgresDB) translate(op string, err error) error {
+	if err == nil || isLedgerError(err) {
+		return err
+	}
+	if errors.Is(err, context.Canceled) {
+		return fmt.Errorf("ledger: %s: %w", op, context.Canceled)
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("ledger: %s: %w: %w", op, ErrUnavailable, context.DeadlineExceeded)
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch {
+		case strings.HasPrefix(pgErr.Code, "08"), strings.HasPrefix(pgErr.Code, "57P"), pgErr.Code == "53300":
+			return fmt.Errorf("ledger: %s: %w: %s (SQLSTATE %s)", op, ErrUnavailable, pgErr.Message, pgErr.Code)
+		default:
+			return fmt.Errorf("ledger: %s: %s (SQLSTATE %s)", op, pgErr.Message, pgErr.Code)
+		}
+	}
+	return fmt.Errorf("ledger: %s: %w: %s", op, ErrUnavailable, err.Error())
+}
+
+func isLedgerError(err error) bool {
+	for _, e := range []error{ErrNotFound, ErrFenced, ErrLeaseHeld, ErrMaterialMismatch, ErrNotIndeterminate, ErrUnavailable} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
+}

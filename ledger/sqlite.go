@@ -1,0 +1,228 @@
+package ledger
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"path/filepath"
+
+	"modernc.org/sqlite"
+	sqlite3 "modernc.org/sqlite/lib"
+)
+
+// sqliteNow is the database's clock in Unix milliseconds. SQLite runs in the
+// consumer's process, so there is one clock per host, as there is one host.
+const sqliteNow = "CAST(unixepoch('subsec') * 1000 AS INTEGER)"
+
+var sqliteDialect = newDialect(expandWith(func(name, arg string) string {
+	switch name {
+	case "now":
+		return "(" + sqliteNow + ")"
+	case "ms", "text":
+		return arg
+	case "remaining":
+		return "max(0, lease_until - (" + sqliteNow + "))"
+	case "plus":
+		return "((" + sqliteNow + ") + " + arg + ")"
+	case "minus":
+		return "((" + sqliteNow + ") - " + arg + ")"
+	}
+	panic("ledger: unknown placeholder " + name)
+}))
+
+var claimSQLite = `INSERT INTO toolq_ledger (key, conversation_id, turn_index, tool, ordinal, args_digest, state, attempt, owner,
+	lease_until, first_tool_use_id, trace_id, span_id, created_at, updated_at)
+	VALUES ($1, $2, $3, $4, $5, $6, 'in_flight', 1, $7, ((` + sqliteNow + `) + $8), $9, $10, $11, (` + sqliteNow + `), (` + sqliteNow + `))
+	ON CONFLICT (key) DO NOTHING RETURNING ` + sqliteDialect.cols
+
+type sqliteDB struct {
+	db *sql.DB
+}
+
+func sqlitePath(dataDir string) string {
+	if dataDir == "" {
+		dataDir = "."
+	}
+	return filepath.Join(dataDir, "ledger.db")
+}
+
+// OpenSQLite opens (creating it if needed) the SQLite ledger at path, in WAL
+// mode with synchronous=FULL (a completed row survives a power cut) and a
+// busy timeout, so that several connections, and processes, share it.
+func OpenSQLite(ctx context.Context, path string) (*Store, error) {
+	if dir := filepath.Dir(path); dir != "" {
+		if err := os.MkdirAll(dir, 0o750); err != nil {
+			return nil, fmt.Errorf("ledger: %w", err)
+		}
+	}
+	q := url.Values{}
+	q.Add("_pragma", "busy_timeout(10000)")
+	q.Add("_pragma", "journal_mode(WAL)")
+	q.Add("_pragma", "synchronous(FULL)")
+	q.Set("_txlock", "immediate") // a transaction takes the write lock up front: no upgrade deadlocks
+	db, err := sql.Open("sqlite", path+"?"+q.Encode())
+	if err != nil {
+		return nil, fmt.Errorf("ledger: open %s: %s", path, err)
+	}
+	db.SetMaxOpenConns(8)
+	db.SetMaxIdleConns(8)
+	s := &Store{db: &sqliteDB{db: db}, backend: "sqlite"}
+	if err := s.Ping(ctx); err != nil {
+		db.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *sqliteDB) sql() *dialect { return sqliteDialect }
+
+func (s *sqliteDB) ping(ctx context.Context) error { return s.db.PingContext(ctx) }
+
+func (s *sqliteDB) close() { s.db.Close() }
+
+func (s *sqliteDB) exec(ctx context.Context, query string, args ...any) (int64, error) {
+	res, err := s.db.ExecContext(ctx, query, args...)
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
+}
+
+func (s *sqliteDB) queryRows(ctx context.Context, query string, args []any, each func(scanner) error) error {
+	rows, err := s.db.QueryContext(ctx, query, args...)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		if err := each(rows); err != nil {
+			return err
+		}
+	}
+	return rows.Err()
+}
+
+// claim runs the batch in one immediate transaction: one write lock, one
+// fsync, however many keys.
+func (s *sqliteDB) claim(ctx context.Context, claims []Claim) ([]claimed, error) {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return nil, err
+	}
+	defer tx.Rollback()
+	ins, err := tx.PrepareContext(ctx, claimSQLite)
+	if err != nil {
+		return nil, err
+	}
+	defer ins.Close()
+	get, err := tx.PrepareContext(ctx, sqliteDialect.get)
+	if err != nil {
+		return nil, err
+	}
+	defer get.Close()
+	out := make([]claimed, len(claims))
+	for i := range claims {
+		c := &claims[i]
+		err := scanRow(ins.QueryRowContext(ctx, c.Key, c.ConversationID, c.TurnIndex, c.Tool, c.Ordinal, c.ArgsDigest,
+			c.Owner, c.Lease.Milliseconds(), c.ToolUseID, c.TraceID, c.SpanID), &out[i].row)
+		switch {
+		case err == nil:
+			out[i].inserted = true
+		case errors.Is(err, sql.ErrNoRows):
+			if err := scanRow(get.QueryRowContext(ctx, c.Key), &out[i].row); err != nil {
+				return nil, err
+			}
+		default:
+			return nil, err
+		}
+	}
+	return out, tx.Commit()
+}
+
+func (s *sqliteDB) completeBatch(ctx context.Context, cs []Completion) (map[Fence]bool, error) {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return nil, err
+	}
+	defer tx.Rollback()
+	stmt, err := tx.PrepareContext(ctx, sqliteDialect.complete)
+	if err != nil {
+		return nil, err
+	}
+	defer stmt.Close()
+	done := make(map[Fence]bool, len(cs))
+	for _, c := range cs {
+		res, err := stmt.ExecContext(ctx, c.Fence.Key, c.Fence.Attempt, string(c.Output))
+		if err != nil {
+			return nil, err
+		}
+		if n, _ := res.RowsAffected(); n == 1 {
+			done[c.Fence] = true
+		}
+	}
+	return done, tx.Commit()
+}
+
+func (s *sqliteDB) migrate(ctx context.Context) error {
+	tx, err := s.db.BeginTx(ctx, nil) // immediate: holds the write lock, so one migrator at a time
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	if err := applyMigrations(ctx, "sqlite", sqlTx{tx},
+		`CREATE TABLE IF NOT EXISTS toolq_schema_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at INTEGER NOT NULL DEFAULT (`+sqliteNow+`))`,
+		`INSERT INTO toolq_schema_migrations (version, name) VALUES ($1, $2)`); err != nil {
+		return err
+	}
+	return tx.Commit()
+}
+
+type sqlTx struct{ tx *sql.Tx }
+
+func (t sqlTx) exec(ctx context.Context, q string, args ...any) error {
+	_, err := t.tx.ExecContext(ctx, q, args...)
+	return err
+}
+
+func (t sqlTx) versions(ctx context.Context) (map[int64]bool, error) {
+	rows, err := t.tx.QueryContext(ctx, `SELECT version FROM toolq_schema_migrations`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	done := map[int64]bool{}
+	for rows.Next() {
+		var v int64
+		if err := rows.Scan(&v); err != nil {
+			return nil, err
+		}
+		done[v] = true
+	}
+	return done, rows.Err()
+}
+
+// translate turns a SQLite error into a ledger error: locked, busy, I/O and
+// full-disk errors wrap ErrUnavailable; others carry only the message.
+func (s *sqliteDB) translate(op string, err error) error {
+	if err == nil || isLedgerError(err) {
+		return err
+	}
+	if errors.Is(err, context.Canceled) {
+		return fmt.Errorf("ledger: %s: %w", op, context.Canceled)
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("ledger: %s: %w: %w", op, ErrUnavailable, context.DeadlineExceeded)
+	}
+	var se *sqlite.Error
+	if errors.As(err, &se) {
+		switch se.Code() & 0xff {
+		case sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED, sqlite3.SQLITE_IOERR, sqlite3.SQLITE_FULL, sqlite3.SQLITE_CANTOPEN:
+			return fmt.Errorf("ledger: %s: %w: %s", op, ErrUnavailable, se.Error())
+		}
+		return fmt.Errorf("ledger: %s: %s", op, se.Error())
+	}
+	return fmt.Errorf("ledger: %s: %s", op, err.Error())
+}
