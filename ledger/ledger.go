@@ -244,7 +244,7 @@ func (s *Store) Claim(ctx context.Context, claims []Claim) ([]ClaimResult, error
 		r := got[first[c.Key]]
 		switch {
 		case !c.sameMaterial(&r.row):
-			out[i] = ClaimResult{Err: fmt.Errorf("ledger: claim %s: %w", c.Key, ErrMaterialMismatch)}
+			out[i] = ClaimResult{Err: fmt.Errorf("%w: %s", ErrMaterialMismatch, c.Key)}
 		case r.inserted && !handedOut[c.Key]:
 			out[i] = ClaimResult{Claimed: true, Row: r.row}
 			handedOut[c.Key] = true
@@ -284,13 +284,13 @@ func (s *Store) whyNot(ctx context.Context, op string, f Fence, takeover bool) e
 	row, err := s.Get(ctx, f.Key)
 	switch {
 	case errors.Is(err, ErrNotFound):
-		return fmt.Errorf("ledger: %s %s: %w", op, f.Key, ErrNotFound)
+		return fmt.Errorf("%w: %s (%s)", ErrNotFound, f.Key, op)
 	case err != nil:
 		return err
 	case row.Attempt == f.Attempt && row.State == InFlight && takeover && !row.LeaseExpired():
-		return fmt.Errorf("ledger: %s %s: %w (%s left)", op, f.Key, ErrLeaseHeld, row.LeaseRemaining.Round(time.Millisecond))
+		return fmt.Errorf("%w: %s has %s left (%s)", ErrLeaseHeld, f.Key, row.LeaseRemaining.Round(time.Millisecond), op)
 	default:
-		return fmt.Errorf("ledger: %s %s attempt %d (row: %s, attempt %d): %w", op, f.Key, f.Attempt, row.State, row.Attempt, ErrFenced)
+		return fmt.Errorf("%w: %s %s with attempt %d, the row is %s at attempt %d", ErrFenced, op, f.Key, f.Attempt, row.State, row.Attempt)
 	}
 }
 
@@ -386,7 +386,7 @@ func (s *Store) Get(ctx context.Context, key string) (Row, error) {
 		return Row{}, s.db.translate("get", err)
 	}
 	if !found {
-		return Row{}, fmt.Errorf("ledger: get %s: %w", key, ErrNotFound)
+		return Row{}, fmt.Errorf("%w: %s", ErrNotFound, key)
 	}
 	return row, nil
 }
@@ -471,7 +471,7 @@ func (s *Store) Resolve(ctx context.Context, key string, r Resolution) error {
 		if err != nil {
 			return err
 		}
-		return fmt.Errorf("ledger: resolve %s (state %s): %w", key, row.State, ErrNotIndeterminate)
+		return fmt.Errorf("%w: %s is %s", ErrNotIndeterminate, key, row.State)
 	}
 	return nil
 }

@@ -9,11 +9,12 @@ import (
 	"fmt"
 	"io"
 
+	"github.com/toolq/toolq/internal/cli"
 	"github.com/toolq/toolq/jobs"
 )
 
-func runKey(_ context.Context, args []string, stdio stdio) error {
-	fs := newFlagSet("key", "key [--conversation C --turn N --tool T [--ordinal K] --args JSON] [--material]\n\n"+
+func runKey(_ context.Context, args []string, stdio cli.IO) error {
+	fs := cli.NewFlagSet("key", "publisher key [--conversation C --turn N --tool T [--ordinal K] --args JSON] [--material]\n\n"+
 		"With --args, prints the key of that one call. Without it, reads job bodies as JSON\n"+
 		"Lines on standard input (only conversation_id, turn_index, tool, ordinal and args\n"+
 		"are needed) and prints, for each line in order, its key or 'error: <reason>'.", stdio)
@@ -25,8 +26,12 @@ func runKey(_ context.Context, args []string, stdio stdio) error {
 	fs.Int64Var(&call.Ordinal, "ordinal", 0, "position of the call among identical calls of the turn")
 	fs.StringVar(&argsJSON, "args", "", "the call's arguments, a JSON object")
 	material := fs.Bool("material", false, "print the exact hashed material instead of the key")
-	if help, err := parseFlags(fs, args); help || err != nil {
+	pos, help, err := cli.Parse(fs, args)
+	if help || err != nil {
 		return err
+	}
+	if len(pos) > 0 {
+		return fmt.Errorf("unexpected argument %q", pos[0])
 	}
 	argsSet := false
 	fs.Visit(func(f *flag.Flag) { argsSet = argsSet || f.Name == "args" })
@@ -36,10 +41,10 @@ func runKey(_ context.Context, args []string, stdio stdio) error {
 		if err != nil {
 			return err
 		}
-		fmt.Fprintln(stdio.out, line)
+		fmt.Fprintln(stdio.Out, line)
 		return nil
 	}
-	return keysFromJSONLines(stdio.in, stdio.out, *material)
+	return keysFromJSONLines(stdio.In, stdio.Out, *material)
 }
 
 // keysFromJSONLines prints a key (or material) for each input line, or

@@ -15,13 +15,14 @@ import (
 
 	"github.com/gowebpki/jcs"
 
+	"github.com/toolq/toolq/internal/cli"
 	"github.com/toolq/toolq/internal/jsontest"
 )
 
 func runPublisher(t *testing.T, stdin string, args ...string) (stdout string, err error) {
 	t.Helper()
 	var out, errOut bytes.Buffer
-	err = run(context.Background(), args, stdio{in: strings.NewReader(stdin), out: &out, err: &errOut}, func(string) string { return "" })
+	err = run(context.Background(), args, cli.IO{In: strings.NewReader(stdin), Out: &out, Err: &errOut}, func(string) string { return "" })
 	return out.String(), err
 }
 

@@ -1,0 +1,283 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"text/tabwriter"
+	"time"
+
+	"github.com/toolq/toolq/internal/cli"
+	"github.com/toolq/toolq/ledger"
+)
+
+// storeFlags are the flags that name the ledger.
+type storeFlags struct {
+	databaseURL string
+	dataDir     string
+}
+
+func (s *storeFlags) register(fs *flag.FlagSet, getenv func(string) string) {
+	fs.StringVar(&s.databaseURL, "database-url", cli.Env(getenv, "DATABASE_URL", ""),
+		"Postgres URL of the ledger (env DATABASE_URL); empty: SQLite under --data-dir")
+	fs.StringVar(&s.dataDir, "data-dir", cli.Env(getenv, "TOOLQ_DATA_DIR", "./toolq-data"),
+		"directory of the embedded server's store and the SQLite ledger (env TOOLQ_DATA_DIR)")
+}
+
+// open opens and migrates the ledger.
+func (s *storeFlags) open(ctx context.Context) (*ledger.Store, error) {
+	st, err := ledger.Open(ctx, s.databaseURL, s.dataDir)
+	if err != nil {
+		return nil, err
+	}
+	if err := st.Migrate(ctx); err != nil {
+		st.Close()
+		return nil, err
+	}
+	return st, nil
+}
+
+func runMigrate(ctx context.Context, args []string, stdio cli.IO, getenv func(string) string) error {
+	fs := cli.NewFlagSet("migrate", "consumer migrate [--database-url URL | --data-dir DIR]", stdio)
+	var sf storeFlags
+	sf.register(fs, getenv)
+	if err := parseNoArgs(fs, args); err != nil {
+		return ignoreHelp(err)
+	}
+	st, err := sf.open(ctx)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	fmt.Fprintf(stdio.Out, "ledger schema is up to date (%s)\n", st.Backend())
+	return nil
+}
+
+// errHelp ends a command that printed its usage.
+var errHelp = errors.New("help")
+
+func ignoreHelp(err error) error {
+	if errors.Is(err, errHelp) {
+		return nil
+	}
+	return err
+}
+
+func parseNoArgs(fs *flag.FlagSet, args []string) error {
+	pos, help, err := cli.Parse(fs, args)
+	switch {
+	case help:
+		return errHelp
+	case err != nil:
+		return err
+	case len(pos) > 0:
+		return fmt.Errorf("unexpected argument %q", pos[0])
+	}
+	return nil
+}
+
+func parseOneArg(fs *flag.FlagSet, args []string, what string) (string, error) {
+	pos, help, err := cli.Parse(fs, args)
+	switch {
+	case help:
+		return "", errHelp
+	case err != nil:
+		return "", err
+	case len(pos) != 1:
+		return "", fmt.Errorf("want exactly one %s, got %d arguments", what, len(pos))
+	}
+	return pos[0], nil
+}
+
+func runLedger(ctx context.Context, args []string, stdio cli.IO, getenv func(string) string) error {
+	if len(args) == 0 {
+		return errors.New("ledger: want a subcommand: ls, show, resolve or purge")
+	}
+	var err error
+	switch args[0] {
+	case "ls":
+		err = ledgerLs(ctx, args[1:], stdio, getenv)
+	case "show":
+		err = ledgerShow(ctx, args[1:], stdio, getenv)
+	case "resolve":
+		err = ledgerResolve(ctx, args[1:], stdio, getenv)
+	case "purge":
+		err = ledgerPurge(ctx, args[1:], stdio, getenv)
+	default:
+		return fmt.Errorf("ledger: unknown subcommand %q (want ls, show, resolve or purge)", args[0])
+	}
+	return ignoreHelp(err)
+}
+
+func ledgerLs(ctx context.Context, args []string, stdio cli.IO, getenv func(string) string) error {
+	fs := cli.NewFlagSet("ls", "consumer ledger ls [--state in_flight|completed|failed|indeterminate] [--stale] [--limit N] [--json]", stdio)
+	var sf storeFlags
+	sf.register(fs, getenv)
+	state := fs.String("state", "", "only rows in this state")
+	stale := fs.Bool("stale", false, "only in-flight rows whose lease has expired (their holder died)")
+	limit := fs.Int("limit", 100, "at most this many rows, most recently updated first")
+	asJSON := fs.Bool("json", false, "print a JSON array")
+	if err := parseNoArgs(fs, args); err != nil {
+		return err
+	}
+	if *state != "" && !ledger.State(*state).Valid() {
+		return fmt.Errorf("--state %q: want in_flight, completed, failed or indeterminate", *state)
+	}
+	st, err := sf.open(ctx)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	rows, err := st.List(ctx, ledger.Filter{State: ledger.State(*state), Stale: *stale, Limit: *limit})
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		return printJSON(stdio, rows)
+	}
+	w := tabwriter.NewWriter(stdio.Out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "KEY\tSTATE\tATTEMPT\tTOOL\tCONVERSATION\tTURN\tORDINAL\tLEASE\tUPDATED")
+	for _, r := range rows {
+		fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%s\t%d\t%d\t%s\t%s\n", r.Key, r.State, r.Attempt, r.Tool, r.ConversationID,
+			r.TurnIndex, r.Ordinal, leaseText(r), r.UpdatedAt.Format(time.RFC3339))
+	}
+	return w.Flush()
+}
+
+func leaseText(r ledger.Row) string {
+	switch {
+	case r.State != ledger.InFlight:
+		return "-"
+	case r.LeaseExpired():
+		return "expired"
+	default:
+		return r.LeaseRemaining.Round(time.Second).String()
+	}
+}
+
+func ledgerShow(ctx context.Context, args []string, stdio cli.IO, getenv func(string) string) error {
+	fs := cli.NewFlagSet("show", "consumer ledger show KEY [--json]", stdio)
+	var sf storeFlags
+	sf.register(fs, getenv)
+	asJSON := fs.Bool("json", false, "print the row as JSON")
+	key, err := parseOneArg(fs, args, "KEY")
+	if err != nil {
+		return err
+	}
+	st, err := sf.open(ctx)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	r, err := st.Get(ctx, key)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		return printJSON(stdio, r)
+	}
+	w := tabwriter.NewWriter(stdio.Out, 0, 4, 2, ' ', 0)
+	for _, kv := range [][2]string{
+		{"key", r.Key}, {"state", string(r.State)}, {"attempt", fmt.Sprint(r.Attempt)}, {"tool", r.Tool},
+		{"conversation_id", r.ConversationID}, {"turn_index", fmt.Sprint(r.TurnIndex)}, {"ordinal", fmt.Sprint(r.Ordinal)},
+		{"args_digest", r.ArgsDigest}, {"first_tool_use_id", r.FirstToolUseID}, {"owner", r.Owner},
+		{"lease", leaseText(r) + " (until " + r.LeaseUntil.Format(time.RFC3339Nano) + ")"},
+		{"trace", r.TraceID + " span " + r.SpanID}, {"result", string(r.Result)}, {"error", errorText(r.Error)},
+		{"created_at", r.CreatedAt.Format(time.RFC3339Nano)}, {"updated_at", r.UpdatedAt.Format(time.RFC3339Nano)},
+	} {
+		fmt.Fprintf(w, "%s:\t%s\n", kv[0], kv[1])
+	}
+	return w.Flush()
+}
+
+func errorText(e *ledger.ErrorInfo) string {
+	if e == nil {
+		return ""
+	}
+	return e.Code + ": " + e.Message
+}
+
+func ledgerResolve(ctx context.Context, args []string, stdio cli.IO, getenv func(string) string) error {
+	fs := cli.NewFlagSet("resolve", "consumer ledger resolve KEY (--output JSON | --not-run)\n\n"+
+		"Settles an indeterminate row. --output: the call did happen, and this JSON is its\n"+
+		"output (duplicates get it from now on). --not-run: it did not happen; the row is\n"+
+		"released so that a redelivery or a replay runs the call.", stdio)
+	var sf storeFlags
+	sf.register(fs, getenv)
+	output := fs.String("output", "", "the call's output, as JSON")
+	notRun := fs.Bool("not-run", false, "the call did not take effect: release the row")
+	key, err := parseOneArg(fs, args, "KEY")
+	if err != nil {
+		return err
+	}
+	var res ledger.Resolution
+	switch {
+	case (*output != "") == *notRun:
+		return errors.New("give exactly one of --output JSON and --not-run")
+	case *notRun:
+		res.NotRun = true
+	default:
+		if !json.Valid([]byte(*output)) {
+			return errors.New("--output is not valid JSON")
+		}
+		res.Output = json.RawMessage(*output)
+	}
+	st, err := sf.open(ctx)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	if err := st.Resolve(ctx, key, res); err != nil {
+		return err
+	}
+	if res.NotRun {
+		fmt.Fprintf(stdio.Out, "%s released: the next delivery of the call runs it\n", key)
+	} else {
+		fmt.Fprintf(stdio.Out, "%s completed with the given output\n", key)
+	}
+	return nil
+}
+
+func ledgerPurge(ctx context.Context, args []string, stdio cli.IO, getenv func(string) string) error {
+	fs := cli.NewFlagSet("purge", "consumer ledger purge --older-than D [--batch N]\n\n"+
+		"Deletes completed and failed rows last updated more than D ago (e.g. 30d, 36h).\n"+
+		"In-flight and indeterminate rows are kept. D must exceed the jobs stream's max age,\n"+
+		"or a replay of an older job would run its call again.", stdio)
+	var sf storeFlags
+	sf.register(fs, getenv)
+	olderThan := fs.String("older-than", "", "retention, e.g. 30d")
+	batch := fs.Int("batch", 1000, "rows deleted per statement")
+	if err := parseNoArgs(fs, args); err != nil {
+		return err
+	}
+	if *olderThan == "" {
+		return errors.New("--older-than is required (e.g. --older-than 30d)")
+	}
+	d, err := cli.ParseDuration(*olderThan)
+	if err != nil {
+		return fmt.Errorf("--older-than: %w", err)
+	}
+	if d <= 0 {
+		return errors.New("--older-than must be positive")
+	}
+	st, err := sf.open(ctx)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	n, err := st.Purge(ctx, d, *batch)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdio.Out, "purged %d row(s) finished before %s\n", n, time.Now().Add(-d).UTC().Format(time.RFC3339))
+	return nil
+}
+
+func printJSON(stdio cli.IO, v any) error {
+	enc := json.NewEncoder(stdio.Out)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+

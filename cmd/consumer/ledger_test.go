@@ -1,0 +1,116 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/toolq/toolq/internal/cli"
+	"github.com/toolq/toolq/internal/testenv"
+	"github.com/toolq/toolq/ledger"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+func runConsumer(t *testing.T, env map[string]string, args ...string) (string, error) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	err := run(context.Background(), args, cli.IO{In: strings.NewReader(""), Out: &out, Err: &errOut}, func(k string) string { return env[k] })
+	return out.String(), err
+}
+
+// TestLedgerCommands drives migrate and every ledger subcommand against both
+// backends, the way an operator would.
+func TestLedgerCommands(t *testing.T) {
+	t.Parallel()
+	for _, backend := range []string{"postgres", "sqlite"} {
+		t.Run(backend, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			env := map[string]string{"TOOLQ_DATA_DIR": t.TempDir()}
+			if backend == "postgres" {
+				env["DATABASE_URL"] = testenv.Postgres(t)
+			}
+			out, err := runConsumer(t, env, "migrate")
+			if err != nil || !strings.Contains(out, backend) {
+				t.Fatalf("migrate: %q %v", out, err)
+			}
+			if out, err := runConsumer(t, env, "ledger", "ls", "--json"); err != nil || strings.TrimSpace(out) != "[]" {
+				t.Fatalf("ls on an empty ledger: %q %v", out, err)
+			}
+			st, err := ledger.Open(ctx, env["DATABASE_URL"], env["TOOLQ_DATA_DIR"])
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer st.Close()
+			claim := func(key string) ledger.Row {
+				res, err := st.Claim(ctx, []ledger.Claim{{Key: key, ConversationID: "c", Tool: "create_ticket", ArgsDigest: "d",
+					ToolUseID: "toolu_1", Owner: "o", Lease: time.Hour}})
+				if err != nil || !res[0].Claimed {
+					t.Fatalf("claim %s: %v", key, err)
+				}
+				return res[0].Row
+			}
+			for _, k := range []string{"k-done", "k-open", "k-notrun"} {
+				row := claim(k)
+				if k != "k-open" {
+					if err := st.MarkIndeterminate(ctx, row.Fence(), ledger.ErrorInfo{Code: "reset", Message: "reset mid-response"}); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			out, err = runConsumer(t, env, "ledger", "ls", "--state", "indeterminate", "--json")
+			var rows []ledger.Row
+			if err != nil || json.Unmarshal([]byte(out), &rows) != nil || len(rows) != 2 {
+				t.Fatalf("ls --state indeterminate: %q %v", out, err)
+			}
+			if out, err := runConsumer(t, env, "ledger", "ls"); err != nil || !strings.Contains(out, "k-open") || !strings.Contains(out, "in_flight") {
+				t.Fatalf("ls table: %q %v", out, err)
+			}
+			out, err = runConsumer(t, env, "ledger", "show", "k-done", "--json")
+			var row ledger.Row
+			if err != nil || json.Unmarshal([]byte(out), &row) != nil || row.State != ledger.Indeterminate || row.Error.Code != "reset" {
+				t.Fatalf("show --json: %q %v", out, err)
+			}
+			if _, err := runConsumer(t, env, "ledger", "show", "missing"); err == nil || !strings.Contains(err.Error(), "not found") {
+				t.Fatalf("show missing: %v", err)
+			}
+			for _, bad := range [][]string{
+				{"ledger", "resolve", "k-done"},
+				{"ledger", "resolve", "k-done", "--not-run", "--output", "{}"},
+				{"ledger", "resolve", "k-done", "--output", "{bad"},
+				{"ledger", "resolve", "--not-run"},
+				{"ledger", "ls", "--state", "bogus"},
+				{"ledger", "purge"},
+				{"ledger", "purge", "--older-than", "soon"},
+				{"ledger", "frob"},
+			} {
+				if _, err := runConsumer(t, env, bad...); err == nil || strings.Contains(err.Error(), "\n") {
+					t.Errorf("%v: %v", bad, err)
+				}
+			}
+			if _, err := runConsumer(t, env, "ledger", "resolve", "k-done", "--output", `{"ticket":"T-9"}`); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := runConsumer(t, env, "ledger", "resolve", "k-notrun", "--not-run"); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := runConsumer(t, env, "ledger", "resolve", "k-open", "--not-run"); err == nil {
+				t.Fatal("resolved an in-flight row")
+			}
+			if got, _ := st.Get(ctx, "k-done"); got.State != ledger.Completed || string(got.Result) != `{"ticket":"T-9"}` {
+				t.Fatalf("after resolve --output: %+v", got)
+			}
+			if _, err := st.Get(ctx, "k-notrun"); err == nil {
+				t.Fatal("resolve --not-run kept the row")
+			}
+			out, err = runConsumer(t, env, "ledger", "purge", "--older-than", "30d")
+			if err != nil || !strings.Contains(out, "purged 0 row") {
+				t.Fatalf("purge: %q %v", out, err)
+			}
+		})
+	}
+}

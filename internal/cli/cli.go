@@ -1,0 +1,97 @@
+// Package cli holds what toolq's commands share: flag sets that fail in one
+// line and print their usage only on --help, flags interspersed with
+// arguments, environment defaults and day-aware durations.
+package cli
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// IO is a command's standard streams.
+type IO struct {
+	In       io.Reader
+	Out, Err io.Writer
+}
+
+// NewFlagSet returns a flag set whose usage ("usage: " and the synopsis,
+// then the flags) goes to stdio.Err on --help, and whose errors come back
+// from Parse as one line instead of being printed.
+func NewFlagSet(name, synopsis string, stdio IO) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {
+		fmt.Fprintf(stdio.Err, "usage: %s\n", synopsis)
+		var b strings.Builder
+		fs.SetOutput(&b)
+		fs.PrintDefaults()
+		fs.SetOutput(io.Discard)
+		if b.Len() > 0 {
+			fmt.Fprintf(stdio.Err, "\nflags:\n%s", b.String())
+		}
+	}
+	return fs
+}
+
+// Parse parses args, allowing flags after positional arguments, and returns
+// the positional ones. help is true when --help was given and the usage has
+// been printed: the command should then end successfully.
+func Parse(fs *flag.FlagSet, args []string) (positional []string, help bool, err error) {
+	usage := fs.Usage
+	fs.Usage = func() {}
+	defer func() { fs.Usage = usage }()
+	for {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				usage()
+				return nil, true, nil
+			}
+			return nil, false, err
+		}
+		args = fs.Args()
+		if len(args) == 0 {
+			return positional, false, nil
+		}
+		if args[0] == "--" {
+			return append(positional, args[1:]...), false, nil
+		}
+		positional = append(positional, args[0])
+		args = args[1:]
+	}
+}
+
+// Env returns the value of the environment variable name, or def when it is
+// unset or empty.
+func Env(getenv func(string) string, name, def string) string {
+	if v := getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+// ParseDuration is time.ParseDuration that also takes whole days ("30d",
+// "7d12h").
+func ParseDuration(s string) (time.Duration, error) {
+	days, rest, found := strings.Cut(s, "d")
+	if !found {
+		return time.ParseDuration(s)
+	}
+	n, err := strconv.Atoi(days)
+	if err != nil || n < 0 {
+		return 0, fmt.Errorf("invalid duration %q (use e.g. 90m, 36h or 30d)", s)
+	}
+	d := time.Duration(n) * 24 * time.Hour
+	if rest != "" {
+		r, err := time.ParseDuration(rest)
+		if err != nil {
+			return 0, fmt.Errorf("invalid duration %q (use e.g. 90m, 36h or 30d)", s)
+		}
+		d += r
+	}
+	return d, nil
+}
