@@ -9,9 +9,9 @@ import "strings"
 // {text:$N} (a text parameter Postgres must be told the type of) and {cols}
 // (the columns scanRow reads).
 type dialect struct {
-	takeover, extend, complete, fail, endLease, indeterminate, release string
-	get, list, listStale, counts, resolveNotRun, resolveCompleted, purge  string
-	cols                                                                  string
+	takeover, extend, complete, fail, endLease, indeterminate, release   string
+	get, list, listStale, counts, resolveNotRun, resolveCompleted, purge string
+	cols                                                                 string
 }
 
 const columnsTemplate = `key, conversation_id, turn_index, tool, ordinal, args_digest, state, attempt, owner,

@@ -280,4 +280,3 @@ func printJSON(stdio cli.IO, v any) error {
 	enc.SetIndent("", "  ")
 	return enc.Encode(v)
 }
-

@@ -132,4 +132,3 @@ func writeString(b *strings.Builder, rng *rand.Rand, s string) {
 	}
 	b.WriteByte('"')
 }
-
