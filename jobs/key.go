@@ -103,3 +103,8 @@ func (m Material) ArgsDigest() string {
 	sum := sha256.Sum256(m.Canonical)
 	return hex.EncodeToString(sum[:])
 }
+
+// ValidToolName reports whether name may name a tool: it matches
+// ^[a-zA-Z0-9_-]{1,64}$, so it is unambiguous in the key and a single subject
+// token.
+func ValidToolName(name string) bool { return toolNamePattern.MatchString(name) }

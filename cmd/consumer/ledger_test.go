@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -112,5 +113,35 @@ func TestLedgerCommands(t *testing.T) {
 				t.Fatalf("purge: %q %v", out, err)
 			}
 		})
+	}
+}
+
+func TestToolsAudit(t *testing.T) {
+	t.Parallel()
+	out, err := runConsumer(t, nil, "tools", "audit", "--json")
+	var audits []map[string]any
+	if err != nil || json.Unmarshal([]byte(out), &audits) != nil || len(audits) != 3 {
+		t.Fatalf("audit --json: %q %v", out, err)
+	}
+	for _, a := range audits {
+		if a["name"] == "" || a["class"] == "" || a["can_double_fire"] != false {
+			t.Fatalf("demo tool %v", a)
+		}
+	}
+	// A keyed write that does not forward its key can double-fire, and the
+	// table says why.
+	path := t.TempDir() + "/tools.yaml"
+	os.WriteFile(path, []byte(`tools:
+  - name: legacy_pay
+    class: keyed_write
+    schema: {type: object}
+    http: {url: "http://127.0.0.1:1/pay", idempotency_header: "-"}
+`), 0o600)
+	out, err = runConsumer(t, nil, "tools", "audit", "--tools", path)
+	if err != nil || !strings.Contains(out, "legacy_pay") || !strings.Contains(out, "yes, because a keyed write that does not forward its key") {
+		t.Fatalf("audit table: %q %v", out, err)
+	}
+	if _, err := runConsumer(t, nil, "tools", "audit", "--tools", path+".missing"); err == nil {
+		t.Fatal("missing file accepted")
 	}
 }

@@ -27,6 +27,7 @@ const usage = `usage: consumer [command] [flags]
 
 commands:
   migrate          apply the ledger schema
+  tools audit      which tools can take effect twice, and why (--tools FILE, --json)
   ledger ls        list ledger rows (--state S, --stale, --json)
   ledger show KEY  show one row
   ledger resolve KEY (--output JSON | --not-run)
@@ -46,6 +47,8 @@ func run(ctx context.Context, args []string, stdio cli.IO, getenv func(string) s
 		return runMigrate(ctx, args[1:], stdio, getenv)
 	case "ledger":
 		return runLedger(ctx, args[1:], stdio, getenv)
+	case "tools":
+		return runTools(ctx, args[1:], stdio, getenv)
 	case "-h", "--help", "help":
 		fmt.Fprintln(stdio.Out, usage)
 		return nil

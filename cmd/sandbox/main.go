@@ -1,0 +1,58 @@
+// Command sandbox serves toolq's Stripe-like payments and tickets API, with
+// fault knobs, for demos, tests and benchmarks. See package
+// github.com/toolq/toolq/tools/sandbox for the endpoints.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/toolq/toolq/internal/cli"
+	"github.com/toolq/toolq/tools/sandbox"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], cli.IO{In: os.Stdin, Out: os.Stdout, Err: os.Stderr}, os.Getenv)
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "sandbox:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, args []string, stdio cli.IO, getenv func(string) string) error {
+	fs := cli.NewFlagSet("sandbox", "sandbox [--listen ADDR] [--state FILE] [fault flags]\n\n"+
+		"Fault knobs can also be changed while it runs:\n"+
+		"  curl -X POST localhost:8089/v1/_faults -d '{\"drop_after_effect_rate\":0.2}'", stdio)
+	listen := fs.String("listen", cli.Env(getenv, "SANDBOX_LISTEN", "127.0.0.1:8089"), "address to listen on (env SANDBOX_LISTEN)")
+	statePath := fs.String("state", "", "persist effects to this JSON file and reload them at start")
+	latency := fs.Duration("latency", 0, "time every write takes")
+	errorRate := fs.Float64("error-rate", 0, "probability of a definite failure (402/400), no effect")
+	serverErrorRate := fs.Float64("server-error-rate", 0, "probability of a 500, no effect")
+	dropRate := fs.Float64("drop-after-effect-rate", 0, "probability of applying the effect, then resetting the connection")
+	if pos, help, err := cli.Parse(fs, args); help || err != nil {
+		return err
+	} else if len(pos) > 0 {
+		return fmt.Errorf("unexpected argument %q", pos[0])
+	}
+	srv, err := sandbox.New(sandbox.Config{StatePath: *statePath, Faults: sandbox.Faults{
+		LatencyMS: int(*latency / time.Millisecond), ErrorRate: *errorRate, ServerErrorRate: *serverErrorRate, DropAfterEffectRate: *dropRate}})
+	if err != nil {
+		return err
+	}
+	url, shutdown, err := srv.Listen(*listen)
+	if err != nil {
+		return fmt.Errorf("%w (choose another address with --listen)", err)
+	}
+	fmt.Fprintf(stdio.Out, "sandbox API on %s (payments: %d, tickets: %d)\n", url, len(srv.Payments()), len(srv.Tickets()))
+	fmt.Fprintf(stdio.Out, "try: curl -s %s/v1/payments -H 'Idempotency-Key: \"k1\"' -d '{\"invoice_id\":\"inv_1\",\"amount_cents\":500,\"currency\":\"EUR\"}'\n", url)
+	<-ctx.Done()
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	return shutdown(sctx)
+}

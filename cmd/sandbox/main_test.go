@@ -1,0 +1,52 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/toolq/toolq/internal/cli"
+)
+
+func TestSandboxCommand(t *testing.T) {
+	t.Parallel()
+	l, _ := net.Listen("tcp", "127.0.0.1:0")
+	addr := l.Addr().String()
+	l.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"--listen", addr}, cli.IO{Out: io.Discard, Err: io.Discard}, func(string) string { return "" })
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	var resp *http.Response
+	var err error
+	for time.Now().Before(deadline) {
+		resp, err = http.Post("http://"+addr+"/v1/tickets", "application/json", strings.NewReader(`{"title":"t","body":"b"}`))
+		if err == nil {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("sandbox did not answer: %v", err)
+	}
+	resp.Body.Close()
+	// A taken port is a one-line error that says how to choose another.
+	err = run(context.Background(), []string{"--listen", addr}, cli.IO{Out: &bytes.Buffer{}, Err: &bytes.Buffer{}}, func(string) string { return "" })
+	if err == nil || !strings.Contains(err.Error(), "--listen") {
+		t.Fatalf("second sandbox on a taken port: %v", err)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if err := run(context.Background(), []string{"--error-rate", "2"}, cli.IO{Out: &bytes.Buffer{}, Err: &bytes.Buffer{}}, func(string) string { return "" }); err == nil {
+		t.Fatal("error rate 2 accepted")
+	}
+}

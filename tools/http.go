@@ -1,0 +1,270 @@
+package tools
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptrace"
+	"net/url"
+	"sort"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/toolq/toolq/jobs"
+)
+
+// HTTP is the executor of a tool that calls an HTTP API. Method and URL are
+// fixed here: the args become the body (JSON) or, for GET and DELETE, the
+// query string, and can never choose the scheme, host or path.
+type HTTP struct {
+	Method  string
+	URL     string
+	Headers map[string]string // sent on every call; values may hold secrets
+	// IdempotencyHeader names the header the key is sent in for write tools
+	// ("Idempotency-Key" when empty; "-" sends no key).
+	IdempotencyHeader string
+	MaxResponseBytes  int64        // default 1 MiB
+	Client            *http.Client // default: one with redirects limited to the same origin
+}
+
+// HTTPExecutor checks the configuration and returns the executor together
+// with its downstream name (scheme://host) and whether it forwards the key.
+func HTTPExecutor(h HTTP) (*HTTP, error) {
+	h.Method = strings.ToUpper(h.Method)
+	switch h.Method {
+	case "":
+		h.Method = http.MethodPost
+	case http.MethodGet, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete:
+	default:
+		return nil, fmt.Errorf("method %q: want GET, POST, PUT, PATCH or DELETE", h.Method)
+	}
+	u, err := url.Parse(h.URL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("url %q: want an absolute http:// or https:// URL", h.URL)
+	}
+	if u.RawQuery != "" || u.Fragment != "" {
+		return nil, fmt.Errorf("url %q: no query or fragment: the args make the query", h.URL)
+	}
+	if h.IdempotencyHeader == "" {
+		h.IdempotencyHeader = "Idempotency-Key"
+	}
+	if h.MaxResponseBytes <= 0 {
+		h.MaxResponseBytes = DefaultMaxResponse
+	}
+	if h.Client == nil {
+		h.Client = &http.Client{CheckRedirect: sameOrigin}
+	}
+	return &h, nil
+}
+
+// Downstream is the origin the executor calls, the unit of circuit breaking.
+func (h *HTTP) Downstream() string {
+	u, _ := url.Parse(h.URL)
+	return u.Scheme + "://" + u.Host
+}
+
+// ForwardsKey reports whether the key is sent downstream.
+func (h *HTTP) ForwardsKey() bool { return h.IdempotencyHeader != "-" }
+
+var errRedirect = errors.New("redirect to another origin refused")
+
+func sameOrigin(req *http.Request, via []*http.Request) error {
+	if len(via) >= 3 {
+		return errors.New("more than 3 redirects")
+	}
+	first := via[0].URL
+	if req.URL.Scheme != first.Scheme || req.URL.Host != first.Host {
+		return fmt.Errorf("%w: %s", errRedirect, req.URL.Scheme+"://"+req.URL.Host)
+	}
+	return nil
+}
+
+// Execute sends one request and classifies what happened:
+//
+//	connection refused, DNS failure, TLS failure, nothing written  → NotSent
+//	429; 503 with Retry-After                                      → NotSent, retry after that
+//	409 when the key was sent (same key in flight downstream)      → Ambiguous, retry later
+//	other 4xx, a refused redirect                                  → Definite
+//	timeout or reset after the request was written; other 5xx      → Ambiguous
+//	2xx                                                            → Success
+func (h *HTTP) Execute(ctx context.Context, req Request) (json.RawMessage, error) {
+	target := h.URL
+	var body io.Reader
+	if h.Method == http.MethodGet || h.Method == http.MethodDelete {
+		q, err := queryFromArgs(req.Args)
+		if err != nil {
+			return nil, DefiniteError("invalid_args", err.Error())
+		}
+		if q != "" {
+			target += "?" + q
+		}
+	} else {
+		body = strings.NewReader(string(req.Args))
+	}
+	hreq, err := http.NewRequestWithContext(ctx, h.Method, target, body)
+	if err != nil {
+		return nil, NotSentError("bad_request", err.Error(), 0, err)
+	}
+	if body != nil {
+		hreq.Header.Set("Content-Type", "application/json")
+		// Without GetBody net/http never re-sends the request by itself. It
+		// would otherwise retry a request that carries Idempotency-Key when a
+		// reused connection breaks after writing it: a second effect on a
+		// downstream that does not dedupe, and a retry toolq did not decide.
+		hreq.GetBody = nil
+	}
+	hreq.Header.Set("Accept", "application/json")
+	hreq.Header.Set("User-Agent", "toolq")
+	for k, v := range h.Headers {
+		hreq.Header.Set(k, v)
+	}
+	keySent := req.Key != "" && h.ForwardsKey()
+	if keySent {
+		// draft-ietf-httpapi-idempotency-key-header: an sf-string.
+		hreq.Header.Set(h.IdempotencyHeader, strconv.Quote(req.Key))
+	}
+	var wrote atomic.Bool
+	hreq = hreq.WithContext(httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
+		WroteRequest: func(httptrace.WroteRequestInfo) { wrote.Store(true) },
+	}))
+	resp, err := h.Client.Do(hreq)
+	if err != nil {
+		return nil, classifyTransportError(err, wrote.Load())
+	}
+	defer resp.Body.Close()
+	data, readErr := io.ReadAll(io.LimitReader(resp.Body, h.MaxResponseBytes+1))
+	tooLarge := int64(len(data)) > h.MaxResponseBytes
+	if readErr != nil && !tooLarge {
+		// The downstream answered, then the connection broke mid-response.
+		return nil, AmbiguousError("reset_mid_response", fmt.Sprintf("HTTP %d, then: %v", resp.StatusCode, readErr), 0, readErr)
+	}
+	status := resp.StatusCode
+	switch {
+	case status >= 200 && status < 300:
+		if tooLarge {
+			// The effect happened; only its description is too large to carry.
+			return json.RawMessage(fmt.Sprintf(`{"status":%d,"response_too_large":true,"limit_bytes":%d}`, status, h.MaxResponseBytes)), nil
+		}
+		return outputOf(status, data), nil
+	case status == http.StatusTooManyRequests:
+		return nil, NotSentError("http_429", snippet(data), retryAfter(resp, DefaultNotSentDelay), nil)
+	case status == http.StatusServiceUnavailable && resp.Header.Get("Retry-After") != "":
+		return nil, NotSentError("http_503", snippet(data), retryAfter(resp, DefaultNotSentDelay), nil)
+	case status == http.StatusConflict && keySent:
+		return nil, AmbiguousError("http_409", "the same key is still being processed downstream: "+snippet(data), retryAfter(resp, DefaultNotSentDelay), nil)
+	case status >= 300 && status < 500:
+		return nil, DefiniteError("http_"+strconv.Itoa(status), snippet(data))
+	default:
+		return nil, AmbiguousError("http_"+strconv.Itoa(status), snippet(data), retryAfter(resp, 0), nil)
+	}
+}
+
+// classifyTransportError maps an error of http.Client.Do. Before the request
+// was written nothing can have happened; after it, anything may have.
+func classifyTransportError(err error, wrote bool) error {
+	if errors.Is(err, errRedirect) {
+		return DefiniteError("redirect_refused", oneLine(err.Error()))
+	}
+	var dnsErr *net.DNSError
+	var opErr *net.OpError
+	var tlsErr *tls.CertificateVerificationError
+	switch {
+	case errors.As(err, &dnsErr):
+		return NotSentError("dns_failure", oneLine(err.Error()), 0, err)
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return NotSentError("connection_refused", oneLine(err.Error()), 0, err)
+	case errors.As(err, &tlsErr):
+		return NotSentError("tls_failure", oneLine(err.Error()), 0, err)
+	case errors.As(err, &opErr) && opErr.Op == "dial":
+		return NotSentError("dial_failure", oneLine(err.Error()), 0, err)
+	case !wrote:
+		return NotSentError("not_sent", oneLine(err.Error()), 0, err)
+	case errors.Is(err, context.DeadlineExceeded) || isTimeout(err):
+		return AmbiguousError("timeout", "no answer after the request was sent: "+oneLine(err.Error()), 0, err)
+	default:
+		return AmbiguousError("connection_lost", "connection broke after the request was sent: "+oneLine(err.Error()), 0, err)
+	}
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+func retryAfter(resp *http.Response, def time.Duration) time.Duration {
+	v := resp.Header.Get("Retry-After")
+	if v == "" {
+		return def
+	}
+	if secs, err := strconv.Atoi(v); err == nil && secs >= 0 {
+		return time.Duration(secs) * time.Second
+	}
+	if t, err := http.ParseTime(v); err == nil {
+		return max(time.Until(t), 0)
+	}
+	return def
+}
+
+// outputOf is the result output of a 2xx answer: the body when it is JSON,
+// else the status and the body as a string.
+func outputOf(status int, body []byte) json.RawMessage {
+	if len(body) > 0 && json.Valid(body) {
+		return json.RawMessage(body)
+	}
+	out, _ := json.Marshal(struct {
+		Status int    `json:"status"`
+		Body   string `json:"body"`
+	}{status, string(body)})
+	return out
+}
+
+func snippet(body []byte) string {
+	s := oneLine(string(body))
+	if len(s) > 512 {
+		s = s[:512] + "…"
+	}
+	return s
+}
+
+// queryFromArgs turns the args object into a query string, members in
+// sorted order: strings as they are, other values as canonical JSON.
+func queryFromArgs(args json.RawMessage) (string, error) {
+	var members map[string]json.RawMessage
+	if err := json.Unmarshal(args, &members); err != nil {
+		return "", errors.New("args must be an object")
+	}
+	names := make([]string, 0, len(members))
+	for name := range members {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	var b strings.Builder
+	for i, name := range names {
+		raw := members[name]
+		var value string
+		if len(raw) > 0 && raw[0] == '"' {
+			if err := json.Unmarshal(raw, &value); err != nil {
+				return "", err
+			}
+		} else {
+			canon, err := jobs.Canonicalize(raw)
+			if err != nil {
+				return "", err
+			}
+			value = string(canon)
+		}
+		if i > 0 {
+			b.WriteByte('&')
+		}
+		b.WriteString(url.QueryEscape(name) + "=" + url.QueryEscape(value))
+	}
+	return b.String(), nil
+}

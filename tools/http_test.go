@@ -1,0 +1,354 @@
+package tools_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/toolq/toolq/tools"
+)
+
+const anySchema = `{"type":"object"}`
+
+// httpTool registers one HTTP tool of the given class against url.
+func httpTool(t *testing.T, class tools.Class, method, url string, timeout time.Duration) *tools.Tool {
+	t.Helper()
+	exec, err := tools.HTTPExecutor(tools.HTTP{Method: method, URL: url})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fwd := exec.ForwardsKey()
+	reg, err := tools.NewRegistry([]tools.Definition{{Name: "t", Class: class, Schema: json.RawMessage(anySchema),
+		Executor: exec, Downstream: exec.Downstream(), ForwardsKey: &fwd, Timeout: timeout,
+		Breaker: tools.Breaker{Failures: 1000}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tool, _ := reg.Lookup("t")
+	return tool
+}
+
+func call(t *testing.T, tool *tools.Tool, args string) (json.RawMessage, tools.Outcome, *tools.Error) {
+	t.Helper()
+	out, err := tool.Run(context.Background(), tools.Request{Tool: tool.Name, Key: "k123", Args: json.RawMessage(args), ToolUseID: "toolu_1"})
+	outcome, te := tools.Classify(err)
+	return out, outcome, te
+}
+
+// rawListener accepts TCP connections and hands each to handle.
+func rawListener(t *testing.T, handle func(net.Conn)) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go handle(c)
+		}
+	}()
+	return "http://" + l.Addr().String()
+}
+
+// readRequest consumes one HTTP request from c.
+func readRequest(c net.Conn) {
+	req, err := http.ReadRequest(bufio.NewReader(c))
+	if err == nil {
+		req.Body.Close()
+	}
+}
+
+func reset(c net.Conn) {
+	c.(*net.TCPConn).SetLinger(0)
+	c.Close()
+}
+
+func TestHTTPClassification(t *testing.T) {
+	t.Parallel()
+	refused := func() string { // a port nobody listens on
+		l, _ := net.Listen("tcp", "127.0.0.1:0")
+		addr := l.Addr().String()
+		l.Close()
+		return "http://" + addr
+	}()
+	acceptThenReset := rawListener(t, func(c net.Conn) { readRequest(c); reset(c) })
+	neverAnswers := rawListener(t, func(c net.Conn) { readRequest(c); time.Sleep(5 * time.Second); c.Close() })
+	resetMidResponse := rawListener(t, func(c net.Conn) {
+		readRequest(c)
+		fmt.Fprint(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"id\":")
+		time.Sleep(50 * time.Millisecond)
+		reset(c)
+	})
+	status := func(code int, header map[string]string, body string) string {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			for k, v := range header {
+				w.Header().Set(k, v)
+			}
+			w.WriteHeader(code)
+			fmt.Fprint(w, body)
+		}))
+		t.Cleanup(srv.Close)
+		return srv.URL
+	}
+	for _, tc := range []struct {
+		name       string
+		class      tools.Class
+		url        string
+		want       tools.Outcome
+		code       string
+		retryAfter time.Duration
+	}{
+		{"connection refused", tools.KeyedWrite, refused, tools.NotSent, "connection_refused", 0},
+		{"DNS failure", tools.KeyedWrite, "http://toolq-no-such-host.invalid", tools.NotSent, "dns_failure", 0},
+		{"accepted then reset", tools.KeyedWrite, acceptThenReset, tools.Ambiguous, "connection_lost", 0},
+		{"never answers", tools.KeyedWrite, neverAnswers, tools.Ambiguous, "timeout", 0},
+		{"reset mid-response", tools.KeyedWrite, resetMidResponse, tools.Ambiguous, "reset_mid_response", 0},
+		{"429 with Retry-After", tools.KeyedWrite, status(429, map[string]string{"Retry-After": "7"}, `{}`), tools.NotSent, "http_429", 7 * time.Second},
+		{"503 with Retry-After", tools.UnkeyedWrite, status(503, map[string]string{"Retry-After": "3"}, ``), tools.NotSent, "http_503", 3 * time.Second},
+		{"503 without Retry-After", tools.UnkeyedWrite, status(503, nil, ``), tools.Ambiguous, "http_503", 0},
+		{"409 from a keyed downstream", tools.KeyedWrite, status(409, map[string]string{"Retry-After": "2"}, `{}`), tools.Ambiguous, "http_409", 2 * time.Second},
+		{"409 to a read", tools.Read, status(409, nil, `{}`), tools.Definite, "http_409", 0},
+		{"422", tools.KeyedWrite, status(422, nil, `{"error":"bad"}`), tools.Definite, "http_422", 0},
+		{"404", tools.UnkeyedWrite, status(404, nil, `nope`), tools.Definite, "http_404", 0},
+		{"500", tools.KeyedWrite, status(500, nil, `oops`), tools.Ambiguous, "http_500", 0},
+		{"502", tools.UnkeyedWrite, status(502, nil, ``), tools.Ambiguous, "http_502", 0},
+		{"200", tools.KeyedWrite, status(200, nil, `{"id":"pay_1"}`), tools.Success, "", 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			tool := httpTool(t, tc.class, "POST", tc.url, 300*time.Millisecond)
+			_, got, te := call(t, tool, `{"a":1}`)
+			if got != tc.want {
+				t.Fatalf("outcome %s (%v), want %s", got, te, tc.want)
+			}
+			if te != nil && (te.Code != tc.code || te.RetryAfter != tc.retryAfter) {
+				t.Fatalf("error %+v, want code %s retry after %s", te, tc.code, tc.retryAfter)
+			}
+			if te != nil && strings.Contains(te.Error(), "\n") {
+				t.Fatalf("error is not one line: %q", te.Error())
+			}
+		})
+	}
+}
+
+func TestHTTPOutputAndHeaders(t *testing.T) {
+	t.Parallel()
+	var got atomic.Value
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got.Store(r.Clone(context.Background()))
+		switch r.URL.Path {
+		case "/text":
+			fmt.Fprint(w, "plain words")
+		case "/big":
+			fmt.Fprint(w, `{"x":"`+strings.Repeat("a", 2<<20)+`"}`)
+		default:
+			fmt.Fprint(w, `{"ok":true}`)
+		}
+	}))
+	defer srv.Close()
+	out, outcome, _ := call(t, httpTool(t, tools.KeyedWrite, "POST", srv.URL+"/json", time.Second), `{"b":2,"a":1}`)
+	if outcome != tools.Success || string(out) != `{"ok":true}` {
+		t.Fatalf("json: %s %s", outcome, out)
+	}
+	r := got.Load().(*http.Request)
+	if r.Header.Get("Idempotency-Key") != `"k123"` || r.Header.Get("Content-Type") != "application/json" {
+		t.Fatalf("write headers: %v", r.Header)
+	}
+	out, _, _ = call(t, httpTool(t, tools.Read, "POST", srv.URL+"/text", time.Second), `{}`)
+	if string(out) != `{"status":200,"body":"plain words"}` {
+		t.Fatalf("text: %s", out)
+	}
+	if r := got.Load().(*http.Request); r.Header.Get("Idempotency-Key") != "" {
+		t.Fatalf("a read tool sent the key: %v", r.Header)
+	}
+	out, outcome, _ = call(t, httpTool(t, tools.KeyedWrite, "POST", srv.URL+"/big", 5*time.Second), `{}`)
+	if outcome != tools.Success || !strings.Contains(string(out), `"response_too_large":true`) {
+		t.Fatalf("oversized answer: %s %s", outcome, out)
+	}
+}
+
+// TestHTTPArgsCannotSteer: whatever the args say, the request goes to the
+// registry's scheme, host and path.
+func TestHTTPArgsCannotSteer(t *testing.T) {
+	t.Parallel()
+	var paths []string
+	var queries []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		paths = append(paths, r.URL.Path)
+		queries = append(queries, r.URL.RawQuery)
+		fmt.Fprint(w, `{}`)
+	}))
+	defer srv.Close()
+	evil := `{"url":"http://evil.example/","path":"/../admin","host":"evil.example","query":"x&admin=1#frag","../..":"?a=b"}`
+	get := httpTool(t, tools.Read, "GET", srv.URL+"/v1/orders", time.Second)
+	if _, outcome, te := call(t, get, evil); outcome != tools.Success {
+		t.Fatalf("GET: %s %v", outcome, te)
+	}
+	post := httpTool(t, tools.KeyedWrite, "POST", srv.URL+"/v1/payments", time.Second)
+	if _, outcome, te := call(t, post, evil); outcome != tools.Success {
+		t.Fatalf("POST: %s %v", outcome, te)
+	}
+	if paths[0] != "/v1/orders" || paths[1] != "/v1/payments" {
+		t.Fatalf("paths %q", paths)
+	}
+	if queries[0] != "..%2F..=%3Fa%3Db&host=evil.example&path=%2F..%2Fadmin&query=x%26admin%3D1%23frag&url=http%3A%2F%2Fevil.example%2F" || queries[1] != "" {
+		t.Fatalf("queries %q", queries)
+	}
+	// A redirect to another origin is refused; a 303 to the same origin (the
+	// write was done, here is its result) is followed.
+	var stolen atomic.Int32
+	other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { stolen.Add(1); fmt.Fprint(w, `{"stolen":true}`) }))
+	defer other.Close()
+	redirecting := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/here" {
+			fmt.Fprint(w, `{"here":true}`)
+			return
+		}
+		if r.URL.Path == "/same" {
+			http.Redirect(w, r, "/here", http.StatusSeeOther)
+			return
+		}
+		http.Redirect(w, r, other.URL+"/x", http.StatusTemporaryRedirect)
+	}))
+	defer redirecting.Close()
+	if _, outcome, te := call(t, httpTool(t, tools.Read, "GET", redirecting.URL+"/away", time.Second), `{}`); outcome != tools.Definite || te.Code != "redirect_refused" {
+		t.Fatalf("cross-origin redirect of a read: %s %v", outcome, te)
+	}
+	if _, outcome, te := call(t, httpTool(t, tools.KeyedWrite, "POST", redirecting.URL+"/away", time.Second), `{}`); outcome != tools.Definite {
+		t.Fatalf("cross-origin redirect of a write: %s %v", outcome, te)
+	}
+	if stolen.Load() != 0 {
+		t.Fatal("a redirect took a call to another origin")
+	}
+	if out, outcome, _ := call(t, httpTool(t, tools.KeyedWrite, "POST", redirecting.URL+"/same", time.Second), `{}`); outcome != tools.Success || string(out) != `{"here":true}` {
+		t.Fatalf("same-origin redirect: %s %s", outcome, out)
+	}
+	for _, bad := range []string{"ftp://x/y", "/relative", "http://h/p?q=1", "http://h/p#f"} {
+		if _, err := tools.HTTPExecutor(tools.HTTP{URL: bad}); err == nil {
+			t.Errorf("url %q accepted", bad)
+		}
+	}
+}
+
+func TestBreaker(t *testing.T) {
+	t.Parallel()
+	var hits atomic.Int32
+	var code atomic.Int32
+	code.Store(500)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		w.WriteHeader(int(code.Load()))
+		fmt.Fprint(w, `{}`)
+	}))
+	defer srv.Close()
+	exec, _ := tools.HTTPExecutor(tools.HTTP{URL: srv.URL})
+	reg, err := tools.NewRegistry([]tools.Definition{{Name: "pay", Class: tools.KeyedWrite, Schema: json.RawMessage(anySchema),
+		Executor: exec, Downstream: exec.Downstream(), Timeout: time.Second,
+		Breaker: tools.Breaker{Failures: 3, OpenFor: 300 * time.Millisecond}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tool, _ := reg.Lookup("pay")
+	// Definite failures and cancellations do not trip it.
+	code.Store(400)
+	for range 5 {
+		if _, o, _ := call(t, tool, `{}`); o != tools.Definite {
+			t.Fatalf("outcome %s", o)
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	for range 5 {
+		tool.Run(ctx, tools.Request{Args: json.RawMessage(`{}`)})
+	}
+	if tool.BreakerState() != "closed" {
+		t.Fatalf("breaker %s after definite failures and cancellations", tool.BreakerState())
+	}
+	code.Store(500)
+	for i := range 3 {
+		if _, o, _ := call(t, tool, `{}`); o != tools.Ambiguous {
+			t.Fatalf("call %d: %s", i, o)
+		}
+	}
+	if tool.BreakerState() != "open" {
+		t.Fatalf("breaker %s after 3 failures", tool.BreakerState())
+	}
+	before := hits.Load()
+	_, o, te := call(t, tool, `{}`)
+	if o != tools.NotSent || te.Code != "breaker_open" || te.RetryAfter <= 0 || te.RetryAfter > 300*time.Millisecond {
+		t.Fatalf("while open: %s %+v", o, te)
+	}
+	if hits.Load() != before {
+		t.Fatal("an open breaker let a request through")
+	}
+	// After the open period a trial call goes through; its success closes it.
+	code.Store(200)
+	deadline := time.Now().Add(5 * time.Second)
+	for tool.BreakerState() == "open" && time.Now().Before(deadline) {
+		time.Sleep(te.RetryAfter)
+	}
+	if _, o, te := call(t, tool, `{}`); o != tools.Success {
+		t.Fatalf("trial call: %s %v", o, te)
+	}
+	if tool.BreakerState() != "closed" {
+		t.Fatalf("breaker %s after a successful trial", tool.BreakerState())
+	}
+}
+
+func TestClassifyUnknownErrorsAsAmbiguous(t *testing.T) {
+	t.Parallel()
+	if o, _ := tools.Classify(errors.New("something odd")); o != tools.Ambiguous {
+		t.Fatalf("unknown error: %s", o)
+	}
+	if o, _ := tools.Classify(nil); o != tools.Success {
+		t.Fatalf("nil: %s", o)
+	}
+	if o, te := tools.Classify(fmt.Errorf("wrapped: %w", tools.DefiniteError("no", "x"))); o != tools.Definite || te.Code != "no" {
+		t.Fatalf("wrapped definite: %s", o)
+	}
+}
+
+// TestUnkeyedWriteIsNeverResentByTheHTTPClient: a downstream without dedupe
+// applies the effect and drops the connection. net/http would re-send a
+// request carrying Idempotency-Key on a reused connection; toolq's executor
+// must not: one call, one effect, an ambiguous outcome.
+func TestUnkeyedWriteIsNeverResentByTheHTTPClient(t *testing.T) {
+	t.Parallel()
+	var effects atomic.Int32
+	var drop atomic.Bool
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		effects.Add(1)
+		if drop.Load() {
+			c, _, _ := w.(http.Hijacker).Hijack()
+			reset(c)
+			return
+		}
+		fmt.Fprint(w, `{"id":"tkt"}`)
+	}))
+	defer srv.Close()
+	tool := httpTool(t, tools.UnkeyedWrite, "POST", srv.URL+"/v1/tickets", 2*time.Second)
+	if _, o, _ := call(t, tool, `{}`); o != tools.Success { // leaves a kept-alive connection to reuse
+		t.Fatalf("first call: %s", o)
+	}
+	drop.Store(true)
+	if _, o, te := call(t, tool, `{}`); o != tools.Ambiguous {
+		t.Fatalf("dropped call: %s %v", o, te)
+	}
+	if n := effects.Load(); n != 2 {
+		t.Fatalf("%d effects for 2 calls: the HTTP client re-sent a write", n)
+	}
+}

@@ -1,0 +1,239 @@
+package tools
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"regexp"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// The registry file: a list of tools, each with exactly one executor.
+//
+//	tools:
+//	  - name: send_payment
+//	    class: keyed_write          # read | keyed_write | unkeyed_write
+//	    ledger: true                # keyed_write only; default true
+//	    timeout: 10s
+//	    lease: 30s                  # default max(2×timeout, timeout+5s); must exceed timeout
+//	    concurrency: 16
+//	    breaker: {failures: 5, open_for: 30s, half_open: 1}
+//	    schema: {type: object, …}   # JSON Schema of the args, written in YAML
+//	    http:
+//	      method: POST
+//	      url: ${SANDBOX_URL:-http://127.0.0.1:8089}/v1/payments
+//	      headers: {Authorization: "Bearer ${PAYMENTS_TOKEN}"}
+//	      idempotency_header: Idempotency-Key   # "-": do not send the key
+//	      max_response_bytes: 1048576
+//	  - name: echo
+//	    class: read
+//	    builtin: echo               # a Go function registered with WithBuiltin
+//
+// ${VAR} takes an environment variable (unset: an error naming it);
+// ${VAR:-default} falls back to the default. Both work in url and headers.
+type fileSpec struct {
+	Tools []toolSpec `yaml:"tools"`
+}
+
+type toolSpec struct {
+	Name        string `yaml:"name"`
+	Description string `yaml:"description"`
+	Class       string `yaml:"class"`
+	Ledger      *bool  `yaml:"ledger"`
+	Timeout     string `yaml:"timeout"`
+	Lease       string `yaml:"lease"`
+	Concurrency int    `yaml:"concurrency"`
+	Breaker     *struct {
+		Failures uint32 `yaml:"failures"`
+		OpenFor  string `yaml:"open_for"`
+		HalfOpen uint32 `yaml:"half_open"`
+	} `yaml:"breaker"`
+	Schema  yaml.Node `yaml:"schema"`
+	HTTP    *httpSpec `yaml:"http"`
+	Builtin string    `yaml:"builtin"`
+}
+
+type httpSpec struct {
+	Method            string            `yaml:"method"`
+	URL               string            `yaml:"url"`
+	Headers           map[string]string `yaml:"headers"`
+	IdempotencyHeader string            `yaml:"idempotency_header"`
+	MaxResponseBytes  int64             `yaml:"max_response_bytes"`
+}
+
+// LoadOption adjusts Load and Parse.
+type LoadOption func(*loadOptions)
+
+type loadOptions struct {
+	getenv   func(string) string
+	builtins map[string]Executor
+	registry []Option
+}
+
+// WithGetenv sets where ${VAR} references are looked up (default os.Getenv).
+func WithGetenv(getenv func(string) string) LoadOption {
+	return func(o *loadOptions) { o.getenv = getenv }
+}
+
+// WithBuiltin makes a Go function available to the file as `builtin: name`.
+func WithBuiltin(name string, e Executor) LoadOption {
+	return func(o *loadOptions) { o.builtins[name] = e }
+}
+
+// WithRegistryOptions passes options to NewRegistry.
+func WithRegistryOptions(opts ...Option) LoadOption {
+	return func(o *loadOptions) { o.registry = append(o.registry, opts...) }
+}
+
+// Load reads the registry file at path. Errors name the file, and the tool
+// and field where one is at fault (a *DefinitionError).
+func Load(path string, opts ...LoadOption) (*Registry, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("tools: %w", err)
+	}
+	return Parse(data, path, opts...)
+}
+
+// Parse reads a registry from YAML; name is used in errors.
+func Parse(data []byte, name string, opts ...LoadOption) (*Registry, error) {
+	o := loadOptions{getenv: os.Getenv, builtins: map[string]Executor{}}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	var f fileSpec
+	if err := dec.Decode(&f); err != nil {
+		return nil, &DefinitionError{File: name, Msg: oneLine(err.Error())}
+	}
+	if len(f.Tools) == 0 {
+		return nil, &DefinitionError{File: name, Field: "tools", Msg: "no tools defined"}
+	}
+	defs := make([]Definition, 0, len(f.Tools))
+	for i := range f.Tools {
+		d, err := f.Tools[i].definition(&o)
+		if err != nil {
+			var de *DefinitionError
+			if errors.As(err, &de) {
+				de.File = name
+				if de.Tool == "" {
+					de.Tool = f.Tools[i].Name
+				}
+				return nil, de
+			}
+			return nil, &DefinitionError{File: name, Tool: f.Tools[i].Name, Msg: err.Error()}
+		}
+		defs = append(defs, d)
+	}
+	r, err := NewRegistry(defs, o.registry...)
+	if err != nil {
+		var de *DefinitionError
+		if errors.As(err, &de) {
+			de.File = name
+		}
+		return nil, err
+	}
+	return r, nil
+}
+
+func (s *toolSpec) definition(o *loadOptions) (Definition, error) {
+	bad := func(field, format string, args ...any) error {
+		return &DefinitionError{Tool: s.Name, Field: field, Msg: fmt.Sprintf(format, args...)}
+	}
+	d := Definition{Name: s.Name, Description: s.Description, Class: Class(s.Class), Ledger: s.Ledger, Concurrency: s.Concurrency}
+	if s.Name == "" {
+		return d, bad("name", "missing")
+	}
+	var err error
+	if d.Timeout, err = parseDuration(s.Timeout); err != nil {
+		return d, bad("timeout", "%v", err)
+	}
+	if d.Lease, err = parseDuration(s.Lease); err != nil {
+		return d, bad("lease", "%v", err)
+	}
+	if s.Breaker != nil {
+		d.Breaker = Breaker{Failures: s.Breaker.Failures, HalfOpen: s.Breaker.HalfOpen}
+		if d.Breaker.OpenFor, err = parseDuration(s.Breaker.OpenFor); err != nil {
+			return d, bad("breaker.open_for", "%v", err)
+		}
+	}
+	if s.Schema.Kind != 0 {
+		var v any
+		if err := s.Schema.Decode(&v); err != nil {
+			return d, bad("schema", "%v", err)
+		}
+		if d.Schema, err = json.Marshal(v); err != nil {
+			return d, bad("schema", "cannot be written as JSON: %v", err)
+		}
+	}
+	switch {
+	case s.HTTP != nil && s.Builtin != "":
+		return d, bad("http", "a tool has one executor: http or builtin, not both")
+	case s.HTTP != nil:
+		h := HTTP{Method: s.HTTP.Method, IdempotencyHeader: s.HTTP.IdempotencyHeader, MaxResponseBytes: s.HTTP.MaxResponseBytes}
+		if h.URL, err = expandEnv(s.HTTP.URL, o.getenv); err != nil {
+			return d, bad("http.url", "%v", err)
+		}
+		h.Headers = map[string]string{}
+		for k, v := range s.HTTP.Headers {
+			if h.Headers[k], err = expandEnv(v, o.getenv); err != nil {
+				return d, bad("http.headers."+k, "%v", err)
+			}
+		}
+		exec, err := HTTPExecutor(h)
+		if err != nil {
+			return d, bad("http", "%v", err)
+		}
+		forwards := exec.ForwardsKey()
+		d.Executor, d.Downstream, d.ForwardsKey = exec, exec.Downstream(), &forwards
+	case s.Builtin != "":
+		e, ok := o.builtins[s.Builtin]
+		if !ok {
+			return d, bad("builtin", "no built-in executor called %q", s.Builtin)
+		}
+		d.Executor = e
+	default:
+		return d, bad("http", "missing executor: give http or builtin")
+	}
+	return d, nil
+}
+
+func parseDuration(s string) (time.Duration, error) {
+	if s == "" {
+		return 0, nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d <= 0 {
+		return 0, fmt.Errorf("%q is not a positive duration (e.g. 10s, 2m)", s)
+	}
+	return d, nil
+}
+
+var envRef = regexp.MustCompile(`\$\{([A-Za-z_][A-Za-z0-9_]*)(:-([^}]*))?\}`)
+
+// expandEnv replaces ${VAR} and ${VAR:-default}. An unset (or empty)
+// variable without a default is an error naming it.
+func expandEnv(s string, getenv func(string) string) (string, error) {
+	var missing []string
+	out := envRef.ReplaceAllStringFunc(s, func(ref string) string {
+		m := envRef.FindStringSubmatch(ref)
+		if v := getenv(m[1]); v != "" {
+			return v
+		}
+		if m[2] != "" {
+			return m[3]
+		}
+		missing = append(missing, m[1])
+		return ""
+	})
+	if len(missing) > 0 {
+		return "", fmt.Errorf("environment variable %s is not set", strings.Join(missing, ", "))
+	}
+	return out, nil
+}

@@ -1,0 +1,261 @@
+package tools_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/toolq/toolq/examples"
+	"github.com/toolq/toolq/tools"
+)
+
+func TestDemoRegistry(t *testing.T) {
+	t.Parallel()
+	reg, err := examples.DemoRegistry("http://127.0.0.1:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]struct {
+		class  tools.Class
+		ledger bool
+	}{
+		"send_payment":  {tools.KeyedWrite, true},
+		"create_ticket": {tools.UnkeyedWrite, true},
+		"search_orders": {tools.Read, false},
+	}
+	if len(reg.Tools()) != len(want) {
+		t.Fatalf("%d tools", len(reg.Tools()))
+	}
+	for _, tool := range reg.Tools() {
+		w := want[tool.Name]
+		if tool.Class != w.class || tool.UsesLedger != w.ledger || tool.Lease <= tool.Timeout || tool.Downstream != "http://127.0.0.1:1" {
+			t.Errorf("%s: %+v", tool.Name, tool)
+		}
+	}
+	// The file also loads on its own, reading SANDBOX_URL.
+	path := filepath.Join("..", "examples", "tools.yaml")
+	reg, err = tools.Load(path, tools.WithGetenv(func(string) string { return "" }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tool, _ := reg.Lookup("send_payment"); tool.Downstream != "http://127.0.0.1:8089" {
+		t.Fatalf("default SANDBOX_URL: %s", tool.Downstream)
+	}
+}
+
+// TestBadArgsNeverReachTheExecutor: the demo schemas reject a corpus of bad
+// args with the schema's reason, and the downstream sees no request.
+func TestBadArgsNeverReachTheExecutor(t *testing.T) {
+	t.Parallel()
+	var hits atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { hits.Add(1); fmt.Fprint(w, `{}`) }))
+	defer srv.Close()
+	reg, err := examples.DemoRegistry(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pay, _ := reg.Lookup("send_payment")
+	ticket, _ := reg.Lookup("create_ticket")
+	search, _ := reg.Lookup("search_orders")
+	for _, tc := range []struct {
+		name   string
+		tool   *tools.Tool
+		args   string
+		reason string
+	}{
+		{"amount a string", pay, `{"invoice_id":"i","amount_cents":"100","currency":"EUR"}`, "/amount_cents"},
+		{"amount a float", pay, `{"invoice_id":"i","amount_cents":1.5,"currency":"EUR"}`, "/amount_cents"},
+		{"amount zero", pay, `{"invoice_id":"i","amount_cents":0,"currency":"EUR"}`, "/amount_cents"},
+		{"amount out of range", pay, `{"invoice_id":"i","amount_cents":1e15,"currency":"EUR"}`, "/amount_cents"},
+		{"amount beyond 2^53", pay, `{"invoice_id":"i","amount_cents":9007199254740993,"currency":"EUR"}`, "2^53"},
+		{"lowercase currency", pay, `{"invoice_id":"i","amount_cents":1,"currency":"eur"}`, "/currency"},
+		{"extra member", pay, `{"invoice_id":"i","amount_cents":1,"currency":"EUR","to":"attacker"}`, "to"},
+		{"missing member", pay, `{"invoice_id":"i","amount_cents":1}`, "currency"},
+		{"not an object", pay, `[1]`, "object"},
+		{"duplicate member", pay, `{"invoice_id":"i","invoice_id":"j","amount_cents":1,"currency":"EUR"}`, "duplicate"},
+		{"1 MB string", ticket, `{"title":"t","body":"` + strings.Repeat("x", 1<<20) + `"}`, "/body"},
+		{"title a number", ticket, `{"title":1,"body":""}`, "/title"},
+		{"deep nesting", ticket, `{"title":"t","body":` + strings.Repeat(`{"a":`, 100) + `1` + strings.Repeat(`}`, 100) + `}`, "nesting"},
+		{"nested object where a string goes", ticket, `{"title":"t","body":{"a":{"b":1}}}`, "/body"},
+		{"null query", search, `{"query":null}`, "/query"},
+	} {
+		_, err := tc.tool.Run(context.Background(), tools.Request{Tool: tc.tool.Name, Key: "k", Args: json.RawMessage(tc.args)})
+		if !errors.Is(err, tools.ErrInvalidArgs) {
+			t.Errorf("%s: err = %v", tc.name, err)
+			continue
+		}
+		if !strings.Contains(err.Error(), tc.reason) || strings.Contains(err.Error(), "\n") {
+			t.Errorf("%s: reason %q does not name %q in one line", tc.name, err, tc.reason)
+		}
+	}
+	if hits.Load() != 0 {
+		t.Fatalf("%d requests reached the downstream", hits.Load())
+	}
+	if _, err := pay.Run(context.Background(), tools.Request{Key: "k", Args: json.RawMessage(`{"invoice_id":"i","amount_cents":1,"currency":"EUR"}`)}); err != nil || hits.Load() != 1 {
+		t.Fatalf("valid args: %v, %d hits", err, hits.Load())
+	}
+}
+
+func TestLoadErrorsNameFileToolAndField(t *testing.T) {
+	t.Parallel()
+	const good = `
+  - name: ok
+    class: read
+    schema: {type: object}
+    builtin: echo
+`
+	echo := tools.WithBuiltin("echo", tools.ExecutorFunc(func(ctx context.Context, r tools.Request) (json.RawMessage, error) { return r.Args, nil }))
+	env := tools.WithGetenv(func(k string) string { return map[string]string{"SET": "http://h"}[k] })
+	for _, tc := range []struct {
+		name, yaml string
+		want       []string
+	}{
+		{"unknown class", `
+  - name: pay
+    class: keyed-write
+    schema: {type: object}
+    builtin: echo`, []string{`tool "pay"`, "class", "keyed-write"}},
+		{"duplicate name", good + good, []string{`tool "ok"`, "name", "twice"}},
+		{"badly formed name", `
+  - name: "pay now"
+    class: read
+    schema: {type: object}
+    builtin: echo`, []string{`tool "pay now"`, "name"}},
+		{"invalid schema", `
+  - name: pay
+    class: read
+    schema: {type: 12}
+    builtin: echo`, []string{`tool "pay"`, "schema"}},
+		{"missing schema", `
+  - name: pay
+    class: read
+    builtin: echo`, []string{`tool "pay"`, "schema", "missing"}},
+		{"lease not above timeout", `
+  - name: pay
+    class: keyed_write
+    timeout: 10s
+    lease: 10s
+    schema: {type: object}
+    builtin: echo`, []string{`tool "pay"`, "lease", "exceed"}},
+		{"unset environment variable", `
+  - name: pay
+    class: keyed_write
+    schema: {type: object}
+    http: {url: "${UNSET_VAR}/v1/payments"}`, []string{`tool "pay"`, "http.url", "UNSET_VAR"}},
+		{"unset secret in a header", `
+  - name: pay
+    class: keyed_write
+    schema: {type: object}
+    http: {url: "${SET}/v1", headers: {Authorization: "Bearer ${PAY_TOKEN}"}}`, []string{`tool "pay"`, "http.headers.Authorization", "PAY_TOKEN"}},
+		{"unknown field", `
+  - name: pay
+    klass: read`, []string{"klass"}},
+		{"two executors", `
+  - name: pay
+    class: read
+    schema: {type: object}
+    builtin: echo
+    http: {url: "http://h/x"}`, []string{`tool "pay"`, "one executor"}},
+		{"unknown builtin", `
+  - name: pay
+    class: read
+    schema: {type: object}
+    builtin: nope`, []string{`tool "pay"`, "builtin", "nope"}},
+		{"unkeyed write without ledger", `
+  - name: t
+    class: unkeyed_write
+    ledger: false
+    schema: {type: object}
+    builtin: echo`, []string{`tool "t"`, "ledger"}},
+		{"breakers disagree on a downstream", `
+  - name: a
+    class: read
+    schema: {type: object}
+    http: {url: "http://h/a"}
+  - name: b
+    class: read
+    schema: {type: object}
+    breaker: {failures: 9}
+    http: {url: "http://h/b"}`, []string{`tool "b"`, "breaker", `"a"`}},
+		{"bad duration", `
+  - name: pay
+    class: read
+    timeout: soon
+    schema: {type: object}
+    builtin: echo`, []string{`tool "pay"`, "timeout"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			path := filepath.Join(t.TempDir(), "tools.yaml")
+			if err := os.WriteFile(path, []byte("tools:"+tc.yaml+"\n"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			_, err := tools.Load(path, echo, env)
+			if err == nil {
+				t.Fatal("loaded")
+			}
+			msg := err.Error()
+			for _, w := range append(tc.want, path) {
+				if !strings.Contains(msg, w) {
+					t.Errorf("error %q does not mention %q", msg, w)
+				}
+			}
+			if strings.Contains(msg, "\n") {
+				t.Errorf("error is not one line: %q", msg)
+			}
+		})
+	}
+	// The same file without the fault loads, and the lease defaults above the timeout.
+	reg, err := tools.Parse([]byte("tools:"+good), "x.yaml", echo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tool, _ := reg.Lookup("ok")
+	if tool.Timeout != tools.DefaultTimeout || tool.Lease <= tool.Timeout || tool.Concurrency != tools.DefaultConcurrency {
+		t.Fatalf("defaults: %+v", tool)
+	}
+}
+
+func TestConcurrencyLimit(t *testing.T) {
+	t.Parallel()
+	var running, peak atomic.Int32
+	slow := tools.ExecutorFunc(func(ctx context.Context, r tools.Request) (json.RawMessage, error) {
+		n := running.Add(1)
+		for {
+			p := peak.Load()
+			if n <= p || peak.CompareAndSwap(p, n) {
+				break
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+		running.Add(-1)
+		return json.RawMessage(`{}`), nil
+	})
+	reg, err := tools.NewRegistry([]tools.Definition{{Name: "slow", Class: tools.Read, Schema: json.RawMessage(anySchema), Executor: slow, Concurrency: 2}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tool, _ := reg.Lookup("slow")
+	done := make(chan struct{})
+	for range 8 {
+		go func() {
+			tool.Run(context.Background(), tools.Request{Args: json.RawMessage(`{}`)})
+			done <- struct{}{}
+		}()
+	}
+	for range 8 {
+		<-done
+	}
+	if peak.Load() != 2 {
+		t.Fatalf("peak concurrency %d, want 2", peak.Load())
+	}
+}

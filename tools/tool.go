@@ -1,0 +1,332 @@
+// Package tools is toolq's tool registry: for each tool its class, JSON
+// Schema, executor, timeout, lease, concurrency limit and circuit breaker,
+// loaded from one YAML file or built in Go. It also holds the executors (HTTP
+// and built-in Go functions), the classification of their outcomes into the
+// four kinds the consumer acts on, and, in tools/sandbox, the payments API
+// used by the demo, the tests and the benchmarks.
+package tools
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/santhosh-tekuri/jsonschema/v6"
+
+	"github.com/toolq/toolq/jobs"
+)
+
+// Class is decided once per tool, at registration: it says what toolq does
+// about duplicates and uncertain outcomes.
+type Class string
+
+const (
+	// Read tools have no side effect: no ledger, no key, retried freely.
+	Read Class = "read"
+	// KeyedWrite tools call a downstream that honours Idempotency-Key: the key
+	// is forwarded, and an uncertain outcome is retried with the same key.
+	KeyedWrite Class = "keyed_write"
+	// UnkeyedWrite tools call a downstream with no dedupe: the ledger is
+	// always used and an uncertain outcome is never re-run automatically.
+	UnkeyedWrite Class = "unkeyed_write"
+)
+
+// Valid reports whether c is one of the three classes.
+func (c Class) Valid() bool { return c == Read || c == KeyedWrite || c == UnkeyedWrite }
+
+// Defaults applied by NewRegistry to what a Definition leaves zero.
+const (
+	DefaultTimeout      = 30 * time.Second
+	DefaultConcurrency  = 16
+	DefaultFailures     = 5
+	DefaultOpenFor      = 30 * time.Second
+	DefaultMaxResponse  = 1 << 20
+	DefaultNotSentDelay = time.Second
+)
+
+// ErrInvalidArgs is wrapped by the error of a call whose arguments fail the
+// tool's schema (or are not a canonical JSON object). Nothing ran.
+var ErrInvalidArgs = errors.New("tools: invalid arguments")
+
+// Request is one call handed to an executor.
+type Request struct {
+	Tool      string
+	Key       string          // the idempotency key; empty for read tools
+	Args      json.RawMessage // the arguments, canonical (RFC 8785)
+	ToolUseID string
+	Attempt   int64 // the ledger attempt (fencing token); 0 without a ledger
+}
+
+// Executor runs calls of one tool. It returns the output (JSON), or an error
+// that Classify maps to an Outcome: return NotSentError, DefiniteError or
+// AmbiguousError to say which; any other error counts as Ambiguous.
+type Executor interface {
+	Execute(ctx context.Context, req Request) (json.RawMessage, error)
+}
+
+// ExecutorFunc adapts a function to Executor: the built-in executor.
+type ExecutorFunc func(ctx context.Context, req Request) (json.RawMessage, error)
+
+// Execute calls f.
+func (f ExecutorFunc) Execute(ctx context.Context, req Request) (json.RawMessage, error) {
+	return f(ctx, req)
+}
+
+// Breaker configures a tool's circuit breaker. Tools that share a downstream
+// share one breaker, so they must agree on its settings.
+type Breaker struct {
+	Failures uint32        // consecutive not-sent or ambiguous failures that open it (default 5)
+	OpenFor  time.Duration // how long it stays open before letting a trial call through (default 30s)
+	HalfOpen uint32        // trial calls allowed while half-open (default 1)
+}
+
+// Definition describes one tool, in Go or as loaded from YAML.
+type Definition struct {
+	Name        string
+	Description string
+	Class       Class
+	// Ledger turns the local ledger off for a keyed write whose downstream
+	// dedupes on its own (nil: on). Read tools never use it; unkeyed writes
+	// always do.
+	Ledger      *bool
+	Schema      json.RawMessage // JSON Schema (draft 2020-12 unless $schema says otherwise) of the args
+	Timeout     time.Duration   // per call (default 30s)
+	Lease       time.Duration   // ledger lease; must exceed Timeout (default max(2×Timeout, Timeout+5s))
+	Concurrency int             // calls running at once in one consumer (default 16)
+	Breaker     Breaker
+	Executor    Executor
+	// ForwardsKey says whether the executor hands the key downstream. HTTP
+	// executors set it from their configuration; for others it is taken as
+	// true for write classes (they receive Request.Key).
+	ForwardsKey *bool
+	// Downstream names what the executor talks to; tools with the same
+	// downstream share a breaker. HTTP executors set it to scheme://host;
+	// empty: the tool's own name.
+	Downstream string
+}
+
+// Tool is a registered tool. Its methods are safe for concurrent use.
+type Tool struct {
+	Name        string
+	Description string
+	Class       Class
+	UsesLedger  bool
+	ForwardsKey bool
+	Timeout     time.Duration
+	Lease       time.Duration
+	Concurrency int
+	Downstream  string
+	SchemaJSON  json.RawMessage
+
+	executor Executor
+	schema   *jsonschema.Schema
+	slots    chan struct{}
+	breaker  *breaker
+}
+
+// Registry is the set of tools a consumer runs.
+type Registry struct {
+	tools    map[string]*Tool
+	names    []string
+	breakers map[string]*breaker
+}
+
+// A DefinitionError names the tool and field of a definition that is wrong.
+type DefinitionError struct {
+	File  string // set by Load
+	Tool  string
+	Field string
+	Msg   string
+}
+
+func (e *DefinitionError) Error() string {
+	var b strings.Builder
+	if e.File != "" {
+		b.WriteString(e.File + ": ")
+	}
+	if e.Tool != "" {
+		fmt.Fprintf(&b, "tool %q: ", e.Tool)
+	}
+	if e.Field != "" {
+		b.WriteString(e.Field + ": ")
+	}
+	b.WriteString(e.Msg)
+	return b.String()
+}
+
+// NewRegistry validates the definitions, fills their defaults, compiles their
+// schemas and returns the registry. Errors are *DefinitionError values naming
+// the tool and field: a bad or duplicate name, an unknown class, a ledger
+// setting the class forbids, an invalid schema, a lease not above the
+// timeout, a missing executor, breakers that disagree on one downstream.
+func NewRegistry(defs []Definition, opts ...Option) (*Registry, error) {
+	var o options
+	for _, opt := range opts {
+		opt(&o)
+	}
+	r := &Registry{tools: map[string]*Tool{}, breakers: map[string]*breaker{}}
+	breakerOwner := map[string]string{}
+	for i := range defs {
+		d := defs[i]
+		bad := func(field, format string, args ...any) error {
+			return &DefinitionError{Tool: d.Name, Field: field, Msg: fmt.Sprintf(format, args...)}
+		}
+		if !jobs.ValidToolName(d.Name) {
+			return nil, bad("name", "must match ^[a-zA-Z0-9_-]{1,64}$")
+		}
+		if _, dup := r.tools[d.Name]; dup {
+			return nil, bad("name", "defined twice")
+		}
+		if !d.Class.Valid() {
+			return nil, bad("class", "unknown class %q (want read, keyed_write or unkeyed_write)", d.Class)
+		}
+		t := &Tool{Name: d.Name, Description: d.Description, Class: d.Class, executor: d.Executor, Downstream: d.Downstream}
+		if t.executor == nil {
+			return nil, bad("executor", "missing")
+		}
+		switch {
+		case d.Class == Read:
+			if d.Ledger != nil && *d.Ledger {
+				return nil, bad("ledger", "a read tool has no side effect to claim; remove the setting")
+			}
+		case d.Class == UnkeyedWrite:
+			if d.Ledger != nil && !*d.Ledger {
+				return nil, bad("ledger", "an unkeyed write always uses the ledger: nothing else stops a duplicate")
+			}
+			t.UsesLedger = true
+		default:
+			t.UsesLedger = d.Ledger == nil || *d.Ledger
+		}
+		t.ForwardsKey = d.Class != Read
+		if d.ForwardsKey != nil {
+			t.ForwardsKey = *d.ForwardsKey && d.Class != Read
+		}
+		t.Timeout = d.Timeout
+		if t.Timeout == 0 {
+			t.Timeout = DefaultTimeout
+		}
+		if t.Timeout < 0 {
+			return nil, bad("timeout", "must be positive")
+		}
+		t.Lease = d.Lease
+		if t.Lease == 0 {
+			t.Lease = max(2*t.Timeout, t.Timeout+5*time.Second)
+		}
+		if t.Lease <= t.Timeout {
+			return nil, bad("lease", "%s must exceed the timeout (%s): a lease that ends while the call may still run lets a second one start", t.Lease, t.Timeout)
+		}
+		t.Concurrency = d.Concurrency
+		if t.Concurrency == 0 {
+			t.Concurrency = DefaultConcurrency
+		}
+		if t.Concurrency < 0 {
+			return nil, bad("concurrency", "must be positive")
+		}
+		t.slots = make(chan struct{}, t.Concurrency)
+		if len(bytes.TrimSpace(d.Schema)) == 0 {
+			return nil, bad("schema", "missing: every tool declares the JSON Schema of its args")
+		}
+		sch, err := compileSchema(d.Name, d.Schema)
+		if err != nil {
+			return nil, bad("schema", "%v", err)
+		}
+		t.schema, t.SchemaJSON = sch, d.Schema
+		if t.Downstream == "" {
+			t.Downstream = "tool:" + d.Name
+		}
+		bs := d.Breaker.withDefaults()
+		if bs.OpenFor < 0 {
+			return nil, bad("breaker.open_for", "must be positive")
+		}
+		if b, ok := r.breakers[t.Downstream]; ok {
+			if b.settings != bs {
+				return nil, bad("breaker", "differs from tool %q, which shares the downstream %s (one breaker per downstream)", breakerOwner[t.Downstream], t.Downstream)
+			}
+			t.breaker = b
+		} else {
+			t.breaker = newBreaker(t.Downstream, bs, o.logger)
+			r.breakers[t.Downstream] = t.breaker
+			breakerOwner[t.Downstream] = d.Name
+		}
+		r.tools[d.Name] = t
+		r.names = append(r.names, d.Name)
+	}
+	sort.Strings(r.names)
+	return r, nil
+}
+
+// Lookup returns the tool called name.
+func (r *Registry) Lookup(name string) (*Tool, bool) {
+	t, ok := r.tools[name]
+	return t, ok
+}
+
+// Tools returns the tools sorted by name.
+func (r *Registry) Tools() []*Tool {
+	out := make([]*Tool, len(r.names))
+	for i, n := range r.names {
+		out[i] = r.tools[n]
+	}
+	return out
+}
+
+// Validate checks args against the tool's schema after the contract's own
+// rules (a canonicalizable JSON object). The error wraps ErrInvalidArgs and
+// says, in one line, where and why.
+func (t *Tool) Validate(args json.RawMessage) error {
+	if _, err := jobs.CanonicalizeObject(args); err != nil {
+		return fmt.Errorf("%w: %v", ErrInvalidArgs, err)
+	}
+	inst, err := jsonschema.UnmarshalJSON(bytes.NewReader(args))
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrInvalidArgs, err)
+	}
+	if err := t.schema.Validate(inst); err != nil {
+		return fmt.Errorf("%w: %s", ErrInvalidArgs, schemaReason(err))
+	}
+	return nil
+}
+
+// Run validates the args, waits for one of the tool's concurrency slots,
+// and runs the executor under the tool's timeout and circuit breaker. The
+// error, if any, is an *Error (see Classify) or wraps ErrInvalidArgs; an open
+// breaker gives NotSent with the breaker's remaining open time as RetryAfter.
+func (t *Tool) Run(ctx context.Context, req Request) (json.RawMessage, error) {
+	if err := t.Validate(req.Args); err != nil {
+		return nil, err
+	}
+	if !t.ForwardsKey {
+		req.Key = ""
+	}
+	select {
+	case t.slots <- struct{}{}:
+	case <-ctx.Done():
+		return nil, NotSentError("cancelled", "gave up waiting for a concurrency slot", 0, ctx.Err())
+	}
+	defer func() { <-t.slots }()
+	if err := ctx.Err(); err != nil {
+		return nil, NotSentError("cancelled", "cancelled before sending", 0, err)
+	}
+	return t.breaker.run(func() (json.RawMessage, error) {
+		ctx, cancel := context.WithTimeout(ctx, t.Timeout)
+		defer cancel()
+		out, err := t.executor.Execute(ctx, req)
+		if err != nil {
+			_, classified := Classify(err)
+			return nil, classified
+		}
+		if !json.Valid(out) {
+			return nil, AmbiguousError("invalid_output", "the executor returned output that is not JSON", 0, nil)
+		}
+		return out, nil
+	})
+}
+
+// BreakerState returns the state of the tool's breaker: "closed", "open" or
+// "half-open".
+func (t *Tool) BreakerState() string { return t.breaker.state() }
