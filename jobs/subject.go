@@ -49,3 +49,21 @@ func JobMsgID(key, toolUseID string) string { return "job:" + key + ":" + toolUs
 func ResultMsgID(key, toolUseID string) string { return "result:" + key + ":" + toolUseID }
 
 func bytesReader(b []byte) io.Reader { return bytes.NewReader(b) }
+
+// Headers of a dead letter, beside the original message's own.
+const (
+	HeaderDLQReason     = "Toolq-Dlq-Reason"     // why: invalid, too_large, max_deliver
+	HeaderDLQDetail     = "Toolq-Dlq-Detail"     // one line: the error
+	HeaderDLQSubject    = "Toolq-Dlq-Subject"    // the original subject
+	HeaderDLQStreamSeq  = "Toolq-Dlq-Stream-Seq" // the original's sequence in TOOLQ_JOBS
+	HeaderDLQDeliveries = "Toolq-Dlq-Deliveries" // how many times it was delivered
+	HeaderDLQConsumer   = "Toolq-Dlq-Consumer"   // the durable that gave up on it
+	HeaderDLQHistory    = "Toolq-Dlq-History"    // what the ledger knew of the call, if anything
+)
+
+// Reasons a job is dead-lettered.
+const (
+	DLQInvalid    = "invalid"     // not a valid job: never run
+	DLQTooLarge   = "too_large"   // over the consumer's body size limit
+	DLQMaxDeliver = "max_deliver" // still unsettled after the delivery limit
+)

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/toolq/toolq/internal/cli"
@@ -26,6 +27,7 @@ func main() {
 const usage = `usage: consumer [command] [flags]
 
 commands:
+  run              (the default) process jobs; 'consumer run --help' lists its flags
   migrate          apply the ledger schema
   tools audit      which tools can take effect twice, and why (--tools FILE, --json)
   ledger ls        list ledger rows (--state S, --stale, --json)
@@ -38,11 +40,12 @@ commands:
 Run 'consumer <command> --help' for the flags of a command.`
 
 func run(ctx context.Context, args []string, stdio cli.IO, getenv func(string) string) error {
-	if len(args) == 0 {
-		fmt.Fprintln(stdio.Err, usage)
-		return fmt.Errorf("no command given")
+	if len(args) == 0 || strings.HasPrefix(args[0], "-") && args[0] != "-h" && args[0] != "--help" {
+		return runWorker(ctx, args, stdio, getenv)
 	}
 	switch args[0] {
+	case "run":
+		return runWorker(ctx, args[1:], stdio, getenv)
 	case "migrate":
 		return runMigrate(ctx, args[1:], stdio, getenv)
 	case "ledger":

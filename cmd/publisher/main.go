@@ -4,6 +4,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/signal"
@@ -26,6 +27,7 @@ const usage = `usage: publisher <command> [flags]
 
 commands:
   key      print the idempotency key of one call, or of each job read from stdin
+  publish  publish one job; --wait prints its result
 
 Run 'publisher <command> --help' for the flags of a command.`
 
@@ -37,6 +39,11 @@ func run(ctx context.Context, args []string, stdio cli.IO, getenv func(string) s
 	switch args[0] {
 	case "key":
 		return runKey(ctx, args[1:], stdio)
+	case "publish":
+		if err := runPublish(ctx, args[1:], stdio, getenv); err != nil && !errors.Is(err, errHelp) {
+			return err
+		}
+		return nil
 	case "-h", "--help", "help":
 		fmt.Fprintln(stdio.Out, usage)
 		return nil

@@ -1,0 +1,238 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolq/toolq/internal/cli"
+	"github.com/toolq/toolq/jobs"
+	"github.com/toolq/toolq/ledger"
+	"github.com/toolq/toolq/tools"
+	"github.com/toolq/toolq/tools/sandbox"
+	"github.com/toolq/toolq/worker"
+)
+
+const runSynopsis = `consumer [run] [flags]
+
+Runs the worker. With no --nats-url it starts an embedded NATS server with JetStream
+under --data-dir; with no --database-url the ledger is SQLite under --data-dir; with no
+--tools it runs the demo registry against a sandbox API started in-process.`
+
+func runWorker(ctx context.Context, args []string, stdio cli.IO, getenv func(string) string) error {
+	fs := cli.NewFlagSet("run", runSynopsis, stdio)
+	var nf cli.NATSFlags
+	nf.Register(fs, getenv, "", "NATS server URL; empty: start an embedded server")
+	var sf storeFlags
+	sf.register(fs, getenv)
+	natsListen := fs.String("nats-listen", cli.Env(getenv, "TOOLQ_NATS_LISTEN", "127.0.0.1:4222"), "address of the embedded NATS server (env TOOLQ_NATS_LISTEN)")
+	toolsFile := fs.String("tools", cli.Env(getenv, "TOOLQ_TOOLS", ""), "tool registry file (env TOOLQ_TOOLS); empty: the demo registry and an in-process sandbox")
+	sandboxListen := fs.String("sandbox-listen", cli.Env(getenv, "TOOLQ_SANDBOX_LISTEN", "127.0.0.1:8089"), "address of the in-process sandbox API (demo registry only)")
+	workers := fs.Int("workers", 64, "jobs processed at once")
+	batch := fs.Int("batch", 32, "jobs fetched per pull (their keys are claimed in one round trip)")
+	untilEmpty := fs.Bool("until-empty", false, "exit once nothing is pending and nothing is in flight")
+	healthAddr := fs.String("health-addr", cli.Env(getenv, "TOOLQ_HEALTH_ADDR", ""), "serve /healthz, /readyz and /metrics here (env TOOLQ_HEALTH_ADDR)")
+	shutdownTimeout := fs.Duration("shutdown-timeout", 30*time.Second, "on SIGTERM, how long running tools may finish")
+	durable := fs.String("durable", "toolq", "name of the durable consumer the workers share")
+	ackWait := fs.Duration("ack-wait", 30*time.Second, "JetStream ack wait (the worker sends InProgress while a tool runs)")
+	maxDeliver := fs.Int("max-deliver", 10, "deliveries before a job goes to the dead-letter stream")
+	maxBody := fs.Int("max-body-size", 256<<10, "larger jobs go to the dead-letter stream (keep below the server's max payload)")
+	replicas := fs.Int("replicas", 1, "stream replicas when creating the streams (3 on a cluster)")
+	logFormat := fs.String("log-format", cli.Env(getenv, "TOOLQ_LOG_FORMAT", "text"), "text or json (env TOOLQ_LOG_FORMAT)")
+	logLevel := fs.String("log-level", cli.Env(getenv, "TOOLQ_LOG_LEVEL", "info"), "debug, info, warn or error (env TOOLQ_LOG_LEVEL)")
+	if err := parseNoArgs(fs, args); err != nil {
+		return ignoreHelp(err)
+	}
+	logger, err := newLogger(stdio.Err, *logFormat, *logLevel)
+	if err != nil {
+		return err
+	}
+
+	var cleanups []func()
+	defer func() {
+		for i := len(cleanups) - 1; i >= 0; i-- {
+			cleanups[i]()
+		}
+	}()
+	banner := []string{"toolq consumer"}
+
+	natsDesc := nf.URL
+	if nf.URL == "" {
+		srv, err := startEmbeddedNATS(*natsListen, filepath.Join(sf.dataDir, "jetstream"))
+		if err != nil {
+			return err
+		}
+		cleanups = append(cleanups, func() { srv.Shutdown(); srv.WaitForShutdown() })
+		nf.URL = srv.ClientURL()
+		natsDesc = fmt.Sprintf("embedded, %s (JetStream store %s, fsync on every write)", nf.URL, filepath.Join(sf.dataDir, "jetstream"))
+	}
+	nc, err := nf.Connect("toolq consumer")
+	if err != nil {
+		return fmt.Errorf("connect to NATS at %s: %w", nf.URL, err)
+	}
+	cleanups = append(cleanups, func() { nc.Drain() })
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	banner = append(banner, "  NATS     "+natsDesc)
+
+	store, err := sf.open(ctx)
+	if err != nil {
+		return err
+	}
+	cleanups = append(cleanups, store.Close)
+	banner = append(banner, "  ledger   "+ledgerDesc(store, sf))
+
+	sandboxURL := ""
+	if *toolsFile == "" {
+		sb, err := sandbox.New(sandbox.Config{StatePath: filepath.Join(sf.dataDir, "sandbox.json")})
+		if err != nil {
+			return err
+		}
+		url, shutdown, err := sb.Listen(*sandboxListen)
+		if err != nil {
+			return fmt.Errorf("%w (choose another address with --sandbox-listen)", err)
+		}
+		cleanups = append(cleanups, func() { shutdown(context.Background()) })
+		sandboxURL = url
+	}
+	reg, err := loadRegistry(*toolsFile, sandboxURL, getenv, tools.WithLogger(logger))
+	if err != nil {
+		return err
+	}
+	var names []string
+	for _, t := range reg.Tools() {
+		names = append(names, t.Name+" ("+string(t.Class)+")")
+	}
+	if *toolsFile == "" {
+		banner = append(banner, "  tools    demo registry: "+strings.Join(names, ", "), "  sandbox  "+sandboxURL+" (GET /v1/payments lists every payment)")
+	} else {
+		banner = append(banner, "  tools    "+*toolsFile+": "+strings.Join(names, ", "))
+	}
+
+	w, err := worker.New(ctx, worker.Config{
+		JS: js, Ledger: store, Tools: reg,
+		Streams:   jobs.Streams{Replicas: *replicas},
+		Consumer:  jobs.Consumer{Durable: *durable, AckWait: *ackWait, MaxDeliver: *maxDeliver},
+		BatchSize: *batch, MaxInFlight: *workers, MaxBodySize: *maxBody,
+		ShutdownTimeout: *shutdownTimeout, UntilEmpty: *untilEmpty, Logger: logger,
+	})
+	if err != nil {
+		return err
+	}
+	if *healthAddr != "" {
+		addr, stop, err := serveHealth(*healthAddr, nc, store, w)
+		if err != nil {
+			return err
+		}
+		cleanups = append(cleanups, stop)
+		banner = append(banner, "  health   http://"+addr+"/healthz, /readyz, /metrics")
+	}
+	banner = append(banner, "", "Try, in another shell:")
+	if *toolsFile == "" {
+		banner = append(banner, fmt.Sprintf(`  go run ./cmd/publisher publish --nats-url %s --conversation demo --turn 1 --tool send_payment \
+      --args '{"invoice_id":"inv_1","amount_cents":500,"currency":"EUR"}' --wait`, nf.URL))
+	} else {
+		banner = append(banner, fmt.Sprintf("  go run ./cmd/publisher publish --nats-url %s --conversation C --turn 1 --tool T --args '{…}' --wait", nf.URL))
+	}
+	fmt.Fprintln(stdio.Out, strings.Join(banner, "\n"))
+	logger.Info("consumer started", "durable", *durable)
+	err = w.Run(ctx)
+	logger.Info("consumer stopped", "stats", w.Stats().Snapshot())
+	return err
+}
+
+func ledgerDesc(store *ledger.Store, sf storeFlags) string {
+	if store.Backend() == "sqlite" {
+		return "sqlite " + filepath.Join(sf.dataDir, "ledger.db")
+	}
+	return "postgres"
+}
+
+// startEmbeddedNATS starts an in-process server with JetStream on addr,
+// storing under dir and syncing every write to disk.
+func startEmbeddedNATS(addr, dir string) (*server.Server, error) {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, fmt.Errorf("--nats-listen %q: %w", addr, err)
+	}
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("cannot start the embedded NATS server: %s is in use (choose another with --nats-listen, or connect to a running server with --nats-url)", addr)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	srv, err := server.NewServer(&server.Options{
+		ServerName: "toolq-embedded", Host: host, Port: port, JetStream: true, StoreDir: dir,
+		SyncAlways: true, NoSigs: true, NoLog: true, MaxPayload: 1 << 20,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("embedded NATS server: %w", err)
+	}
+	go srv.Start()
+	if !srv.ReadyForConnections(15 * time.Second) {
+		srv.Shutdown()
+		return nil, fmt.Errorf("embedded NATS server did not start on %s (choose another address with --nats-listen)", addr)
+	}
+	return srv, nil
+}
+
+// serveHealth serves liveness, readiness and metrics.
+func serveHealth(addr string, nc *nats.Conn, store *ledger.Store, w *worker.Worker) (string, func(), error) {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(rw http.ResponseWriter, r *http.Request) { fmt.Fprintln(rw, "ok") })
+	mux.HandleFunc("GET /readyz", func(rw http.ResponseWriter, r *http.Request) {
+		var problems []string
+		if nc.Status() != nats.CONNECTED {
+			problems = append(problems, "nats: "+nc.Status().String())
+		}
+		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+		defer cancel()
+		if err := store.Ping(ctx); err != nil {
+			problems = append(problems, err.Error())
+		}
+		if len(problems) > 0 {
+			http.Error(rw, strings.Join(problems, "; "), http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(rw, "ready")
+	})
+	mux.HandleFunc("GET /metrics", func(rw http.ResponseWriter, r *http.Request) {
+		rw.Header().Set("Content-Type", "text/plain; version=0.0.4")
+		io.WriteString(rw, w.Stats().Prometheus())
+	})
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return "", nil, fmt.Errorf("--health-addr %s: %w", addr, err)
+	}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go srv.Serve(l)
+	return l.Addr().String(), func() { srv.Close() }, nil
+}
+
+func newLogger(out io.Writer, format, level string) (*slog.Logger, error) {
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", level)
+	}
+	opts := &slog.HandlerOptions{Level: lvl}
+	switch format {
+	case "text":
+		return slog.New(slog.NewTextHandler(out, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(out, opts)), nil
+	}
+	return nil, errors.New("--log-format: want text or json")
+}

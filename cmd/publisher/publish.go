@@ -1,0 +1,114 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolq/toolq/internal/cli"
+	"github.com/toolq/toolq/jobs"
+)
+
+func runPublish(ctx context.Context, args []string, stdio cli.IO, getenv func(string) string) error {
+	fs := cli.NewFlagSet("publish", "publisher publish --conversation C --turn N [--ordinal K] --tool T [--tool-use-id ID] --args JSON [--wait] [--timeout D]\n\n"+
+		"Publishes one job. Without --wait it prints where JetStream stored it; with --wait it\n"+
+		"prints the result (Result v1 JSON) and exits 0 only when its status is ok.", stdio)
+	var nf cli.NATSFlags
+	nf.Register(fs, getenv, "nats://127.0.0.1:4222", "NATS server URL")
+	var job jobs.Job
+	var argsJSON string
+	fs.StringVar(&job.ConversationID, "conversation", "", "conversation id")
+	fs.Int64Var(&job.TurnIndex, "turn", 0, "turn index")
+	fs.Int64Var(&job.Ordinal, "ordinal", 0, "position among identical calls of the turn")
+	fs.StringVar(&job.Tool, "tool", "", "tool name")
+	fs.StringVar(&job.ToolUseID, "tool-use-id", "", "the model's tool_use id (default: a new toolu_… id)")
+	fs.StringVar(&argsJSON, "args", "", "the call's arguments, a JSON object")
+	wait := fs.Bool("wait", false, "wait for the result and print it")
+	timeout := fs.Duration("timeout", 30*time.Second, "how long --wait waits")
+	if err := parseNone(fs, args); err != nil {
+		return err
+	}
+	if argsJSON == "" {
+		return errors.New("--args is required (a JSON object)")
+	}
+	job.Args = json.RawMessage(argsJSON)
+	if job.ToolUseID == "" {
+		job.ToolUseID = newToolUseID()
+	}
+	job.Version = jobs.Version
+	if err := job.Validate(); err != nil {
+		return err
+	}
+	nc, err := nf.Connect("toolq publisher")
+	if err != nil {
+		return fmt.Errorf("connect to NATS at %s: %w", nf.URL, err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	client := jobs.NewClient(js)
+	ctx, cancel := context.WithTimeout(ctx, *timeout)
+	defer cancel()
+	pub, err := client.Publish(ctx, &job)
+	if err != nil {
+		return err
+	}
+	if !*wait {
+		return printJSON(stdio, map[string]any{"stream": pub.Stream, "seq": pub.Sequence, "key": pub.Key,
+			"tool_use_id": job.ToolUseID, "duplicate": pub.Duplicate})
+	}
+	r, err := client.Await(ctx, job.ConversationID, job.ToolUseID)
+	if err != nil {
+		if errors.Is(err, context.DeadlineExceeded) {
+			return fmt.Errorf("no result for %s within %s (is a consumer running?)", job.ToolUseID, *timeout)
+		}
+		return err
+	}
+	if err := printJSON(stdio, r); err != nil {
+		return err
+	}
+	if r.Status != jobs.StatusOK {
+		return fmt.Errorf("result status %s", r.Status)
+	}
+	return nil
+}
+
+func parseNone(fs *flag.FlagSet, args []string) error {
+	pos, help, err := cli.Parse(fs, args)
+	switch {
+	case help:
+		return errHelp
+	case err != nil:
+		return err
+	case len(pos) > 0:
+		return fmt.Errorf("unexpected argument %q", pos[0])
+	}
+	return nil
+}
+
+var errHelp = errors.New("help")
+
+// newToolUseID returns a toolu_-style id: 24 random base-62 characters.
+func newToolUseID() string {
+	const alphabet = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+	b := make([]byte, 24)
+	rand.Read(b)
+	for i := range b {
+		b[i] = alphabet[int(b[i])%len(alphabet)]
+	}
+	return "toolu_" + string(b)
+}
+
+func printJSON(stdio cli.IO, v any) error {
+	enc := json.NewEncoder(stdio.Out)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}

@@ -1,0 +1,205 @@
+package jobs
+
+import (
+	"context"
+	"encoding/json"
+
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/propagation"
+)
+
+// Client is the agent's side of toolq: it publishes jobs and awaits their
+// results.
+type Client struct {
+	js jetstream.JetStream
+}
+
+// NewClient returns a client on a JetStream context. The streams must exist
+// (the consumer provisions them at start, or call ProvisionStreams).
+func NewClient(js jetstream.JetStream) *Client { return &Client{js: js} }
+
+// Published is the answer to Publish.
+type Published struct {
+	Key      string `json:"key"`
+	Stream   string `json:"stream"`
+	Sequence uint64 `json:"seq"`
+	// Duplicate is true when JetStream dropped the message as an exact
+	// re-publication (same key and tool_use_id) inside its duplicate window.
+	Duplicate bool `json:"duplicate"`
+}
+
+// Publish validates the job, derives its key and publishes it on
+// toolq.jobs.<tool> with the headers of the contract: Toolq-Key, a
+// Nats-Msg-Id of job:<key>:<tool_use_id>, and the W3C trace context of ctx
+// (through the global OpenTelemetry propagator). A zero CreatedAt is set to
+// now. Errors: a *FieldError for an invalid job, or the publish error.
+func (c *Client) Publish(ctx context.Context, j *Job) (Published, error) {
+	if j.Version == 0 {
+		j.Version = Version
+	}
+	if j.CreatedAt.IsZero() {
+		j.CreatedAt = time.Now().UTC()
+	}
+	if err := j.Validate(); err != nil {
+		return Published{}, err
+	}
+	key, err := j.Key()
+	if err != nil {
+		return Published{}, err
+	}
+	body, err := json.Marshal(j)
+	if err != nil {
+		return Published{}, err
+	}
+	msg := nats.NewMsg(JobSubject(j.Tool))
+	msg.Data = body
+	msg.Header.Set(HeaderKey, key)
+	otel.GetTextMapPropagator().Inject(ctx, HeaderCarrier(msg.Header))
+	ack, err := c.js.PublishMsg(ctx, msg, jetstream.WithMsgID(JobMsgID(key, j.ToolUseID)), jetstream.WithExpectStream(JobsStream))
+	if err != nil {
+		return Published{Key: key}, fmt.Errorf("jobs: publish %s: %w", j.ToolUseID, err)
+	}
+	return Published{Key: key, Stream: ack.Stream, Sequence: ack.Sequence, Duplicate: ack.Duplicate}, nil
+}
+
+// Await waits for the result addressed to toolUseID in the conversation,
+// including one published before Await was called. It returns ctx's error
+// when ctx ends first.
+func (c *Client) Await(ctx context.Context, conversationID, toolUseID string) (*Result, error) {
+	got, err := c.awaitAll(ctx, conversationID, []string{toolUseID})
+	if err != nil {
+		return nil, err
+	}
+	return got[toolUseID], nil
+}
+
+// awaitAll reads the conversation's results until it has one for each of
+// the given tool_use_ids; results for other ids (an abandoned attempt of the
+// turn, another turn) are skipped.
+func (c *Client) awaitAll(ctx context.Context, conversationID string, toolUseIDs []string) (map[string]*Result, error) {
+	want := make(map[string]bool, len(toolUseIDs))
+	for _, id := range toolUseIDs {
+		want[id] = true
+	}
+	cons, err := c.js.OrderedConsumer(ctx, ResultsStream, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{ResultSubject(conversationID)},
+		DeliverPolicy:  jetstream.DeliverAllPolicy,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("jobs: await results of %s: %w", conversationID, err)
+	}
+	it, err := cons.Messages()
+	if err != nil {
+		return nil, fmt.Errorf("jobs: await results of %s: %w", conversationID, err)
+	}
+	defer it.Stop()
+	stop := context.AfterFunc(ctx, it.Stop)
+	defer stop()
+	got := make(map[string]*Result, len(want))
+	for len(got) < len(want) {
+		msg, err := it.Next()
+		if err != nil {
+			if ctx.Err() != nil {
+				return got, ctx.Err()
+			}
+			return got, fmt.Errorf("jobs: await results of %s: %w", conversationID, err)
+		}
+		r, err := DecodeResult(msg.Data())
+		if err != nil || !want[r.ToolUseID] {
+			continue
+		}
+		got[r.ToolUseID] = r
+	}
+	return got, nil
+}
+
+// ToolCall is one tool_use block of a completed assistant turn.
+type ToolCall struct {
+	ToolUseID string          `json:"tool_use_id"`
+	Tool      string          `json:"name"`
+	Args      json.RawMessage `json:"input"`
+}
+
+// ToolResult is the tool_result entry to append to the turn for one call.
+type ToolResult struct {
+	ToolUseID string          `json:"tool_use_id"`
+	Content   json.RawMessage `json:"content"`
+	IsError   bool            `json:"is_error,omitempty"`
+	Result    *Result         `json:"-"`
+}
+
+// RunTurn publishes the tool calls of one completed assistant turn and
+// gathers their results, returned in the order of the calls as the
+// tool_result entries to append to that turn. Identical calls (same tool and
+// canonical args) get ordinals 0, 1, … in order of appearance. Results
+// addressed to tool_use_ids that are not in this turn (those of an abandoned
+// attempt) are ignored. On ctx's end it returns what it has with ctx's error.
+func (c *Client) RunTurn(ctx context.Context, conversationID string, turnIndex int64, calls []ToolCall) ([]ToolResult, error) {
+	seen := map[string]int64{}
+	ids := make([]string, len(calls))
+	for i, call := range calls {
+		canon, err := CanonicalizeObject(call.Args)
+		if err != nil {
+			return nil, &FieldError{Field: "args", Rule: "of " + call.ToolUseID + " must be a canonicalizable JSON object", Err: err}
+		}
+		identity := call.Tool + "|" + string(canon)
+		j := &Job{ConversationID: conversationID, TurnIndex: turnIndex, Ordinal: seen[identity], Tool: call.Tool,
+			ToolUseID: call.ToolUseID, Args: call.Args}
+		seen[identity]++
+		if _, err := c.Publish(ctx, j); err != nil {
+			return nil, err
+		}
+		ids[i] = call.ToolUseID
+	}
+	got, err := c.awaitAll(ctx, conversationID, ids)
+	out := make([]ToolResult, 0, len(calls))
+	for _, id := range ids {
+		if r, ok := got[id]; ok {
+			out = append(out, r.ToolResult())
+		}
+	}
+	return out, err
+}
+
+// ToolResult turns a result into the tool_result entry for the model: the
+// output for ok, else an error object the model can read.
+func (r *Result) ToolResult() ToolResult {
+	tr := ToolResult{ToolUseID: r.ToolUseID, Result: r, Content: r.Output}
+	if r.Status != StatusOK {
+		tr.IsError = true
+		e := ResultError{Code: string(r.Status)}
+		if r.Error != nil {
+			e = *r.Error
+		}
+		tr.Content, _ = json.Marshal(map[string]any{"status": r.Status, "error": e})
+	}
+	if tr.Content == nil {
+		tr.Content = json.RawMessage("null")
+	}
+	return tr
+}
+
+// HeaderCarrier adapts NATS headers to OpenTelemetry's TextMapCarrier.
+type HeaderCarrier nats.Header
+
+var _ propagation.TextMapCarrier = HeaderCarrier{}
+
+// Get returns the first value of key.
+func (h HeaderCarrier) Get(key string) string { return nats.Header(h).Get(key) }
+
+// Set sets key to value.
+func (h HeaderCarrier) Set(key, value string) { nats.Header(h).Set(key, value) }
+
+// Keys lists the header names.
+func (h HeaderCarrier) Keys() []string {
+	keys := make([]string, 0, len(h))
+	for k := range h {
+		keys = append(keys, k)
+	}
+	return keys
+}

@@ -1,0 +1,383 @@
+// Package worker runs toolq's jobs: it pulls them from JetStream in batches,
+// claims their keys in the ledger in one round trip, runs the tools, records
+// the outcome, publishes the result and only then acknowledges the job. The
+// processing of one delivery, DESIGN.md's state machine, is settle and
+// execute in process.go; everything around it (fetching, batching, draining,
+// dead letters) is here.
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolq/toolq/jobs"
+	"github.com/toolq/toolq/ledger"
+	"github.com/toolq/toolq/tools"
+)
+
+// FaultPoint names a point in the processing of a job where a test can stop
+// the worker (see Config.Hook).
+type FaultPoint string
+
+// The fault points, in the order a job passes them.
+const (
+	AfterClaim    FaultPoint = "after_claim"    // the key is claimed; nothing was sent
+	DuringTool    FaultPoint = "during_tool"    // the downstream has answered; the worker has not recorded it
+	AfterComplete FaultPoint = "after_complete" // the outcome is in the ledger; no result is published
+	AfterPublish  FaultPoint = "after_publish"  // the result is published; the job is not acknowledged
+	BeforeAck     FaultPoint = "before_ack"     // about to acknowledge
+)
+
+// Config configures a Worker. JS, Ledger and Tools are required; the rest
+// has defaults.
+type Config struct {
+	JS       jetstream.JetStream
+	Ledger   *ledger.Store
+	Tools    *tools.Registry
+	Streams  jobs.Streams
+	Consumer jobs.Consumer
+
+	Owner           string        // names this worker in ledger rows (default host:pid)
+	BatchSize       int           // jobs per pull (default 32)
+	MaxInFlight     int           // jobs processed at once (default 4×BatchSize)
+	MaxBodySize     int           // larger jobs are dead-lettered (default 256 KiB; keep it below the server's max payload)
+	RetryDelay      time.Duration // first delay of a retry without a hint from the tool (default 1s, doubling per delivery up to 1m)
+	ShutdownTimeout time.Duration // how long a drain lets running tools finish (default 30s)
+	UntilEmpty      bool          // return once nothing is pending and nothing is in flight
+	Logger          *slog.Logger
+
+	// Hook, when set, is called at each FaultPoint of each job. Tests use
+	// it to kill the process at a precise point.
+	Hook func(FaultPoint, *jobs.Job)
+}
+
+func (c *Config) fill() error {
+	if c.JS == nil || c.Ledger == nil || c.Tools == nil {
+		return errors.New("worker: JS, Ledger and Tools are required")
+	}
+	if c.Owner == "" {
+		host, _ := os.Hostname()
+		c.Owner = fmt.Sprintf("%s:%d", host, os.Getpid())
+	}
+	if c.BatchSize <= 0 {
+		c.BatchSize = 32
+	}
+	if c.MaxInFlight <= 0 {
+		c.MaxInFlight = 4 * c.BatchSize
+	}
+	if c.MaxBodySize <= 0 {
+		c.MaxBodySize = 256 << 10
+	}
+	if c.RetryDelay <= 0 {
+		c.RetryDelay = time.Second
+	}
+	if c.ShutdownTimeout <= 0 {
+		c.ShutdownTimeout = 30 * time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.Hook == nil {
+		c.Hook = func(FaultPoint, *jobs.Job) {}
+	}
+	return nil
+}
+
+// Worker processes jobs. Create it with New, run it with Run.
+type Worker struct {
+	cfg      Config
+	log      *slog.Logger
+	consumer jetstream.Consumer
+	limit    int // deliveries before a job is dead-lettered
+	ackWait  time.Duration
+
+	slots    chan struct{} // one per job in flight
+	inFlight sync.WaitGroup
+	draining atomic.Bool
+	stats    Stats
+}
+
+// New provisions the streams and the durable consumer (creating or updating
+// them) and returns a worker.
+func New(ctx context.Context, cfg Config) (*Worker, error) {
+	if err := cfg.fill(); err != nil {
+		return nil, err
+	}
+	if err := jobs.ProvisionStreams(ctx, cfg.JS, cfg.Streams); err != nil {
+		return nil, err
+	}
+	cons, err := jobs.ProvisionConsumer(ctx, cfg.JS, cfg.Consumer)
+	if err != nil {
+		return nil, err
+	}
+	return &Worker{
+		cfg:      cfg,
+		log:      cfg.Logger,
+		consumer: cons,
+		limit:    cfg.Consumer.Limit(),
+		ackWait:  cons.CachedInfo().Config.AckWait,
+		slots:    make(chan struct{}, cfg.MaxInFlight),
+	}, nil
+}
+
+// Run fetches and processes jobs until ctx ends (or, with UntilEmpty, until
+// nothing is left), then drains: it stops fetching, lets running tools
+// finish for up to ShutdownTimeout, releases the claims of jobs that had not
+// started and naks them. It returns nil after a clean drain.
+func (w *Worker) Run(ctx context.Context) error {
+	// Jobs keep running on this context after ctx ends, until the drain
+	// gives up on them.
+	runCtx, cancelRun := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelRun()
+	// startCtx ends when the drain starts: a job that has not begun its tool
+	// call by then is released instead.
+	startCtx, stopStarting := context.WithCancel(runCtx)
+	defer stopStarting()
+
+	var err error
+	for ctx.Err() == nil {
+		free := w.cfg.MaxInFlight - len(w.slots)
+		if free <= 0 {
+			select {
+			case w.slots <- struct{}{}: // wait for room, then give it back
+				<-w.slots
+			case <-ctx.Done():
+			}
+			continue
+		}
+		batch, ferr := w.consumer.Fetch(min(free, w.cfg.BatchSize), jetstream.FetchMaxWait(time.Second))
+		if ferr != nil {
+			if ctx.Err() != nil {
+				break
+			}
+			w.log.Warn("fetch failed", "error", ferr)
+			sleep(ctx, time.Second)
+			continue
+		}
+		var msgs []jetstream.Msg
+		for msg := range batch.Messages() {
+			msgs = append(msgs, msg)
+		}
+		if len(msgs) > 0 {
+			w.handleBatch(runCtx, startCtx, msgs)
+			continue
+		}
+		if w.cfg.UntilEmpty {
+			empty, ierr := w.empty(ctx)
+			if ierr != nil {
+				w.log.Warn("consumer info failed", "error", ierr)
+			}
+			if empty {
+				break
+			}
+		}
+	}
+	w.draining.Store(true)
+	stopStarting()
+	done := make(chan struct{})
+	go func() { w.inFlight.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(w.cfg.ShutdownTimeout):
+		err = fmt.Errorf("worker: %d job(s) still running after the shutdown timeout (%s); their leases will expire", len(w.slots), w.cfg.ShutdownTimeout)
+		cancelRun()
+	}
+	return err
+}
+
+// empty reports whether the durable has nothing pending, nothing awaiting
+// an ack anywhere, and this worker nothing in flight.
+func (w *Worker) empty(ctx context.Context) (bool, error) {
+	if len(w.slots) > 0 {
+		return false, nil
+	}
+	info, err := w.consumer.Info(ctx)
+	if err != nil {
+		return false, err
+	}
+	return info.NumPending == 0 && info.NumAckPending == 0 && len(w.slots) == 0, nil
+}
+
+// delivery is one fetched message and what was learned of it.
+type delivery struct {
+	msg        jetstream.Msg
+	meta       *jetstream.MsgMetadata
+	job        *jobs.Job
+	key        string
+	material   jobs.Material
+	tool       *tools.Tool
+	deliveries int
+}
+
+// handleBatch validates each message, claims the keys of the batch's ledger
+// tools in one round trip, and processes every job in its own goroutine.
+func (w *Worker) handleBatch(runCtx, startCtx context.Context, msgs []jetstream.Msg) {
+	var claims []ledger.Claim
+	var claimed []*delivery
+	for _, msg := range msgs {
+		w.slots <- struct{}{}
+		w.inFlight.Add(1)
+		d, err := w.decode(msg)
+		if err != nil || !d.tool.UsesLedger {
+			go w.finish(runCtx, d, func() error {
+				var rej *rejectError
+				switch {
+				case errors.As(err, &rej):
+					return w.publishRejected(runCtx, d, rej)
+				case err != nil:
+					return err
+				}
+				return w.process(runCtx, startCtx, d, nil)
+			})
+			continue
+		}
+		claims = append(claims, w.claimOf(d))
+		claimed = append(claimed, d)
+	}
+	if len(claims) == 0 {
+		return
+	}
+	results, err := w.cfg.Ledger.Claim(runCtx, claims)
+	for i, d := range claimed {
+		go w.finish(runCtx, d, func() error {
+			if err != nil {
+				return retryLater(w.backoff(d), fmt.Errorf("claim: %w", err))
+			}
+			return w.process(runCtx, startCtx, d, &results[i])
+		})
+	}
+}
+
+func (w *Worker) claimOf(d *delivery) ledger.Claim {
+	return ledger.Claim{
+		Key:            d.key,
+		ConversationID: d.job.ConversationID,
+		TurnIndex:      d.job.TurnIndex,
+		Tool:           d.job.Tool,
+		Ordinal:        d.job.Ordinal,
+		ArgsDigest:     d.material.ArgsDigest(),
+		ToolUseID:      d.job.ToolUseID,
+		Owner:          w.cfg.Owner,
+		Lease:          d.tool.Lease,
+	}
+}
+
+// decode turns a message into a delivery, or into an error that settles it:
+// a dead letter for what is not a valid job, a rejected result for a valid
+// job that cannot run. A nil error with a nil tool never happens.
+func (w *Worker) decode(msg jetstream.Msg) (*delivery, error) {
+	d := &delivery{msg: msg}
+	meta, err := msg.Metadata()
+	if err != nil {
+		return d, deadLetter(jobs.DLQInvalid, fmt.Errorf("not a JetStream message: %w", err))
+	}
+	d.meta, d.deliveries = meta, int(meta.NumDelivered)
+	if d.deliveries > w.limit {
+		return d, deadLetter(jobs.DLQMaxDeliver, fmt.Errorf("delivered %d times, the limit is %d", d.deliveries, w.limit))
+	}
+	if len(msg.Data()) > w.cfg.MaxBodySize {
+		return d, deadLetter(jobs.DLQTooLarge, fmt.Errorf("body of %d bytes exceeds the limit of %d", len(msg.Data()), w.cfg.MaxBodySize))
+	}
+	if d.job, err = jobs.DecodeJob(msg.Data()); err != nil {
+		return d, deadLetter(jobs.DLQInvalid, err)
+	}
+	if subj := jobs.JobSubject(d.job.Tool); msg.Subject() != subj {
+		return d, deadLetter(jobs.DLQInvalid, fmt.Errorf("job for tool %q published on %s, want %s", d.job.Tool, msg.Subject(), subj))
+	}
+	if d.material, err = d.job.Call().Material(); err != nil {
+		return d, deadLetter(jobs.DLQInvalid, err)
+	}
+	d.key = d.material.Key()
+	if sent := msg.Headers().Get(jobs.HeaderKey); sent != "" && sent != d.key {
+		return d, w.reject(d, "key_mismatch", fmt.Sprintf("the publisher's %s %s differs from the derived key %s", jobs.HeaderKey, sent, d.key))
+	}
+	tool, ok := w.cfg.Tools.Lookup(d.job.Tool)
+	if !ok {
+		return d, w.reject(d, "unknown_tool", fmt.Sprintf("no tool %q is registered", d.job.Tool))
+	}
+	if err := tool.Validate(d.job.Args); err != nil {
+		return d, w.reject(d, "invalid_args", err.Error())
+	}
+	d.tool = tool
+	return d, nil
+}
+
+// finish runs the processing of one delivery and answers JetStream. It is
+// the one place where outcomes become JetStream verbs: nil → Ack; a dead
+// letter → DLQ then Term; retry-after(d) → NakWithDelay(d), or the DLQ once
+// the delivery limit is reached; any other error → NakWithDelay(backoff).
+func (w *Worker) finish(ctx context.Context, d *delivery, process func() error) {
+	defer func() {
+		<-w.slots
+		w.inFlight.Done()
+	}()
+	err := process()
+	var dead *deadLetterError
+	var retry *retryError
+	switch {
+	case err == nil:
+		if d.job != nil {
+			w.cfg.Hook(BeforeAck, d.job)
+		}
+		w.ack(d, d.msg.Ack())
+	case errors.As(err, &dead):
+		w.stats.add("dead_letter")
+		w.deadLetter(ctx, d, dead)
+	case errors.As(err, &retry) && d.deliveries >= w.limit:
+		w.stats.add("dead_letter")
+		w.deadLetter(ctx, d, &deadLetterError{reason: jobs.DLQMaxDeliver,
+			err: fmt.Errorf("still unsettled after %d deliveries: %w", d.deliveries, retry.err)})
+	case errors.As(err, &retry):
+		w.stats.add("retry")
+		w.log.Info("job retried later", w.attrs(d, "delay", retry.after, "reason", retry.err.Error())...)
+		w.ack(d, d.msg.NakWithDelay(retry.after))
+	default:
+		w.stats.add("retry")
+		w.log.Warn("job failed, retried later", w.attrs(d, "error", err)...)
+		w.ack(d, d.msg.NakWithDelay(w.backoff(d)))
+	}
+}
+
+func (w *Worker) ack(d *delivery, err error) {
+	if err != nil {
+		w.log.Warn("answering JetStream failed; the job will be redelivered", w.attrs(d, "error", err)...)
+	}
+}
+
+// backoff is the delay before the next delivery when the tool gave none:
+// RetryDelay doubled per delivery, at most a minute.
+func (w *Worker) backoff(d *delivery) time.Duration {
+	delay := w.cfg.RetryDelay
+	for i := 1; i < d.deliveries && delay < time.Minute; i++ {
+		delay *= 2
+	}
+	return min(delay, time.Minute)
+}
+
+func (w *Worker) attrs(d *delivery, more ...any) []any {
+	a := []any{"deliveries", d.deliveries}
+	if d.meta != nil {
+		a = append(a, "stream_seq", d.meta.Sequence.Stream)
+	}
+	if d.job != nil {
+		a = append(a, "key", d.key, "tool", d.job.Tool, "tool_use_id", d.job.ToolUseID)
+	}
+	return append(a, more...)
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+	}
+}
