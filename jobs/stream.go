@@ -127,9 +127,9 @@ func (c Consumer) withDefaults() Consumer {
 }
 
 // Config returns the JetStream configuration of the consumer. JetStream's
-// own MaxDeliver is one more than c.MaxDeliver: the worker dead-letters a job
-// on the delivery past the limit, so that JetStream never gives up on a job
-// silently.
+// own MaxDeliver is unlimited: the worker enforces c.MaxDeliver itself and
+// dead-letters the job, so JetStream never gives up on a job silently (not
+// even when publishing the dead letter fails: the job is then redelivered).
 func (c Consumer) Config() jetstream.ConsumerConfig {
 	c = c.withDefaults()
 	return jetstream.ConsumerConfig{
@@ -138,7 +138,7 @@ func (c Consumer) Config() jetstream.ConsumerConfig {
 		FilterSubject: c.FilterSubject,
 		AckPolicy:     jetstream.AckExplicitPolicy,
 		AckWait:       c.AckWait,
-		MaxDeliver:    c.MaxDeliver + 1,
+		MaxDeliver:    -1,
 		BackOff:       c.BackOff,
 		MaxAckPending: c.MaxAckPending,
 		DeliverPolicy: jetstream.DeliverAllPolicy,

@@ -286,7 +286,7 @@ func (w *Worker) deadLetter(ctx context.Context, d *delivery, dead *deadLetterEr
 	msg := nats.NewMsg(jobs.DLQSubject(dead.reason))
 	msg.Data = d.msg.Data()
 	for k, v := range d.msg.Headers() {
-		if k != jobs.HeaderMsgID {
+		if !strings.HasPrefix(k, "Nats-") { // JetStream's control headers (msg id, expected stream) would misdirect the copy
 			msg.Header[k] = v
 		}
 	}

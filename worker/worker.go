@@ -142,44 +142,67 @@ func (w *Worker) Run(ctx context.Context) error {
 	startCtx, stopStarting := context.WithCancel(runCtx)
 	defer stopStarting()
 
-	var err error
-	for ctx.Err() == nil {
-		free := w.cfg.MaxInFlight - len(w.slots)
-		if free <= 0 {
-			select {
-			case w.slots <- struct{}{}: // wait for room, then give it back
-				<-w.slots
-			case <-ctx.Done():
+	iter, err := w.consumer.Messages(jetstream.PullMaxMessages(w.cfg.BatchSize))
+	if err != nil {
+		return fmt.Errorf("worker: pull from %s: %w", jobs.JobsStream, err)
+	}
+	incoming := make(chan jetstream.Msg)
+	go func() {
+		defer close(incoming)
+		for {
+			msg, err := iter.Next()
+			if err != nil {
+				return // the iterator was stopped or drained
 			}
-			continue
+			incoming <- msg
 		}
-		batch, ferr := w.consumer.Fetch(min(free, w.cfg.BatchSize), jetstream.FetchMaxWait(time.Second))
-		if ferr != nil {
-			if ctx.Err() != nil {
-				break
+	}()
+	idle := time.NewTicker(500 * time.Millisecond)
+	defer idle.Stop()
+loop:
+	for {
+		select {
+		case <-ctx.Done():
+			break loop
+		case msg, ok := <-incoming:
+			if !ok {
+				return errors.New("worker: the pull subscription ended")
 			}
-			w.log.Warn("fetch failed", "error", ferr)
-			sleep(ctx, time.Second)
-			continue
-		}
-		var msgs []jetstream.Msg
-		for msg := range batch.Messages() {
-			msgs = append(msgs, msg)
-		}
-		if len(msgs) > 0 {
-			w.handleBatch(runCtx, startCtx, msgs)
-			continue
-		}
-		if w.cfg.UntilEmpty {
-			empty, ierr := w.empty(ctx)
-			if ierr != nil {
-				w.log.Warn("consumer info failed", "error", ierr)
+			// Take what else has arrived, without waiting: one claim round
+			// trip for the lot.
+			batch := []jetstream.Msg{msg}
+		more:
+			for len(batch) < w.cfg.BatchSize {
+				select {
+				case m, ok := <-incoming:
+					if !ok {
+						break more
+					}
+					batch = append(batch, m)
+				default:
+					break more
+				}
 			}
-			if empty {
-				break
+			w.handleBatch(runCtx, startCtx, batch)
+		case <-idle.C:
+			if w.cfg.UntilEmpty {
+				empty, err := w.empty(ctx)
+				if err != nil {
+					w.log.Warn("consumer info failed", "error", err)
+				}
+				if empty {
+					break loop
+				}
 			}
 		}
 	}
+	// Stop pulling; what the client had buffered comes out of incoming and
+	// goes back at once.
+	iter.Drain()
+	for msg := range incoming {
+		msg.Nak()
+	}
+	err = nil
 	w.draining.Store(true)
 	stopStarting()
 	done := make(chan struct{})
