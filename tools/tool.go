@@ -293,9 +293,12 @@ func (t *Tool) Validate(args json.RawMessage) error {
 }
 
 // Run validates the args, waits for one of the tool's concurrency slots,
-// and runs the executor under the tool's timeout and circuit breaker. The
-// error, if any, is an *Error (see Classify) or wraps ErrInvalidArgs; an open
-// breaker gives NotSent with the breaker's remaining open time as RetryAfter.
+// and runs the executor under the tool's timeout and circuit breaker. ctx
+// governs the wait to start: once the call has started it runs to its end
+// or its timeout, whatever becomes of ctx, because a write cut off halfway
+// has an unknown outcome. The error, if any, is an *Error (see Classify) or
+// wraps ErrInvalidArgs; ending ctx before the start gives NotSent, and an open
+// breaker gives NotSent with its remaining open time as RetryAfter.
 func (t *Tool) Run(ctx context.Context, req Request) (json.RawMessage, error) {
 	if err := t.Validate(req.Args); err != nil {
 		return nil, err
@@ -313,7 +316,7 @@ func (t *Tool) Run(ctx context.Context, req Request) (json.RawMessage, error) {
 		return nil, NotSentError("cancelled", "cancelled before sending", 0, err)
 	}
 	return t.breaker.run(func() (json.RawMessage, error) {
-		ctx, cancel := context.WithTimeout(ctx, t.Timeout)
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), t.Timeout)
 		defer cancel()
 		out, err := t.executor.Execute(ctx, req)
 		if err != nil {
