@@ -1,0 +1,89 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http/httptest"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolq/toolq/examples"
+	"github.com/toolq/toolq/internal/testenv"
+	"github.com/toolq/toolq/jobs"
+	"github.com/toolq/toolq/ledger"
+	"github.com/toolq/toolq/tools/sandbox"
+	"github.com/toolq/toolq/worker"
+)
+
+// TestPublish drives `publisher publish` against a running worker: --wait
+// prints the result and exits 0 for ok, non-zero otherwise; without --wait it
+// prints where the job was stored.
+func TestPublish(t *testing.T) {
+	t.Parallel()
+	n := testenv.StartNATS(t)
+	js, _ := jetstream.New(n.Connect())
+	sb, _ := sandbox.New(sandbox.Config{})
+	srv := httptest.NewServer(sb)
+	defer srv.Close()
+	reg, err := examples.DemoRegistry(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	store, err := ledger.OpenSQLite(ctx, filepath.Join(t.TempDir(), "ledger.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	store.Migrate(ctx)
+	w, err := worker.New(ctx, worker.Config{JS: js, Ledger: store, Tools: reg, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+
+	env := []string{"--nats-url", n.URL, "--conversation", "cli", "--turn", "1"}
+	out, err := runPublisher(t, "", append([]string{"publish", "--tool", "send_payment", "--wait",
+		"--args", `{"invoice_id":"inv_cli","amount_cents":700,"currency":"EUR"}`}, env...)...)
+	var r jobs.Result
+	if err != nil || json.Unmarshal([]byte(out), &r) != nil || r.Status != jobs.StatusOK || !strings.HasPrefix(r.ToolUseID, "toolu_") {
+		t.Fatalf("publish --wait: %q %v", out, err)
+	}
+	out, err = runPublisher(t, "", append([]string{"publish", "--tool", "no_such_tool", "--wait", "--args", `{}`}, env...)...)
+	if err == nil || json.Unmarshal([]byte(out), &r) != nil || r.Status != jobs.StatusRejected {
+		t.Fatalf("rejected job: %q %v", out, err)
+	}
+	out, err = runPublisher(t, "", append([]string{"publish", "--tool", "send_payment", "--tool-use-id", "toolu_fixed",
+		"--args", `{"invoice_id":"inv_cli","amount_cents":700,"currency":"EUR"}`}, env...)...)
+	var pub map[string]any
+	if err != nil || json.Unmarshal([]byte(out), &pub) != nil || pub["stream"] != jobs.JobsStream || pub["seq"] == nil || pub["tool_use_id"] != "toolu_fixed" {
+		t.Fatalf("publish: %q %v", out, err)
+	}
+	for _, bad := range [][]string{
+		{"publish", "--tool", "send_payment", "--conversation", "a.b", "--args", "{}"},
+		{"publish", "--tool", "send_payment", "--conversation", "c"},
+		{"publish", "--tool", "send payment", "--conversation", "c", "--args", "{}"},
+	} {
+		if _, err := runPublisher(t, "", append(bad, "--nats-url", n.URL)...); err == nil || strings.Contains(err.Error(), "\n") {
+			t.Errorf("%v: %v", bad, err)
+		}
+	}
+	if len(sb.Payments()) != 1 {
+		t.Fatalf("%d payments", len(sb.Payments()))
+	}
+	// Nobody answers a conversation whose consumer is gone: --wait gives up with a reason.
+	cancel()
+	<-done
+	done <- nil
+	_, err = runPublisher(t, "", append([]string{"publish", "--tool", "search_orders", "--wait", "--timeout", "1s", "--args", `{"query":"x"}`}, env...)...)
+	if err == nil || !strings.Contains(err.Error(), "no result") {
+		t.Fatalf("wait without a consumer: %v", err)
+	}
+}
