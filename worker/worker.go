@@ -13,7 +13,6 @@ import (
 	"log/slog"
 	"os"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -101,7 +100,6 @@ type Worker struct {
 
 	slots    chan struct{} // one per job in flight
 	inFlight sync.WaitGroup
-	draining atomic.Bool
 	stats    Stats
 }
 
@@ -166,7 +164,8 @@ loop:
 			break loop
 		case msg, ok := <-incoming:
 			if !ok {
-				return errors.New("worker: the pull subscription ended")
+				err = fmt.Errorf("worker: the pull from %s ended (was the consumer deleted?)", jobs.JobsStream)
+				break loop
 			}
 			// Take what else has arrived, without waiting: one claim round
 			// trip for the lot.
@@ -202,15 +201,13 @@ loop:
 	for msg := range incoming {
 		msg.Nak()
 	}
-	err = nil
-	w.draining.Store(true)
 	stopStarting()
 	done := make(chan struct{})
 	go func() { w.inFlight.Wait(); close(done) }()
 	select {
 	case <-done:
 	case <-time.After(w.cfg.ShutdownTimeout):
-		err = fmt.Errorf("worker: %d job(s) still running after the shutdown timeout (%s); their leases will expire", len(w.slots), w.cfg.ShutdownTimeout)
+		err = errors.Join(err, fmt.Errorf("worker: %d job(s) still running after the shutdown timeout (%s); their leases will expire", len(w.slots), w.cfg.ShutdownTimeout))
 		cancelRun()
 	}
 	return err
@@ -394,13 +391,4 @@ func (w *Worker) attrs(d *delivery, more ...any) []any {
 		a = append(a, "key", d.key, "tool", d.job.Tool, "tool_use_id", d.job.ToolUseID)
 	}
 	return append(a, more...)
-}
-
-func sleep(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-	case <-ctx.Done():
-	}
 }
