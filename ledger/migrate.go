@@ -77,3 +77,24 @@ func applyMigrations(ctx context.Context, backend string, tx migrationTx, create
 	}
 	return nil
 }
+
+// rowIterator is what pgx.Rows and *sql.Rows have in common.
+type rowIterator interface {
+	Next() bool
+	Scan(dest ...any) error
+	Err() error
+}
+
+// scanVersions reads the applied versions from a query of
+// toolq_schema_migrations.
+func scanVersions(rows rowIterator) (map[int64]bool, error) {
+	done := map[int64]bool{}
+	for rows.Next() {
+		var v int64
+		if err := rows.Scan(&v); err != nil {
+			return nil, err
+		}
+		done[v] = true
+	}
+	return done, rows.Err()
+}

@@ -206,15 +206,7 @@ func (t pgxTx) versions(ctx context.Context) (map[int64]bool, error) {
 		return nil, err
 	}
 	defer rows.Close()
-	done := map[int64]bool{}
-	for rows.Next() {
-		var v int64
-		if err := rows.Scan(&v); err != nil {
-			return nil, err
-		}
-		done[v] = true
-	}
-	return done, rows.Err()
+	return scanVersions(rows)
 }
 
 // translate turns a pgx error into a ledger error: one that wraps

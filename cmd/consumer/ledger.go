@@ -55,38 +55,19 @@ func runMigrate(ctx context.Context, args []string, stdio cli.IO, getenv func(st
 	return nil
 }
 
-// errHelp ends a command that printed its usage.
-var errHelp = errors.New("help")
-
 func ignoreHelp(err error) error {
-	if errors.Is(err, errHelp) {
+	if errors.Is(err, cli.ErrHelp) {
 		return nil
 	}
 	return err
 }
 
-func parseNoArgs(fs *flag.FlagSet, args []string) error {
-	pos, help, err := cli.Parse(fs, args)
-	switch {
-	case help:
-		return errHelp
-	case err != nil:
-		return err
-	case len(pos) > 0:
-		return fmt.Errorf("unexpected argument %q", pos[0])
-	}
-	return nil
-}
+func parseNoArgs(fs *flag.FlagSet, args []string) error { return cli.ParseNone(fs, args) }
 
 func parseOneArg(fs *flag.FlagSet, args []string, what string) (string, error) {
-	pos, help, err := cli.Parse(fs, args)
-	switch {
-	case help:
-		return "", errHelp
-	case err != nil:
+	pos, err := cli.ParseN(fs, args, 1, what)
+	if err != nil {
 		return "", err
-	case len(pos) != 1:
-		return "", fmt.Errorf("want exactly one %s, got %d arguments", what, len(pos))
 	}
 	return pos[0], nil
 }

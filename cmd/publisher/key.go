@@ -26,12 +26,11 @@ func runKey(_ context.Context, args []string, stdio cli.IO) error {
 	fs.Int64Var(&call.Ordinal, "ordinal", 0, "position of the call among identical calls of the turn")
 	fs.StringVar(&argsJSON, "args", "", "the call's arguments, a JSON object")
 	material := fs.Bool("material", false, "print the exact hashed material instead of the key")
-	pos, help, err := cli.Parse(fs, args)
-	if help || err != nil {
+	if err := cli.ParseNone(fs, args); err != nil {
+		if errors.Is(err, cli.ErrHelp) {
+			return nil
+		}
 		return err
-	}
-	if len(pos) > 0 {
-		return fmt.Errorf("unexpected argument %q", pos[0])
 	}
 	argsSet := false
 	fs.Visit(func(f *flag.Flag) { argsSet = argsSet || f.Name == "args" })

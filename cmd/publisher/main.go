@@ -40,7 +40,7 @@ func run(ctx context.Context, args []string, stdio cli.IO, getenv func(string) s
 	case "key":
 		return runKey(ctx, args[1:], stdio)
 	case "publish":
-		if err := runPublish(ctx, args[1:], stdio, getenv); err != nil && !errors.Is(err, errHelp) {
+		if err := runPublish(ctx, args[1:], stdio, getenv); err != nil && !errors.Is(err, cli.ErrHelp) {
 			return err
 		}
 		return nil

@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"time"
 
@@ -31,7 +30,7 @@ func runPublish(ctx context.Context, args []string, stdio cli.IO, getenv func(st
 	fs.StringVar(&argsJSON, "args", "", "the call's arguments, a JSON object")
 	wait := fs.Bool("wait", false, "wait for the result and print it")
 	timeout := fs.Duration("timeout", 30*time.Second, "how long --wait waits")
-	if err := parseNone(fs, args); err != nil {
+	if err := cli.ParseNone(fs, args); err != nil {
 		return err
 	}
 	if argsJSON == "" {
@@ -80,21 +79,6 @@ func runPublish(ctx context.Context, args []string, stdio cli.IO, getenv func(st
 	}
 	return nil
 }
-
-func parseNone(fs *flag.FlagSet, args []string) error {
-	pos, help, err := cli.Parse(fs, args)
-	switch {
-	case help:
-		return errHelp
-	case err != nil:
-		return err
-	case len(pos) > 0:
-		return fmt.Errorf("unexpected argument %q", pos[0])
-	}
-	return nil
-}
-
-var errHelp = errors.New("help")
 
 // newToolUseID returns a toolu_-style id: 24 random base-62 characters.
 func newToolUseID() string {

@@ -95,3 +95,30 @@ func ParseDuration(s string) (time.Duration, error) {
 	}
 	return d, nil
 }
+
+// ErrHelp is returned by ParseNone and ParseOne when --help printed the
+// usage: the command should end successfully.
+var ErrHelp = errors.New("help requested")
+
+// ParseNone parses args and refuses positional arguments.
+func ParseNone(fs *flag.FlagSet, args []string) error {
+	_, err := ParseN(fs, args, 0, "")
+	return err
+}
+
+// ParseN parses args and requires exactly n positional arguments, named
+// what in the error.
+func ParseN(fs *flag.FlagSet, args []string, n int, what string) ([]string, error) {
+	pos, help, err := Parse(fs, args)
+	switch {
+	case help:
+		return nil, ErrHelp
+	case err != nil:
+		return nil, err
+	case n == 0 && len(pos) > 0:
+		return nil, fmt.Errorf("unexpected argument %q", pos[0])
+	case len(pos) != n:
+		return nil, fmt.Errorf("want exactly %d %s, got %d arguments", n, what, len(pos))
+	}
+	return pos, nil
+}
