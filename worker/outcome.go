@@ -12,6 +12,7 @@ import (
 type retryError struct {
 	after time.Duration
 	err   error
+	infra bool // the ledger or broker was out: it does not count toward the DLQ
 }
 
 func (e *retryError) Error() string { return fmt.Sprintf("retry in %s: %v", e.after, e.err) }
@@ -22,6 +23,10 @@ func retryLater(after time.Duration, err error) error {
 		err = fmt.Errorf("retry")
 	}
 	return &retryError{after: after, err: err}
+}
+
+func infraRetry(after time.Duration, err error) error {
+	return &retryError{after: after, err: err, infra: true}
 }
 
 // deadLetterError sends the message to the DLQ and terminates it.

@@ -48,7 +48,11 @@ func (w *Worker) settle(ctx, startCtx context.Context, d *delivery, c ledger.Cla
 		return retryLater(max(row.LeaseRemaining, 100*time.Millisecond), fmt.Errorf("attempt %d holds the lease", row.Attempt))
 
 	case d.tool.Class == tools.KeyedWrite: // the holder died mid-call: run again with the same key
-		taken, err := w.cfg.Ledger.Takeover(ctx, row.Fence(), w.cfg.Owner, d.tool.Lease)
+		var taken ledger.Row
+		err := w.durably(ctx, "takeover", d, func() (err error) {
+			taken, err = w.cfg.Ledger.Takeover(ctx, row.Fence(), w.cfg.Owner, d.tool.Lease)
+			return err
+		})
 		if err != nil {
 			return w.lostRace(d, err)
 		}
@@ -56,12 +60,16 @@ func (w *Worker) settle(ctx, startCtx context.Context, d *delivery, c ledger.Cla
 		return w.execute(ctx, startCtx, d, taken)
 
 	default: // an unkeyed write whose holder died mid-call: its outcome is unknown
-		taken, err := w.cfg.Ledger.Takeover(ctx, row.Fence(), w.cfg.Owner, d.tool.Lease)
+		var taken ledger.Row
+		err := w.durably(ctx, "takeover", d, func() (err error) {
+			taken, err = w.cfg.Ledger.Takeover(ctx, row.Fence(), w.cfg.Owner, d.tool.Lease)
+			return err
+		})
 		if err != nil {
 			return w.lostRace(d, err)
 		}
 		info := ledger.ErrorInfo{Code: "holder_lost", Message: fmt.Sprintf("%s stopped during attempt %d; whether the call took effect is unknown", row.Owner, row.Attempt)}
-		if err := w.cfg.Ledger.MarkIndeterminate(ctx, taken.Fence(), info); err != nil {
+		if err := w.durably(ctx, "mark indeterminate", d, func() error { return w.cfg.Ledger.MarkIndeterminate(ctx, taken.Fence(), info) }); err != nil {
 			return w.lostRace(d, err)
 		}
 		taken.State, taken.Error = ledger.Indeterminate, &info
@@ -86,25 +94,25 @@ func (w *Worker) execute(ctx, startCtx context.Context, d *delivery, row ledger.
 	}
 	switch outcome {
 	case tools.NotSent: // nothing happened: give the key back
-		if err := w.cfg.Ledger.Release(ctx, fence); err != nil {
+		if err := w.durably(ctx, "release", d, func() error { return w.cfg.Ledger.Release(ctx, fence) }); err != nil {
 			return w.fenced(d, err)
 		}
 		return retryLater(w.delay(d, te), te)
 
 	case tools.Definite: // the downstream said no: that is the result
-		if err := w.cfg.Ledger.Fail(ctx, fence, infoOf(te)); err != nil {
+		if err := w.durably(ctx, "fail", d, func() error { return w.cfg.Ledger.Fail(ctx, fence, infoOf(te)) }); err != nil {
 			return w.fenced(d, err)
 		}
 		row.State, row.Error = ledger.Failed, ptr(infoOf(te))
 
 	case tools.Ambiguous:
 		if d.tool.Class == tools.KeyedWrite { // the next delivery retries with the same key
-			if err := w.cfg.Ledger.EndLease(ctx, fence, infoOf(te)); err != nil {
+			if err := w.durably(ctx, "end lease", d, func() error { return w.cfg.Ledger.EndLease(ctx, fence, infoOf(te)) }); err != nil {
 				return w.fenced(d, err)
 			}
 			return retryLater(w.delay(d, te), te)
 		}
-		if err := w.cfg.Ledger.MarkIndeterminate(ctx, fence, infoOf(te)); err != nil {
+		if err := w.durably(ctx, "mark indeterminate", d, func() error { return w.cfg.Ledger.MarkIndeterminate(ctx, fence, infoOf(te)) }); err != nil {
 			return w.fenced(d, err)
 		}
 		w.stats.add("indeterminate")
@@ -112,7 +120,7 @@ func (w *Worker) execute(ctx, startCtx context.Context, d *delivery, row ledger.
 		row.State, row.Error = ledger.Indeterminate, ptr(infoOf(te))
 
 	case tools.Success:
-		if err := w.cfg.Ledger.Complete(ctx, fence, out); err != nil {
+		if err := w.durably(ctx, "complete", d, func() error { return w.cfg.Ledger.Complete(ctx, fence, out) }); err != nil {
 			return w.fenced(d, err)
 		}
 		row.State, row.Result = ledger.Completed, out
@@ -185,10 +193,16 @@ func (w *Worker) publishResult(ctx context.Context, d *delivery, r *jobs.Result)
 	msg := nats.NewMsg(jobs.ResultSubject(d.job.ConversationID))
 	msg.Data = body
 	msg.Header.Set(jobs.HeaderKey, d.key)
-	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	if _, err := w.cfg.JS.PublishMsg(pctx, msg, jetstream.WithMsgID(jobs.ResultMsgID(d.key, d.job.ToolUseID))); err != nil {
-		return retryLater(w.backoff(d), fmt.Errorf("publish result: %w", err))
+	err = w.durably(ctx, "publish result", d, func() error {
+		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		if _, err := w.cfg.JS.PublishMsg(pctx, msg, jetstream.WithMsgID(jobs.ResultMsgID(d.key, d.job.ToolUseID))); err != nil {
+			return &brokerError{err}
+		}
+		return nil
+	})
+	if err != nil {
+		return infraRetry(w.backoff(d), fmt.Errorf("publish result: %w", err))
 	}
 	w.cfg.Hook(AfterPublish, d.job)
 	return nil
@@ -333,3 +347,51 @@ func infoOf(te *tools.Error) ledger.ErrorInfo {
 func ptr[T any](v T) *T { return &v }
 
 func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
+
+// brokerError marks a failure to reach JetStream.
+type brokerError struct{ err error }
+
+func (e *brokerError) Error() string { return "broker unreachable: " + e.err.Error() }
+func (e *brokerError) Unwrap() error { return e.err }
+
+// transient reports an outage of the ledger or the broker, as opposed to an
+// answer about this job.
+func transient(err error) bool {
+	var be *brokerError
+	return errors.Is(err, ledger.ErrUnavailable) || errors.As(err, &be)
+}
+
+// durably runs op until it succeeds, fails for a reason other than an
+// outage of the ledger or the broker, or ctx ends. While it waits it tells
+// JetStream the jobs are in progress, so that an outage costs them no
+// delivery (and so never sends them to the DLQ).
+func (w *Worker) durably(ctx context.Context, what string, d *delivery, op func() error) error {
+	return w.durablyAll(ctx, what, []*delivery{d}, op)
+}
+
+func (w *Worker) durablyAll(ctx context.Context, what string, ds []*delivery, op func() error) error {
+	delay := 100 * time.Millisecond
+	for attempt := 0; ; attempt++ {
+		err := op()
+		if err == nil || !transient(err) {
+			if attempt > 0 && err == nil {
+				w.log.Info(what+" succeeded after an outage", "retries", attempt)
+			}
+			return err
+		}
+		if attempt == 0 {
+			w.log.Warn(what+" failed; retrying until the outage ends", "jobs", len(ds), "error", err)
+		}
+		for _, d := range ds {
+			d.msg.InProgress()
+		}
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+		delay = min(delay*2, 5*time.Second, w.ackWait/3) // InProgress often enough to keep the deliveries
+	}
+}

@@ -182,7 +182,7 @@ loop:
 					break more
 				}
 			}
-			w.handleBatch(runCtx, startCtx, batch)
+			w.handleBatch(ctx, runCtx, startCtx, batch)
 		case <-idle.C:
 			if w.cfg.UntilEmpty {
 				empty, err := w.empty(ctx)
@@ -239,7 +239,9 @@ type delivery struct {
 
 // handleBatch validates each message, claims the keys of the batch's ledger
 // tools in one round trip, and processes every job in its own goroutine.
-func (w *Worker) handleBatch(runCtx, startCtx context.Context, msgs []jetstream.Msg) {
+// While the ledger is unreachable it keeps retrying the claim (and so stops
+// fetching) until ctx ends.
+func (w *Worker) handleBatch(ctx, runCtx, startCtx context.Context, msgs []jetstream.Msg) {
 	var claims []ledger.Claim
 	var claimed []*delivery
 	for _, msg := range msgs {
@@ -265,11 +267,15 @@ func (w *Worker) handleBatch(runCtx, startCtx context.Context, msgs []jetstream.
 	if len(claims) == 0 {
 		return
 	}
-	results, err := w.cfg.Ledger.Claim(runCtx, claims)
+	var results []ledger.ClaimResult
+	err := w.durablyAll(ctx, "claim", claimed, func() (err error) {
+		results, err = w.cfg.Ledger.Claim(runCtx, claims)
+		return err
+	})
 	for i, d := range claimed {
 		go w.finish(runCtx, d, func() error {
 			if err != nil {
-				return retryLater(w.backoff(d), fmt.Errorf("claim: %w", err))
+				return infraRetry(w.backoff(d), fmt.Errorf("claim: %w", err))
 			}
 			return w.process(runCtx, startCtx, d, &results[i])
 		})
@@ -351,7 +357,7 @@ func (w *Worker) finish(ctx context.Context, d *delivery, process func() error) 
 	case errors.As(err, &dead):
 		w.stats.add("dead_letter")
 		w.deadLetter(ctx, d, dead)
-	case errors.As(err, &retry) && d.deliveries >= w.limit:
+	case errors.As(err, &retry) && d.deliveries >= w.limit && !retry.infra:
 		w.stats.add("dead_letter")
 		w.deadLetter(ctx, d, &deadLetterError{reason: jobs.DLQMaxDeliver,
 			err: fmt.Errorf("still unsettled after %d deliveries: %w", d.deliveries, retry.err)})

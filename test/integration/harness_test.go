@@ -100,6 +100,7 @@ type env struct {
 	registry *tools.Registry
 	logs     *logBuffer
 	workers  []*runningWorker
+	cluster  *testenv.Cluster // with ownCluster
 }
 
 type options struct {
@@ -108,6 +109,7 @@ type options struct {
 	ackWait    time.Duration
 	maxBody    int
 	faults     sandbox.Faults
+	ownCluster bool // a Postgres cluster of the test's own, which it may stop
 }
 
 func setup(t *testing.T, o options) *env {
@@ -120,7 +122,11 @@ func setup(t *testing.T, o options) *env {
 		t.Fatal(err)
 	}
 	e.client = jobs.NewClient(e.js)
-	if !o.sqlite {
+	switch {
+	case o.ownCluster:
+		e.cluster = testenv.OwnCluster(t)
+		e.dbURL = e.cluster.Database(t)
+	case !o.sqlite:
 		e.dbURL = testenv.Postgres(t)
 	}
 	e.store = openStore(t, e.dbURL, e.dataDir)
