@@ -504,3 +504,27 @@ func TestRunTurn(t *testing.T) {
 }
 
 var _ = worker.AfterClaim
+
+// TestKeyedWriteWithoutLedger: with the ledger turned off, every delivery
+// reaches the downstream, which collapses it by the forwarded key.
+func TestKeyedWriteWithoutLedger(t *testing.T) {
+	t.Parallel()
+	e := setup(t, options{})
+	e.startWorker(options{}, nil)
+	var outputs []string
+	for range 2 {
+		j := job(conv(t), 0, "send_payment_unledgered", payment("no_ledger"))
+		p := e.publish(j)
+		r := e.await(j)
+		if r.Status != jobs.StatusOK {
+			t.Fatalf("result %+v", r)
+		}
+		outputs = append(outputs, string(r.Output))
+		if _, err := e.store.Get(context.Background(), p.Key); !errors.Is(err, ledger.ErrNotFound) {
+			t.Fatalf("a ledger row for a tool without ledger: %v", err)
+		}
+	}
+	if n := len(e.sandbox.Payments()); n != 1 || outputs[0] != outputs[1] {
+		t.Fatalf("%d payments, outputs %q", n, outputs)
+	}
+}

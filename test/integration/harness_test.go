@@ -52,6 +52,13 @@ const registryYAML = `tools:
         amount_cents: {type: integer, minimum: 1}
         currency: {type: string, pattern: "^[A-Z]{3}$"}
     http: {method: POST, url: "${SANDBOX_URL}/v1/payments"}
+  - name: send_payment_unledgered
+    class: keyed_write
+    ledger: false
+    timeout: 1500ms
+    breaker: {failures: 1000}
+    schema: {type: object}
+    http: {method: POST, url: "${SANDBOX_URL}/v1/payments"}
   - name: create_ticket
     class: unkeyed_write
     timeout: 1500ms
