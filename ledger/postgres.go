@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"strings"
 	"time"
 
@@ -231,7 +233,20 @@ func (p *postgresDB) translate(op string, err error) error {
 			return fmt.Errorf("ledger: %s: %s (SQLSTATE %s)", op, pgErr.Message, pgErr.Code)
 		}
 	}
-	return fmt.Errorf("ledger: %s: %w: %s", op, ErrUnavailable, err.Error())
+	if unreachable(err) {
+		return fmt.Errorf("ledger: %s: %w: %s", op, ErrUnavailable, err.Error())
+	}
+	return fmt.Errorf("ledger: %s: %s", op, err.Error())
+}
+
+// unreachable reports errors of the connection rather than of the statement:
+// connecting failed, the network failed, or the server went away mid-call.
+func unreachable(err error) bool {
+	var connectErr *pgconn.ConnectError
+	var netErr net.Error
+	return errors.As(err, &connectErr) || errors.As(err, &netErr) || errors.Is(err, io.EOF) ||
+		errors.Is(err, io.ErrUnexpectedEOF) || pgconn.SafeToRetry(err) || pgconn.Timeout(err) ||
+		strings.Contains(err.Error(), "conn closed")
 }
 
 func isLedgerError(err error) bool {
