@@ -6,9 +6,12 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"testing"
 	"time"
+
+	"go.yaml.in/yaml/v3"
 
 	"github.com/toolq/toolq/internal/cli"
 )
@@ -48,5 +51,30 @@ func TestSandboxCommand(t *testing.T) {
 	}
 	if err := run(context.Background(), []string{"--error-rate", "2"}, cli.IO{Out: &bytes.Buffer{}, Err: &bytes.Buffer{}}, func(string) string { return "" }); err == nil {
 		t.Fatal("error rate 2 accepted")
+	}
+}
+
+// TestComposeCommand: the sandbox's command line in docker-compose.yml is
+// one this binary accepts.
+func TestComposeCommand(t *testing.T) {
+	t.Parallel()
+	data, err := os.ReadFile("../../docker-compose.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var compose struct {
+		Services map[string]struct {
+			Command []string `yaml:"command"`
+		} `yaml:"services"`
+	}
+	if err := yaml.Unmarshal(data, &compose); err != nil {
+		t.Fatal(err)
+	}
+	cmd := compose.Services["sandbox"].Command
+	if len(cmd) == 0 {
+		t.Fatal("no sandbox command")
+	}
+	if err := run(context.Background(), append(append([]string{}, cmd...), "--help"), cli.IO{Out: io.Discard, Err: io.Discard}, func(string) string { return "" }); err != nil {
+		t.Fatalf("sandbox %v: %v", cmd, err)
 	}
 }

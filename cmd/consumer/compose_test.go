@@ -1,0 +1,61 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"strings"
+	"testing"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/toolq/toolq/internal/cli"
+)
+
+// TestComposeFileIsValid checks docker-compose.yml without a Docker engine:
+// it parses, its services are the ones the README names, and the consumer's
+// command line is one this consumer accepts.
+func TestComposeFileIsValid(t *testing.T) {
+	t.Parallel()
+	data, err := os.ReadFile("../../docker-compose.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var compose struct {
+		Services map[string]struct {
+			Image       string            `yaml:"image"`
+			Build       string            `yaml:"build"`
+			Entrypoint  []string          `yaml:"entrypoint"`
+			Command     []string          `yaml:"command"`
+			Environment map[string]string `yaml:"environment"`
+			DependsOn   map[string]any    `yaml:"depends_on"`
+		} `yaml:"services"`
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	if err := dec.Decode(&compose); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"nats", "postgres", "sandbox", "consumer"} {
+		s, ok := compose.Services[name]
+		if !ok || (s.Image == "" && s.Build == "") {
+			t.Fatalf("service %s missing or without image/build", name)
+		}
+		for dep := range s.DependsOn {
+			if _, ok := compose.Services[dep]; !ok {
+				t.Fatalf("%s depends on unknown service %s", name, dep)
+			}
+		}
+	}
+	c := compose.Services["consumer"]
+	for _, k := range []string{"NATS_URL", "DATABASE_URL", "SANDBOX_URL"} {
+		if c.Environment[k] == "" {
+			t.Fatalf("consumer without %s", k)
+		}
+	}
+	// Every flag of the command must exist: --help after them stops before running.
+	var out strings.Builder
+	args := append(append([]string{}, c.Command...), "--help")
+	if err := run(context.Background(), args, cli.IO{Out: &out, Err: &out}, func(string) string { return "" }); err != nil {
+		t.Fatalf("consumer %v: %v", c.Command, err)
+	}
+}
