@@ -159,7 +159,7 @@ type database interface {
 	queryRows(ctx context.Context, query string, args []any, each func(scanner) error) error
 	migrate(ctx context.Context) error
 	sql() *dialect
-	translate(op string, err error) error
+	describe(err error) (message string, unavailable bool)
 	ping(ctx context.Context) error
 	close()
 }
@@ -198,7 +198,7 @@ func (s *Store) Close() { s.db.close() }
 func (s *Store) Ping(ctx context.Context) error {
 	ctx, cancel := withDefaultTimeout(ctx)
 	defer cancel()
-	return s.db.translate("ping", s.db.ping(ctx))
+	return s.translate("ping", s.db.ping(ctx))
 }
 
 // Migrate applies the embedded schema migrations that the database lacks. It
@@ -206,7 +206,7 @@ func (s *Store) Ping(ctx context.Context) error {
 func (s *Store) Migrate(ctx context.Context) error {
 	ctx, cancel := withDefaultTimeout(ctx)
 	defer cancel()
-	return s.db.translate("migrate", s.db.migrate(ctx))
+	return s.translate("migrate", s.db.migrate(ctx))
 }
 
 // Claim claims a batch of keys in one round trip. Each claim either inserts a
@@ -235,7 +235,7 @@ func (s *Store) Claim(ctx context.Context, claims []Claim) ([]ClaimResult, error
 	}
 	got, err := s.db.claim(ctx, unique)
 	if err != nil {
-		return nil, s.db.translate("claim", err)
+		return nil, s.translate("claim", err)
 	}
 	out := make([]ClaimResult, len(claims))
 	handedOut := make(map[string]bool, len(unique))
@@ -271,7 +271,7 @@ func (s *Store) Takeover(ctx context.Context, f Fence, owner string, lease time.
 		return scanRow(sc, &row)
 	})
 	if err != nil {
-		return Row{}, s.db.translate("takeover", err)
+		return Row{}, s.translate("takeover", err)
 	}
 	if found {
 		return row, nil
@@ -323,7 +323,7 @@ func (s *Store) CompleteBatch(ctx context.Context, cs []Completion) (errs []erro
 	defer cancel()
 	done, err := s.db.completeBatch(ctx, cs)
 	if err != nil {
-		return nil, s.db.translate("complete", err)
+		return nil, s.translate("complete", err)
 	}
 	errs = make([]error, len(cs))
 	for i, c := range cs {
@@ -364,7 +364,7 @@ func (s *Store) fenced(ctx context.Context, op string, f Fence, query string, ar
 	defer cancel()
 	n, err := s.db.exec(ctx, query, append([]any{f.Key, f.Attempt}, args...)...)
 	if err != nil {
-		return s.db.translate(op, err)
+		return s.translate(op, err)
 	}
 	if n == 0 {
 		return s.whyNot(ctx, op, f, false)
@@ -383,7 +383,7 @@ func (s *Store) Get(ctx context.Context, key string) (Row, error) {
 		return scanRow(sc, &row)
 	})
 	if err != nil {
-		return Row{}, s.db.translate("get", err)
+		return Row{}, s.translate("get", err)
 	}
 	if !found {
 		return Row{}, fmt.Errorf("%w: %s", ErrNotFound, key)
@@ -416,7 +416,7 @@ func (s *Store) List(ctx context.Context, f Filter) ([]Row, error) {
 		return nil
 	})
 	if err != nil {
-		return nil, s.db.translate("list", err)
+		return nil, s.translate("list", err)
 	}
 	return rows, nil
 }
@@ -437,7 +437,7 @@ func (s *Store) Counts(ctx context.Context) (map[string]int64, error) {
 		return nil
 	})
 	if err != nil {
-		return nil, s.db.translate("counts", err)
+		return nil, s.translate("counts", err)
 	}
 	return counts, nil
 }
@@ -464,7 +464,7 @@ func (s *Store) Resolve(ctx context.Context, key string, r Resolution) error {
 		n, err = s.db.exec(ctx, q.resolveCompleted, key, string(r.Output))
 	}
 	if err != nil {
-		return s.db.translate("resolve", err)
+		return s.translate("resolve", err)
 	}
 	if n == 0 {
 		row, err := s.Get(ctx, key)
@@ -493,7 +493,7 @@ func (s *Store) Purge(ctx context.Context, olderThan time.Duration, batchSize in
 		n, err := s.db.exec(bctx, s.db.sql().purge, olderThan.Milliseconds(), batchSize)
 		cancel()
 		if err != nil {
-			return total, s.db.translate("purge", err)
+			return total, s.translate("purge", err)
 		}
 		total += n
 		if n < int64(batchSize) {
@@ -555,4 +555,32 @@ func redact(u string) string {
 		return u[:scheme+3] + user + ":xxxxx" + u[at:]
 	}
 	return u
+}
+
+// translate turns a driver error into a ledger error, so that no driver type
+// leaves the package: one that wraps ErrUnavailable when the database could
+// not be reached, or else one that carries only the driver's message.
+func (s *Store) translate(op string, err error) error {
+	switch {
+	case err == nil || isLedgerError(err):
+		return err
+	case errors.Is(err, context.Canceled):
+		return fmt.Errorf("ledger: %s: %w", op, context.Canceled)
+	case errors.Is(err, context.DeadlineExceeded):
+		return fmt.Errorf("ledger: %s: %w: %w", op, ErrUnavailable, context.DeadlineExceeded)
+	}
+	msg, unavailable := s.db.describe(err)
+	if unavailable {
+		return fmt.Errorf("ledger: %s: %w: %s", op, ErrUnavailable, msg)
+	}
+	return fmt.Errorf("ledger: %s: %s", op, msg)
+}
+
+func isLedgerError(err error) bool {
+	for _, e := range []error{ErrNotFound, ErrFenced, ErrLeaseHeld, ErrMaterialMismatch, ErrNotIndeterminate, ErrUnavailable} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
 }

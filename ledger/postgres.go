@@ -211,32 +211,15 @@ func (t pgxTx) versions(ctx context.Context) (map[int64]bool, error) {
 	return scanVersions(rows)
 }
 
-// translate turns a pgx error into a ledger error: one that wraps
-// ErrUnavailable when the server could not be reached or is going away, or
-// else one that carries only the server's message.
-func (p *postgresDB) translate(op string, err error) error {
-	if err == nil || isLedgerError(err) {
-		return err
-	}
-	if errors.Is(err, context.Canceled) {
-		return fmt.Errorf("ledger: %s: %w", op, context.Canceled)
-	}
-	if errors.Is(err, context.DeadlineExceeded) {
-		return fmt.Errorf("ledger: %s: %w: %w", op, ErrUnavailable, context.DeadlineExceeded)
-	}
+// describe reads a pgx error: its message, and whether it means the server
+// could not be reached or is going away.
+func (p *postgresDB) describe(err error) (string, bool) {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
-		switch {
-		case strings.HasPrefix(pgErr.Code, "08"), strings.HasPrefix(pgErr.Code, "57P"), pgErr.Code == "53300":
-			return fmt.Errorf("ledger: %s: %w: %s (SQLSTATE %s)", op, ErrUnavailable, pgErr.Message, pgErr.Code)
-		default:
-			return fmt.Errorf("ledger: %s: %s (SQLSTATE %s)", op, pgErr.Message, pgErr.Code)
-		}
+		unavailable := strings.HasPrefix(pgErr.Code, "08") || strings.HasPrefix(pgErr.Code, "57P") || pgErr.Code == "53300"
+		return fmt.Sprintf("%s (SQLSTATE %s)", pgErr.Message, pgErr.Code), unavailable
 	}
-	if unreachable(err) {
-		return fmt.Errorf("ledger: %s: %w: %s", op, ErrUnavailable, err.Error())
-	}
-	return fmt.Errorf("ledger: %s: %s", op, err.Error())
+	return err.Error(), unreachable(err)
 }
 
 // unreachable reports errors of the connection rather than of the statement:
@@ -247,13 +230,4 @@ func unreachable(err error) bool {
 	return errors.As(err, &connectErr) || errors.As(err, &netErr) || errors.Is(err, io.EOF) ||
 		errors.Is(err, io.ErrUnexpectedEOF) || pgconn.SafeToRetry(err) || pgconn.Timeout(err) ||
 		strings.Contains(err.Error(), "conn closed")
-}
-
-func isLedgerError(err error) bool {
-	for _, e := range []error{ErrNotFound, ErrFenced, ErrLeaseHeld, ErrMaterialMismatch, ErrNotIndeterminate, ErrUnavailable} {
-		if errors.Is(err, e) {
-			return true
-		}
-	}
-	return false
 }

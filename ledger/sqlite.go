@@ -196,25 +196,16 @@ func (t sqlTx) versions(ctx context.Context) (map[int64]bool, error) {
 	return scanVersions(rows)
 }
 
-// translate turns a SQLite error into a ledger error: locked, busy, I/O and
-// full-disk errors wrap ErrUnavailable; others carry only the message.
-func (s *sqliteDB) translate(op string, err error) error {
-	if err == nil || isLedgerError(err) {
-		return err
-	}
-	if errors.Is(err, context.Canceled) {
-		return fmt.Errorf("ledger: %s: %w", op, context.Canceled)
-	}
-	if errors.Is(err, context.DeadlineExceeded) {
-		return fmt.Errorf("ledger: %s: %w: %w", op, ErrUnavailable, context.DeadlineExceeded)
-	}
+// describe reads a SQLite error: its message, and whether it means the
+// database file cannot be used for now (locked, busy, I/O, full disk).
+func (s *sqliteDB) describe(err error) (string, bool) {
 	var se *sqlite.Error
 	if errors.As(err, &se) {
 		switch se.Code() & 0xff {
 		case sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED, sqlite3.SQLITE_IOERR, sqlite3.SQLITE_FULL, sqlite3.SQLITE_CANTOPEN:
-			return fmt.Errorf("ledger: %s: %w: %s", op, ErrUnavailable, se.Error())
+			return se.Error(), true
 		}
-		return fmt.Errorf("ledger: %s: %s", op, se.Error())
+		return se.Error(), false
 	}
-	return fmt.Errorf("ledger: %s: %s", op, err.Error())
+	return err.Error(), false
 }
