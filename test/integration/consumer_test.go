@@ -224,6 +224,7 @@ func TestReadToolsUseNoLedger(t *testing.T) {
 			t.Fatalf("a read left a ledger row: %v", err)
 		}
 	}
+	e.settled()
 }
 
 // TestInFlightDuplicateWaitsForTheLease: a duplicate that arrives while the
@@ -288,6 +289,7 @@ func TestExpiredLeaseOfAKeyedWriteIsTakenOver(t *testing.T) {
 	if !strings.Contains(e.logs.String(), "took over an expired lease") {
 		t.Fatal("the takeover was not logged")
 	}
+	e.settled()
 }
 
 func TestExpiredLeaseOfAnUnkeyedWriteIsIndeterminate(t *testing.T) {
@@ -360,6 +362,7 @@ func TestDefiniteFailureIsTheResult(t *testing.T) {
 	if len(e.sandbox.Payments()) != 0 {
 		t.Fatal("payments made")
 	}
+	e.settled()
 }
 
 // TestAmbiguousKeyedWriteRetriesWithTheSameKey: the downstream applies the
@@ -369,7 +372,7 @@ func TestAmbiguousKeyedWriteRetriesWithTheSameKey(t *testing.T) {
 	t.Parallel()
 	o := options{faults: sandbox.Faults{DropAfterEffectRate: 1}}
 	e := setup(t, o)
-	e.startWorker(o, nil)
+	rw := e.startWorker(o, nil)
 	j := job(conv(t), 0, "send_payment", payment("dropped"))
 	p := e.publish(j)
 	r := e.await(j)
@@ -381,6 +384,10 @@ func TestAmbiguousKeyedWriteRetriesWithTheSameKey(t *testing.T) {
 	}
 	if row := e.row(p.Key); row.State != ledger.Completed || row.Attempt != 2 {
 		t.Fatalf("row %+v", row)
+	}
+	e.settled()
+	if s := rw.w.Stats().Snapshot(); s["retry"] != 1 || s["ok"] != 1 {
+		t.Fatalf("the job was not nak'ed once, then acked: %v", s)
 	}
 }
 
