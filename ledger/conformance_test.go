@@ -519,7 +519,7 @@ func TestPurgeLeavesUnfinishedRows(t *testing.T) {
 			t.Fatal(err)
 		}
 		// Age everything past the retention, then add one fresh finished row.
-		const retention = time.Second
+		const retention = 2 * time.Second
 		deadline := time.Now().Add(retention + 200*time.Millisecond)
 		for time.Now().Before(deadline) {
 			time.Sleep(time.Until(deadline))

@@ -422,10 +422,9 @@ func TestAmbiguousUnkeyedWriteIsIndeterminate(t *testing.T) {
 // and it publishes nothing; the job is answered with the new holder's outcome.
 func TestZombieWritesNothing(t *testing.T) {
 	t.Parallel()
-	o := options{faults: sandbox.Faults{LatencyMS: 800}}
-	e := setup(t, o)
-	e.startWorker(o, nil)
-	j := job(conv(t), 0, "send_payment", payment("zombie"))
+	e := setup(t, options{})
+	e.startWorker(options{}, nil)
+	j := job(conv(t), 0, "gated_write", `{"n":1}`)
 	p := e.publish(j)
 	var row ledger.Row
 	eventually(t, 10*time.Second, "the call in flight", func() bool {
@@ -433,6 +432,8 @@ func TestZombieWritesNothing(t *testing.T) {
 		row = r
 		return err == nil && r.State == ledger.InFlight
 	})
+	// While the call is held, another attempt ends the lease, takes over and
+	// completes: what a long pause of this worker would look like.
 	ctx := context.Background()
 	if err := e.store.EndLease(ctx, row.Fence(), ledger.ErrorInfo{Code: "test"}); err != nil {
 		t.Fatal(err)
@@ -444,6 +445,7 @@ func TestZombieWritesNothing(t *testing.T) {
 	if err := e.store.Complete(ctx, taken.Fence(), json.RawMessage(`{"winner":"usurper"}`)); err != nil {
 		t.Fatal(err)
 	}
+	close(e.gate) // the held call returns; its completion is fenced out
 	r := e.await(j)
 	if string(r.Output) != `{"winner":"usurper"}` || r.Attempts != 2 {
 		t.Fatalf("result %+v", r)

@@ -59,6 +59,12 @@ const registryYAML = `tools:
     breaker: {failures: 1000}
     schema: {type: object}
     http: {method: POST, url: "${SANDBOX_URL}/v1/payments"}
+  - name: gated_write
+    class: keyed_write
+    timeout: 20s
+    breaker: {failures: 1000}
+    schema: {type: object}
+    builtin: gated
   - name: create_ticket
     class: unkeyed_write
     timeout: 1500ms
@@ -106,6 +112,7 @@ type env struct {
 	sbURL    string
 	registry *tools.Registry
 	logs     *logBuffer
+	gate     chan struct{} // holds gated_write calls until closed
 	workers  []*runningWorker
 	cluster  *testenv.Cluster // with ownCluster
 }
@@ -121,7 +128,7 @@ type options struct {
 
 func setup(t *testing.T, o options) *env {
 	t.Helper()
-	e := &env{t: t, logs: &logBuffer{}, dataDir: t.TempDir()}
+	e := &env{t: t, logs: &logBuffer{}, dataDir: t.TempDir(), gate: make(chan struct{})}
 	e.nats = testenv.StartNATS(t)
 	e.nc = e.nats.Connect()
 	var err error
@@ -143,7 +150,7 @@ func setup(t *testing.T, o options) *env {
 	srv := httptest.NewServer(e.sandbox)
 	t.Cleanup(srv.Close)
 	e.sbURL = srv.URL
-	if e.registry, err = testRegistry(e.sbURL, slog.New(slog.NewTextHandler(e.logs, nil))); err != nil {
+	if e.registry, err = testRegistry(e.sbURL, slog.New(slog.NewTextHandler(e.logs, nil)), e.gate); err != nil {
 		t.Fatal(err)
 	}
 	if err := jobs.ProvisionStreams(context.Background(), e.js, jobs.Streams{}); err != nil {
@@ -172,11 +179,23 @@ func refusedURL() string {
 	return "http://" + addr
 }
 
-func testRegistry(sandboxURL string, logger *slog.Logger) (*tools.Registry, error) {
+// testRegistry loads registryYAML; gate, when not nil, holds every call of
+// the gated_write tool until it is closed.
+func testRegistry(sandboxURL string, logger *slog.Logger, gate chan struct{}) (*tools.Registry, error) {
 	refused := refusedURL()
+	gated := tools.ExecutorFunc(func(ctx context.Context, r tools.Request) (json.RawMessage, error) {
+		if gate != nil {
+			select {
+			case <-gate:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+		return json.RawMessage(`{"ran":true}`), nil
+	})
 	return tools.Parse([]byte(registryYAML), "test registry", tools.WithGetenv(func(k string) string {
 		return map[string]string{"SANDBOX_URL": sandboxURL, "REFUSED_URL": refused}[k]
-	}), tools.WithRegistryOptions(tools.WithLogger(logger)))
+	}), tools.WithBuiltin("gated", gated), tools.WithRegistryOptions(tools.WithLogger(logger)))
 }
 
 func (o options) consumer() jobs.Consumer {

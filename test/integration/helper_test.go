@@ -77,7 +77,7 @@ func helperMain() bool {
 			select {}
 		}
 	}
-	reg, err := testRegistry(spec.SandboxURL, logger)
+	reg, err := testRegistry(spec.SandboxURL, logger, nil)
 	if err != nil {
 		fail(err)
 	}
