@@ -116,12 +116,18 @@ func New(ctx context.Context, cfg Config) (*Worker, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The shortest redelivery timer JetStream may apply: InProgress must
+	// come more often than that.
+	ackWait := cons.CachedInfo().Config.AckWait
+	for _, b := range cons.CachedInfo().Config.BackOff {
+		ackWait = min(ackWait, b)
+	}
 	return &Worker{
 		cfg:      cfg,
 		log:      cfg.Logger,
 		consumer: cons,
 		limit:    cfg.Consumer.Limit(),
-		ackWait:  cons.CachedInfo().Config.AckWait,
+		ackWait:  ackWait,
 		slots:    make(chan struct{}, cfg.MaxInFlight),
 	}, nil
 }

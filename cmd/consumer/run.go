@@ -47,6 +47,8 @@ func runWorker(ctx context.Context, args []string, stdio cli.IO, getenv func(str
 	durable := fs.String("durable", "toolq", "name of the durable consumer the workers share")
 	ackWait := fs.Duration("ack-wait", 30*time.Second, "JetStream ack wait (the worker sends InProgress while a tool runs)")
 	maxDeliver := fs.Int("max-deliver", 10, "deliveries before a job goes to the dead-letter stream")
+	maxAckPending := fs.Int("max-ack-pending", 1000, "jobs delivered and not yet acknowledged, across all workers")
+	backoff := fs.String("backoff", "", "redelivery delays after an unacknowledged delivery, e.g. 30s,1m,5m (JetStream BackOff; empty: --ack-wait each time)")
 	maxBody := fs.Int("max-body-size", 256<<10, "larger jobs go to the dead-letter stream (keep below the server's max payload)")
 	replicas := fs.Int("replicas", 1, "stream replicas when creating the streams (3 on a cluster)")
 	logFormat := fs.String("log-format", cli.Env(getenv, "TOOLQ_LOG_FORMAT", "text"), "text or json (env TOOLQ_LOG_FORMAT)")
@@ -57,6 +59,10 @@ func runWorker(ctx context.Context, args []string, stdio cli.IO, getenv func(str
 	logger, err := newLogger(stdio.Err, *logFormat, *logLevel)
 	if err != nil {
 		return err
+	}
+	backoffs, err := parseDurations(*backoff)
+	if err != nil {
+		return fmt.Errorf("--backoff: %w", err)
 	}
 
 	var cleanups []func()
@@ -125,7 +131,7 @@ func runWorker(ctx context.Context, args []string, stdio cli.IO, getenv func(str
 	w, err := worker.New(ctx, worker.Config{
 		JS: js, Ledger: store, Tools: reg,
 		Streams:   jobs.Streams{Replicas: *replicas},
-		Consumer:  jobs.Consumer{Durable: *durable, AckWait: *ackWait, MaxDeliver: *maxDeliver},
+		Consumer:  jobs.Consumer{Durable: *durable, AckWait: *ackWait, MaxDeliver: *maxDeliver, MaxAckPending: *maxAckPending, BackOff: backoffs},
 		BatchSize: *batch, MaxInFlight: *workers, MaxBodySize: *maxBody,
 		ShutdownTimeout: *shutdownTimeout, UntilEmpty: *untilEmpty, Logger: logger,
 	})
@@ -235,4 +241,19 @@ func newLogger(out io.Writer, format, level string) (*slog.Logger, error) {
 		return slog.New(slog.NewJSONHandler(out, opts)), nil
 	}
 	return nil, errors.New("--log-format: want text or json")
+}
+
+func parseDurations(list string) ([]time.Duration, error) {
+	if list == "" {
+		return nil, nil
+	}
+	var out []time.Duration
+	for _, part := range strings.Split(list, ",") {
+		d, err := time.ParseDuration(strings.TrimSpace(part))
+		if err != nil || d <= 0 {
+			return nil, fmt.Errorf("%q is not a positive duration", part)
+		}
+		out = append(out, d)
+	}
+	return out, nil
 }
