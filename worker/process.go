@@ -120,7 +120,10 @@ func (w *Worker) execute(ctx, startCtx context.Context, d *delivery, row ledger.
 		row.State, row.Error = ledger.Indeterminate, ptr(infoOf(te))
 
 	case tools.Success:
-		if err := w.durably(ctx, "complete", d, func() error { return w.cfg.Ledger.Complete(ctx, fence, out) }); err != nil {
+		if err := w.durably(ctx, "complete", d, func() error {
+			err, batchErr := w.commits.do(ctx, ledger.Completion{Fence: fence, Output: out})
+			return errors.Join(batchErr, err)
+		}); err != nil {
 			return w.fenced(d, err)
 		}
 		row.State, row.Result = ledger.Completed, out

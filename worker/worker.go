@@ -100,6 +100,8 @@ type Worker struct {
 
 	slots    chan struct{} // one per job in flight
 	inFlight sync.WaitGroup
+	claims   *batcher[ledger.Claim, ledger.ClaimResult]
+	commits  *batcher[ledger.Completion, error]
 	stats    Stats
 }
 
@@ -129,6 +131,8 @@ func New(ctx context.Context, cfg Config) (*Worker, error) {
 		limit:    cfg.Consumer.Limit(),
 		ackWait:  ackWait,
 		slots:    make(chan struct{}, cfg.MaxInFlight),
+		claims:   newBatcher(cfg.BatchSize, cfg.Ledger.Claim),
+		commits:  newBatcher(cfg.BatchSize, cfg.Ledger.CompleteBatch),
 	}, nil
 }
 
@@ -145,6 +149,9 @@ func (w *Worker) Run(ctx context.Context) error {
 	// call by then is released instead.
 	startCtx, stopStarting := context.WithCancel(runCtx)
 	defer stopStarting()
+	go w.claims.run(runCtx)
+	go w.commits.run(runCtx)
+	defer func() { cancelRun(); <-w.claims.done; <-w.commits.done }()
 
 	iter, err := w.consumer.Messages(jetstream.PullMaxMessages(w.cfg.BatchSize))
 	if err != nil {
@@ -161,7 +168,7 @@ func (w *Worker) Run(ctx context.Context) error {
 			incoming <- msg
 		}
 	}()
-	idle := time.NewTicker(500 * time.Millisecond)
+	idle := time.NewTicker(100 * time.Millisecond)
 	defer idle.Stop()
 loop:
 	for {
@@ -243,47 +250,34 @@ type delivery struct {
 	deliveries int
 }
 
-// handleBatch validates each message, claims the keys of the batch's ledger
-// tools in one round trip, and processes every job in its own goroutine.
-// While the ledger is unreachable it keeps retrying the claim (and so stops
-// fetching) until ctx ends.
+// handleBatch validates each message and processes every job in its own
+// goroutine. Claims go through the claim batcher, so the claims of jobs that
+// arrive together take one round trip; while the ledger is unreachable the
+// jobs wait there (holding their slots, so fetching stops) until ctx ends.
 func (w *Worker) handleBatch(ctx, runCtx, startCtx context.Context, msgs []jetstream.Msg) {
-	var claims []ledger.Claim
-	var claimed []*delivery
 	for _, msg := range msgs {
 		w.slots <- struct{}{}
 		w.inFlight.Add(1)
 		d, err := w.decode(msg)
-		if err != nil || !d.tool.UsesLedger {
-			go w.finish(runCtx, d, func() error {
-				var rej *rejectError
-				switch {
-				case errors.As(err, &rej):
-					return w.publishRejected(runCtx, d, rej)
-				case err != nil:
-					return err
-				}
-				return w.process(runCtx, startCtx, d, nil)
-			})
-			continue
-		}
-		claims = append(claims, w.claimOf(d))
-		claimed = append(claimed, d)
-	}
-	if len(claims) == 0 {
-		return
-	}
-	var results []ledger.ClaimResult
-	err := w.durablyAll(ctx, "claim", claimed, func() (err error) {
-		results, err = w.cfg.Ledger.Claim(runCtx, claims)
-		return err
-	})
-	for i, d := range claimed {
 		go w.finish(runCtx, d, func() error {
+			var rej *rejectError
+			switch {
+			case errors.As(err, &rej):
+				return w.publishRejected(runCtx, d, rej)
+			case err != nil:
+				return err
+			case !d.tool.UsesLedger:
+				return w.process(runCtx, startCtx, d, nil)
+			}
+			var claim ledger.ClaimResult
+			err := w.durably(ctx, "claim", d, func() (err error) {
+				claim, err = w.claims.do(runCtx, w.claimOf(d))
+				return err
+			})
 			if err != nil {
 				return infraRetry(w.backoff(d), fmt.Errorf("claim: %w", err))
 			}
-			return w.process(runCtx, startCtx, d, &results[i])
+			return w.process(runCtx, startCtx, d, &claim)
 		})
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/goleak"
 
+	"github.com/toolq/toolq/internal/testenv"
 	"github.com/toolq/toolq/jobs"
 	"github.com/toolq/toolq/ledger"
 	"github.com/toolq/toolq/tools"
@@ -90,3 +91,5 @@ func TestRunLeavesNoGoroutines(t *testing.T) {
 		t.Fatalf("the tool ran %d times for one call", runs.Load())
 	}
 }
+
+func TestMain(m *testing.M) { testenv.Main(m) }
