@@ -126,6 +126,7 @@ func StartCluster() (*Cluster, error) {
 		return nil, err
 	}
 	c := &Cluster{bin: bin}
+	reapOrphans(bin)
 	if os.Geteuid() == 0 {
 		u, err := user.Lookup("postgres")
 		if err != nil {
@@ -142,6 +143,11 @@ func StartCluster() (*Cluster, error) {
 		if err := os.Chown(c.dir, int(c.cred.Uid), int(c.cred.Gid)); err != nil {
 			return nil, err
 		}
+	}
+	// Who owns the cluster, so that a later run can stop it if this test
+	// binary dies without cleaning up (a panic, a timeout, a kill).
+	if err := os.WriteFile(filepath.Join(c.dir, "owner.pid"), []byte(strconv.Itoa(os.Getpid())), 0o644); err != nil {
+		return nil, err
 	}
 	if err := c.exec("initdb", "-D", c.dataDir(), "-U", "postgres", "-A", "trust", "-E", "UTF8", "--no-sync", "--locale=C"); err != nil {
 		os.RemoveAll(c.dir)
@@ -229,4 +235,28 @@ func freePort() (int, error) {
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// reapOrphans stops and removes the clusters of test binaries that died
+// without stopping them.
+func reapOrphans(bin string) {
+	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), "toolq-pg-*"))
+	for _, dir := range dirs {
+		raw, err := os.ReadFile(filepath.Join(dir, "owner.pid"))
+		if err != nil {
+			continue
+		}
+		pid, err := strconv.Atoi(string(raw))
+		if err != nil || pid == os.Getpid() || syscall.Kill(pid, 0) == nil {
+			continue // the owner still runs
+		}
+		c := &Cluster{dir: dir, bin: bin}
+		if info, err := os.Stat(dir); err == nil {
+			if st, ok := info.Sys().(*syscall.Stat_t); ok && st.Uid != uint32(os.Geteuid()) {
+				c.cred = &syscall.Credential{Uid: st.Uid, Gid: st.Gid}
+			}
+		}
+		c.exec("pg_ctl", "-D", c.dataDir(), "-m", "immediate", "-w", "stop")
+		os.RemoveAll(dir)
+	}
 }
