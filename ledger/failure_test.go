@@ -37,7 +37,7 @@ func helperMain() bool {
 		fmt.Println("error:", err)
 		os.Exit(2)
 	}
-	c := newClaim(2 * time.Second)
+	c := newClaim(4 * time.Second)
 	c.Key, c.Owner = key, fmt.Sprintf("helper-%d", os.Getpid())
 	res, err := s.Claim(ctx, []ledger.Claim{c})
 	if err != nil || !res[0].Claimed {
@@ -93,10 +93,17 @@ func TestKilledHolderIsTakenOverAfterItsLease(t *testing.T) {
 			if row.State != ledger.InFlight || row.Attempt != 1 || !strings.HasPrefix(row.Owner, "helper-") {
 				t.Fatalf("row left by the killed holder: %+v", row)
 			}
-			if !row.LeaseExpired() {
-				_, err := s.Takeover(ctx, row.Fence(), "survivor", time.Minute)
-				isErr(t, err, ledger.ErrLeaseHeld)
+			// Not before the lease has expired (4 s from the claim)…
+			if row.LeaseExpired() {
+				t.Fatalf("the lease expired before the takeover could be tried: %+v", row)
 			}
+			_, err = s.Takeover(ctx, row.Fence(), "survivor", time.Minute)
+			isErr(t, err, ledger.ErrLeaseHeld)
+			if res, err := s.Claim(ctx, []ledger.Claim{{Key: key, ConversationID: row.ConversationID, TurnIndex: row.TurnIndex,
+				Tool: row.Tool, Ordinal: row.Ordinal, ArgsDigest: row.ArgsDigest, ToolUseID: "toolu_survivor", Owner: "survivor", Lease: time.Minute}}); err != nil || res[0].Claimed {
+				t.Fatalf("a claim while the dead holder's lease runs: %+v %v", res, err)
+			}
+			// …and once it has.
 			waitExpired(t, s, key)
 			taken, err := s.Takeover(ctx, row.Fence(), "survivor", time.Minute)
 			if err != nil || taken.Attempt != 2 || taken.Owner != "survivor" {
