@@ -68,28 +68,65 @@ func (c *Client) Publish(ctx context.Context, j *Job) (Published, error) {
 }
 
 // Await waits for the result addressed to toolUseID in the conversation,
-// including one published before Await was called. It returns ctx's error
-// when ctx ends first.
+// including one published before Await was called (it reads the
+// conversation's results from the start; PublishAndAwait reads only what
+// comes after the job). It returns ctx's error when ctx ends first.
 func (c *Client) Await(ctx context.Context, conversationID, toolUseID string) (*Result, error) {
-	got, err := c.awaitAll(ctx, conversationID, []string{toolUseID})
+	got, err := c.awaitAll(ctx, conversationID, []string{toolUseID}, 0)
 	if err != nil {
 		return nil, err
 	}
 	return got[toolUseID], nil
 }
 
-// awaitAll reads the conversation's results until it has one for each of
-// the given tool_use_ids; results for other ids (an abandoned attempt of the
-// turn, another turn) are skipped.
-func (c *Client) awaitAll(ctx context.Context, conversationID string, toolUseIDs []string) (map[string]*Result, error) {
+// PublishAndAwait publishes the job and waits for its result. It reads only
+// the results published after the job, so a long conversation costs nothing
+// extra.
+func (c *Client) PublishAndAwait(ctx context.Context, j *Job) (*Result, error) {
+	from, err := c.resultsCursor(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := c.Publish(ctx, j); err != nil {
+		return nil, err
+	}
+	got, err := c.awaitAll(ctx, j.ConversationID, []string{j.ToolUseID}, from)
+	if err != nil {
+		return nil, err
+	}
+	return got[j.ToolUseID], nil
+}
+
+// resultsCursor is the sequence the next result will get: every result of a
+// job published after this call comes at or after it.
+func (c *Client) resultsCursor(ctx context.Context) (uint64, error) {
+	s, err := c.js.Stream(ctx, ResultsStream)
+	if err != nil {
+		return 0, fmt.Errorf("jobs: stream %s: %w", ResultsStream, err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("jobs: stream %s: %w", ResultsStream, err)
+	}
+	return info.State.LastSeq + 1, nil
+}
+
+// awaitAll reads the conversation's results, from sequence from (0: the
+// first), until it has one for each of the given tool_use_ids; results for
+// other ids (an abandoned attempt of the turn, another turn) are skipped.
+func (c *Client) awaitAll(ctx context.Context, conversationID string, toolUseIDs []string, from uint64) (map[string]*Result, error) {
 	want := make(map[string]bool, len(toolUseIDs))
 	for _, id := range toolUseIDs {
 		want[id] = true
 	}
-	cons, err := c.js.OrderedConsumer(ctx, ResultsStream, jetstream.OrderedConsumerConfig{
+	cfg := jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{ResultSubject(conversationID)},
 		DeliverPolicy:  jetstream.DeliverAllPolicy,
-	})
+	}
+	if from > 0 {
+		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, from
+	}
+	cons, err := c.js.OrderedConsumer(ctx, ResultsStream, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("jobs: await results of %s: %w", conversationID, err)
 	}
@@ -140,6 +177,10 @@ type ToolResult struct {
 // addressed to tool_use_ids that are not in this turn (those of an abandoned
 // attempt) are ignored. On ctx's end it returns what it has with ctx's error.
 func (c *Client) RunTurn(ctx context.Context, conversationID string, turnIndex int64, calls []ToolCall) ([]ToolResult, error) {
+	from, err := c.resultsCursor(ctx)
+	if err != nil {
+		return nil, err
+	}
 	seen := map[string]int64{}
 	ids := make([]string, len(calls))
 	for i, call := range calls {
@@ -156,7 +197,7 @@ func (c *Client) RunTurn(ctx context.Context, conversationID string, turnIndex i
 		}
 		ids[i] = call.ToolUseID
 	}
-	got, err := c.awaitAll(ctx, conversationID, ids)
+	got, err := c.awaitAll(ctx, conversationID, ids, from)
 	out := make([]ToolResult, 0, len(calls))
 	for _, id := range ids {
 		if r, ok := got[id]; ok {

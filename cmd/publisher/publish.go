@@ -56,15 +56,15 @@ func runPublish(ctx context.Context, args []string, stdio cli.IO, getenv func(st
 	client := jobs.NewClient(js)
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
-	pub, err := client.Publish(ctx, &job)
-	if err != nil {
-		return err
-	}
 	if !*wait {
+		pub, err := client.Publish(ctx, &job)
+		if err != nil {
+			return err
+		}
 		return printJSON(stdio, map[string]any{"stream": pub.Stream, "seq": pub.Sequence, "key": pub.Key,
 			"tool_use_id": job.ToolUseID, "duplicate": pub.Duplicate})
 	}
-	r, err := client.Await(ctx, job.ConversationID, job.ToolUseID)
+	r, err := client.PublishAndAwait(ctx, &job)
 	if err != nil {
 		if errors.Is(err, context.DeadlineExceeded) {
 			return fmt.Errorf("no result for %s within %s (is a consumer running?)", job.ToolUseID, *timeout)
