@@ -45,6 +45,7 @@ func runWorker(ctx context.Context, args []string, stdio cli.IO, getenv func(str
 	healthAddr := fs.String("health-addr", cli.Env(getenv, "TOOLQ_HEALTH_ADDR", ""), "serve /healthz, /readyz and /metrics here (env TOOLQ_HEALTH_ADDR)")
 	shutdownTimeout := fs.Duration("shutdown-timeout", 30*time.Second, "on SIGTERM, how long running tools may finish")
 	durable := fs.String("durable", "toolq", "name of the durable consumer the workers share")
+	filter := fs.String("filter-subject", jobs.JobsSubjects, "the jobs this durable takes, e.g. toolq.jobs.send_payment (give each set of workers with its own registry its own --durable)")
 	ackWait := fs.Duration("ack-wait", 30*time.Second, "JetStream ack wait (the worker sends InProgress while a tool runs)")
 	maxDeliver := fs.Int("max-deliver", 10, "deliveries before a job goes to the dead-letter stream")
 	maxAckPending := fs.Int("max-ack-pending", 1000, "jobs delivered and not yet acknowledged, across all workers")
@@ -131,7 +132,7 @@ func runWorker(ctx context.Context, args []string, stdio cli.IO, getenv func(str
 	w, err := worker.New(ctx, worker.Config{
 		JS: js, Ledger: store, Tools: reg,
 		Streams:   jobs.Streams{Replicas: *replicas},
-		Consumer:  jobs.Consumer{Durable: *durable, AckWait: *ackWait, MaxDeliver: *maxDeliver, MaxAckPending: *maxAckPending, BackOff: backoffs},
+		Consumer:  jobs.Consumer{Durable: *durable, FilterSubject: *filter, AckWait: *ackWait, MaxDeliver: *maxDeliver, MaxAckPending: *maxAckPending, BackOff: backoffs},
 		BatchSize: *batch, MaxInFlight: *workers, MaxBodySize: *maxBody,
 		ShutdownTimeout: *shutdownTimeout, UntilEmpty: *untilEmpty, Logger: logger,
 	})

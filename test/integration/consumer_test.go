@@ -537,3 +537,27 @@ func TestKeyedWriteWithoutLedger(t *testing.T) {
 		t.Fatalf("%d payments, outputs %q", n, outputs)
 	}
 }
+
+// TestDurablesSplitTools: two sets of workers, each with its own durable
+// filtered to its tools, never see each other's jobs.
+func TestDurablesSplitTools(t *testing.T) {
+	t.Parallel()
+	pay := options{durable: "payments", filter: jobs.JobSubject("send_payment")}
+	tickets := options{durable: "tickets", filter: jobs.JobSubject("create_ticket")}
+	e := setup(t, pay)
+	a := e.startWorker(pay, nil)
+	b := e.startWorker(tickets, nil)
+	p := job(conv(t), 0, "send_payment", payment("split"))
+	tk := job(conv(t), 0, "create_ticket", `{"title":"split","body":"b"}`)
+	e.publish(p)
+	e.publish(tk)
+	if r := e.await(p); r.Status != jobs.StatusOK {
+		t.Fatalf("payment %+v", r)
+	}
+	if r := e.await(tk); r.Status != jobs.StatusOK {
+		t.Fatalf("ticket %+v", r)
+	}
+	if sa, sb := a.w.Stats().Snapshot(), b.w.Stats().Snapshot(); sa["ok"] != 1 || sb["ok"] != 1 || sa["rejected"]+sb["rejected"] != 0 {
+		t.Fatalf("stats: payments %v, tickets %v", sa, sb)
+	}
+}

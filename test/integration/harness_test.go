@@ -123,7 +123,9 @@ type options struct {
 	ackWait    time.Duration
 	maxBody    int
 	faults     sandbox.Faults
-	ownCluster bool // a Postgres cluster of the test's own, which it may stop
+	ownCluster bool   // a Postgres cluster of the test's own, which it may stop
+	durable    string // default toolq
+	filter     string // default toolq.jobs.>
 }
 
 func setup(t *testing.T, o options) *env {
@@ -199,7 +201,7 @@ func testRegistry(sandboxURL string, logger *slog.Logger, gate chan struct{}) (*
 }
 
 func (o options) consumer() jobs.Consumer {
-	c := jobs.Consumer{AckWait: o.ackWait, MaxDeliver: o.maxDeliver}
+	c := jobs.Consumer{AckWait: o.ackWait, MaxDeliver: o.maxDeliver, Durable: o.durable, FilterSubject: o.filter}
 	if c.AckWait == 0 {
 		c.AckWait = 3 * time.Second
 	}
