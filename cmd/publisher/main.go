@@ -28,6 +28,7 @@ const usage = `usage: publisher <command> [flags]
 commands:
   key      print the idempotency key of one call, or of each job read from stdin
   publish  publish one job; --wait prints its result
+  status   streams, consumers (pending, awaiting ack, redelivered), ledger rows by state
 
 Run 'publisher <command> --help' for the flags of a command.`
 
@@ -39,6 +40,11 @@ func run(ctx context.Context, args []string, stdio cli.IO, getenv func(string) s
 	switch args[0] {
 	case "key":
 		return runKey(ctx, args[1:], stdio)
+	case "status":
+		if err := runStatus(ctx, args[1:], stdio, getenv); err != nil && !errors.Is(err, cli.ErrHelp) {
+			return err
+		}
+		return nil
 	case "publish":
 		if err := runPublish(ctx, args[1:], stdio, getenv); err != nil && !errors.Is(err, cli.ErrHelp) {
 			return err

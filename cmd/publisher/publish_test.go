@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -35,7 +36,8 @@ func TestPublish(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	store, err := ledger.OpenSQLite(ctx, filepath.Join(t.TempDir(), "ledger.db"))
+	dataDir := t.TempDir()
+	store, err := ledger.OpenSQLite(ctx, filepath.Join(dataDir, "ledger.db"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,6 +79,33 @@ func TestPublish(t *testing.T) {
 	}
 	if len(sb.Payments()) != 1 {
 		t.Fatalf("%d payments", len(sb.Payments()))
+	}
+	// status: the streams, the durable, the ledger by state.
+	var st struct {
+		Streams   []struct{ Name string }
+		Consumers []struct {
+			Name       string
+			Pending    uint64
+			AckPending int `json:"ack_pending"`
+		}
+		Ledger map[string]int64
+	}
+	eventually := time.Now().Add(10 * time.Second)
+	for {
+		out, err = runPublisher(t, "", "status", "--json", "--nats-url", n.URL, "--data-dir", dataDir)
+		if err != nil || json.Unmarshal([]byte(out), &st) != nil {
+			t.Fatalf("status: %q %v", out, err)
+		}
+		if len(st.Consumers) == 1 && st.Consumers[0].Pending == 0 && st.Consumers[0].AckPending == 0 || time.Now().After(eventually) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if len(st.Streams) != 3 || st.Consumers[0].Name != "toolq" || st.Consumers[0].Pending != 0 || st.Ledger["completed"] != 1 {
+		t.Fatalf("status %+v", st)
+	}
+	if out, err := runPublisher(t, "", "status", "--nats-url", n.URL, "--data-dir", t.TempDir()); err != nil || !strings.Contains(out, "no ledger at") || !strings.Contains(out, "TOOLQ_JOBS") {
+		t.Fatalf("status without a ledger: %q %v", out, err)
 	}
 	// Nobody answers a conversation whose consumer is gone: --wait gives up with a reason.
 	cancel()

@@ -1,0 +1,141 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"text/tabwriter"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolq/toolq/internal/cli"
+	"github.com/toolq/toolq/jobs"
+	"github.com/toolq/toolq/ledger"
+)
+
+// status is what `publisher status --json` prints.
+type status struct {
+	Streams   []streamStatus   `json:"streams"`
+	Consumers []consumerStatus `json:"consumers"`
+	Ledger    map[string]int64 `json:"ledger,omitempty"`
+	LedgerErr string           `json:"ledger_error,omitempty"`
+}
+
+type streamStatus struct {
+	Name     string `json:"name"`
+	Messages uint64 `json:"messages"`
+	Bytes    uint64 `json:"bytes"`
+	FirstSeq uint64 `json:"first_seq"`
+	LastSeq  uint64 `json:"last_seq"`
+}
+
+type consumerStatus struct {
+	Name         string `json:"name"`
+	Filter       string `json:"filter"`
+	Pending      uint64 `json:"pending"`
+	AckPending   int    `json:"ack_pending"`
+	Redelivered  int    `json:"redelivered"`
+	WaitingPulls int    `json:"waiting_pulls"`
+	DeliveredSeq uint64 `json:"delivered_stream_seq"`
+	AckFloorSeq  uint64 `json:"ack_floor_stream_seq"`
+}
+
+func runStatus(ctx context.Context, args []string, stdio cli.IO, getenv func(string) string) error {
+	fs := cli.NewFlagSet("status", "publisher status [--json] [--database-url URL | --data-dir DIR]\n\n"+
+		"Prints the streams, the durable consumers on TOOLQ_JOBS (pending, awaiting ack,\n"+
+		"redelivered) and the ledger's rows by state (stale: in flight with an expired lease).", stdio)
+	var nf cli.NATSFlags
+	nf.Register(fs, getenv, "nats://127.0.0.1:4222", "NATS server URL")
+	databaseURL := fs.String("database-url", cli.Env(getenv, "DATABASE_URL", ""), "the ledger (env DATABASE_URL); empty: the SQLite ledger under --data-dir")
+	dataDir := fs.String("data-dir", cli.Env(getenv, "TOOLQ_DATA_DIR", "./toolq-data"), "data directory of an embedded consumer (env TOOLQ_DATA_DIR)")
+	noLedger := fs.Bool("no-ledger", false, "do not read the ledger")
+	asJSON := fs.Bool("json", false, "print JSON")
+	if err := cli.ParseNone(fs, args); err != nil {
+		return err
+	}
+	nc, err := nf.Connect("toolq status")
+	if err != nil {
+		return fmt.Errorf("connect to NATS at %s: %w", nf.URL, err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	var st status
+	for _, name := range []string{jobs.JobsStream, jobs.ResultsStream, jobs.DLQStream} {
+		s, err := js.Stream(ctx, name)
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			return fmt.Errorf("stream %s does not exist: has a consumer run against this server?", name)
+		}
+		if err != nil {
+			return fmt.Errorf("stream %s: %w", name, err)
+		}
+		info := s.CachedInfo()
+		st.Streams = append(st.Streams, streamStatus{Name: name, Messages: info.State.Msgs, Bytes: info.State.Bytes,
+			FirstSeq: info.State.FirstSeq, LastSeq: info.State.LastSeq})
+		if name != jobs.JobsStream {
+			continue
+		}
+		names := s.ConsumerNames(ctx)
+		for cname := range names.Name() {
+			c, err := s.Consumer(ctx, cname)
+			if err != nil {
+				return err
+			}
+			ci := c.CachedInfo()
+			st.Consumers = append(st.Consumers, consumerStatus{Name: cname, Filter: ci.Config.FilterSubject, Pending: ci.NumPending,
+				AckPending: ci.NumAckPending, Redelivered: ci.NumRedelivered, WaitingPulls: ci.NumWaiting,
+				DeliveredSeq: ci.Delivered.Stream, AckFloorSeq: ci.AckFloor.Stream})
+		}
+		if err := names.Err(); err != nil {
+			return err
+		}
+	}
+	if !*noLedger {
+		if counts, err := ledgerCounts(ctx, *databaseURL, *dataDir); err != nil {
+			st.LedgerErr = err.Error()
+		} else {
+			st.Ledger = counts
+		}
+	}
+	if *asJSON {
+		return printJSON(stdio, st)
+	}
+	w := tabwriter.NewWriter(stdio.Out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "STREAM\tMESSAGES\tBYTES\tFIRST SEQ\tLAST SEQ")
+	for _, s := range st.Streams {
+		fmt.Fprintf(w, "%s\t%d\t%d\t%d\t%d\n", s.Name, s.Messages, s.Bytes, s.FirstSeq, s.LastSeq)
+	}
+	fmt.Fprintln(w, "\nCONSUMER\tFILTER\tPENDING\tACK PENDING\tREDELIVERED\tACK FLOOR")
+	for _, c := range st.Consumers {
+		fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%d\t%d\n", c.Name, c.Filter, c.Pending, c.AckPending, c.Redelivered, c.AckFloorSeq)
+	}
+	switch {
+	case st.Ledger != nil:
+		fmt.Fprintln(w, "\nLEDGER\tIN FLIGHT\tSTALE\tCOMPLETED\tFAILED\tINDETERMINATE")
+		fmt.Fprintf(w, "\t%d\t%d\t%d\t%d\t%d\n", st.Ledger["in_flight"], st.Ledger["stale"], st.Ledger["completed"], st.Ledger["failed"], st.Ledger["indeterminate"])
+	case st.LedgerErr != "":
+		fmt.Fprintf(w, "\nledger: %s\n", st.LedgerErr)
+	}
+	return w.Flush()
+}
+
+// ledgerCounts reads the ledger without changing it: no migration, and no
+// SQLite file created where there is none.
+func ledgerCounts(ctx context.Context, databaseURL, dataDir string) (map[string]int64, error) {
+	if databaseURL == "" {
+		path := filepath.Join(dataDir, "ledger.db")
+		if _, err := os.Stat(path); err != nil {
+			return nil, fmt.Errorf("no ledger at %s (give --database-url or the consumer's --data-dir)", path)
+		}
+	}
+	store, err := ledger.Open(ctx, databaseURL, dataDir)
+	if err != nil {
+		return nil, err
+	}
+	defer store.Close()
+	return store.Counts(ctx)
+}
