@@ -14,7 +14,6 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/toolq/toolq/internal/cli"
 	"github.com/toolq/toolq/jobs"
@@ -84,15 +83,11 @@ func runWorker(ctx context.Context, args []string, stdio cli.IO, getenv func(str
 		nf.URL = srv.ClientURL()
 		natsDesc = fmt.Sprintf("embedded, %s (JetStream store %s, fsync on every write)", nf.URL, filepath.Join(sf.dataDir, "jetstream"))
 	}
-	nc, err := nf.Connect("toolq consumer")
-	if err != nil {
-		return fmt.Errorf("connect to NATS at %s: %w", nf.URL, err)
-	}
-	cleanups = append(cleanups, func() { nc.Drain() })
-	js, err := jetstream.New(nc)
+	nc, js, err := nf.JetStream("toolq consumer")
 	if err != nil {
 		return err
 	}
+	cleanups = append(cleanups, func() { nc.Drain() })
 	banner = append(banner, "  NATS     "+natsDesc)
 
 	store, err := sf.open(ctx)

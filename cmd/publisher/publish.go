@@ -8,8 +8,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/toolq/toolq/internal/cli"
 	"github.com/toolq/toolq/jobs"
 )
@@ -44,15 +42,11 @@ func runPublish(ctx context.Context, args []string, stdio cli.IO, getenv func(st
 	if err := job.Validate(); err != nil {
 		return err
 	}
-	nc, err := nf.Connect("toolq publisher")
-	if err != nil {
-		return fmt.Errorf("connect to NATS at %s: %w", nf.URL, err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
+	nc, js, err := nf.JetStream("toolq publisher")
 	if err != nil {
 		return err
 	}
+	defer nc.Close()
 	client := jobs.NewClient(js)
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()

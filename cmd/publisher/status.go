@@ -55,15 +55,11 @@ func runStatus(ctx context.Context, args []string, stdio cli.IO, getenv func(str
 	if err := cli.ParseNone(fs, args); err != nil {
 		return err
 	}
-	nc, err := nf.Connect("toolq status")
-	if err != nil {
-		return fmt.Errorf("connect to NATS at %s: %w", nf.URL, err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
+	nc, js, err := nf.JetStream("toolq status")
 	if err != nil {
 		return err
 	}
+	defer nc.Close()
 	var st status
 	for _, name := range []string{jobs.JobsStream, jobs.ResultsStream, jobs.DLQStream} {
 		s, err := js.Stream(ctx, name)

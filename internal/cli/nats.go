@@ -3,8 +3,10 @@ package cli
 import (
 	"errors"
 	"flag"
+	"fmt"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // NATSFlags are the connection flags every command that talks to NATS takes,
@@ -66,11 +68,30 @@ func (f *NATSFlags) Options(name string) ([]nats.Option, error) {
 	return opts, nil
 }
 
-// Connect connects with the flags' options.
+// Connect connects with the flags' options; the error names the URL.
 func (f *NATSFlags) Connect(name string) (*nats.Conn, error) {
 	opts, err := f.Options(name)
 	if err != nil {
 		return nil, err
 	}
-	return nats.Connect(f.URL, opts...)
+	nc, err := nats.Connect(f.URL, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("connect to NATS at %s: %w", f.URL, err)
+	}
+	return nc, nil
+}
+
+// JetStream connects and returns the connection with its JetStream context;
+// close the connection when done.
+func (f *NATSFlags) JetStream(name string) (*nats.Conn, jetstream.JetStream, error) {
+	nc, err := f.Connect(name)
+	if err != nil {
+		return nil, nil, err
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	return nc, js, nil
 }
