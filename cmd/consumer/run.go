@@ -87,7 +87,8 @@ func runWorker(ctx context.Context, args []string, stdio cli.IO, getenv func(str
 	if err != nil {
 		return err
 	}
-	cleanups = append(cleanups, func() { nc.Drain() })
+	// The last acks are fire-and-forget publishes: flush them before closing.
+	cleanups = append(cleanups, func() { nc.FlushTimeout(5 * time.Second); nc.Close() })
 	banner = append(banner, "  NATS     "+natsDesc)
 
 	store, err := sf.open(ctx)

@@ -93,7 +93,8 @@ func helperMain() bool {
 	fmt.Println("ready")
 	err = w.Run(ctx)
 	store.Close()
-	nc.Drain()
+	nc.FlushTimeout(5 * time.Second)
+	nc.Close()
 	if err != nil {
 		fail(err)
 	}
