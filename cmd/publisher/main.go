@@ -29,6 +29,8 @@ commands:
   key      print the idempotency key of one call, or of each job read from stdin
   publish  publish one job; --wait prints its result
   status   streams, consumers (pending, awaiting ack, redelivered), ledger rows by state
+  replay   re-publish history from TOOLQ_JOBS (--subject, --since/--until or --from-seq/--to-seq)
+  dlq      dead letters: ls, show SEQ, requeue SEQ…|--all, purge --yes
 
 Run 'publisher <command> --help' for the flags of a command.`
 
@@ -40,6 +42,15 @@ func run(ctx context.Context, args []string, stdio cli.IO, getenv func(string) s
 	switch args[0] {
 	case "key":
 		return runKey(ctx, args[1:], stdio)
+	case "dlq", "replay":
+		run := runDLQ
+		if args[0] == "replay" {
+			run = runReplay
+		}
+		if err := run(ctx, args[1:], stdio, getenv); err != nil && !errors.Is(err, cli.ErrHelp) {
+			return err
+		}
+		return nil
 	case "status":
 		if err := runStatus(ctx, args[1:], stdio, getenv); err != nil && !errors.Is(err, cli.ErrHelp) {
 			return err

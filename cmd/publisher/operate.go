@@ -1,0 +1,219 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/toolq/toolq/internal/cli"
+	"github.com/toolq/toolq/jobs"
+)
+
+func runDLQ(ctx context.Context, args []string, stdio cli.IO, getenv func(string) string) error {
+	if len(args) == 0 {
+		return errors.New("dlq: want a subcommand: ls, show, requeue or purge")
+	}
+	sub, args := args[0], args[1:]
+	fs := cli.NewFlagSet("dlq "+sub, map[string]string{
+		"ls":      "publisher dlq ls [--reason R] [--json]",
+		"show":    "publisher dlq show SEQ [--json]",
+		"requeue": "publisher dlq requeue SEQ… | --all [--reason R]\n\nPublishes each dead letter again on its original subject (with Toolq-Replay-Of: dlq:SEQ)\nand removes it from the DLQ. The ledger keeps a requeued call from running twice.",
+		"purge":   "publisher dlq purge [--reason R] --yes",
+	}[sub], stdio)
+	var nf cli.NATSFlags
+	nf.Register(fs, getenv, "nats://127.0.0.1:4222", "NATS server URL")
+	reason := fs.String("reason", "", "only dead letters of this reason (invalid, too_large, max_deliver)")
+	asJSON := fs.Bool("json", false, "print JSON")
+	all := fs.Bool("all", false, "requeue: every dead letter (of --reason)")
+	yes := fs.Bool("yes", false, "purge: yes, delete them")
+	pos, help, err := cli.Parse(fs, args)
+	if help || err != nil {
+		return err
+	}
+	var seqs []uint64
+	for _, p := range pos {
+		n, err := strconv.ParseUint(p, 10, 64)
+		if err != nil || n == 0 {
+			return fmt.Errorf("%q is not a sequence number", p)
+		}
+		seqs = append(seqs, n)
+	}
+	switch sub {
+	case "ls", "purge":
+		if len(seqs) > 0 {
+			return fmt.Errorf("dlq %s takes no sequence numbers", sub)
+		}
+	case "show":
+		if len(seqs) != 1 {
+			return errors.New("dlq show: want exactly one SEQ")
+		}
+	case "requeue":
+		if (len(seqs) > 0) == *all {
+			return errors.New("dlq requeue: give SEQ… or --all")
+		}
+	default:
+		return fmt.Errorf("dlq: unknown subcommand %q (want ls, show, requeue or purge)", sub)
+	}
+	if sub == "purge" && !*yes {
+		return errors.New("dlq purge deletes dead letters for good: add --yes")
+	}
+	nc, js, err := nf.JetStream("toolq dlq")
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	switch sub {
+	case "ls":
+		dls, err := jobs.ListDeadLetters(ctx, js, *reason)
+		if err != nil {
+			return err
+		}
+		if *asJSON {
+			if dls == nil {
+				dls = []jobs.DeadLetter{}
+			}
+			for i := range dls {
+				dls[i].Header, dls[i].Body = nil, "" // show has them
+			}
+			return printJSON(stdio, dls)
+		}
+		w := tabwriter.NewWriter(stdio.Out, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(w, "SEQ\tTIME\tREASON\tSUBJECT\tJOB SEQ\tDELIVERIES\tTOOL_USE_ID\tDETAIL")
+		for _, d := range dls {
+			fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n", d.Seq, d.Time.UTC().Format(time.RFC3339), d.Reason, d.Subject,
+				d.JobSeq, d.Deliveries, d.ToolUseID, truncate(d.Detail, 100))
+		}
+		return w.Flush()
+	case "show":
+		d, err := jobs.GetDeadLetter(ctx, js, seqs[0])
+		if err != nil {
+			return err
+		}
+		if *asJSON {
+			return printJSON(stdio, d)
+		}
+		w := tabwriter.NewWriter(stdio.Out, 0, 4, 2, ' ', 0)
+		fmt.Fprintf(w, "seq:\t%d\ntime:\t%s\nreason:\t%s\ndetail:\t%s\nsubject:\t%s\njob seq:\t%d\ndeliveries:\t%d\nconsumer:\t%s\nhistory:\t%s\n",
+			d.Seq, d.Time.UTC().Format(time.RFC3339Nano), d.Reason, d.Detail, d.Subject, d.JobSeq, d.Deliveries, d.Consumer, d.History)
+		for k, v := range d.Header {
+			fmt.Fprintf(w, "header %s:\t%s\n", k, strings.Join(v, ", "))
+		}
+		fmt.Fprintf(w, "body:\t%s\n", d.Body)
+		return w.Flush()
+	case "requeue":
+		if *all {
+			dls, err := jobs.ListDeadLetters(ctx, js, *reason)
+			if err != nil {
+				return err
+			}
+			for _, d := range dls {
+				seqs = append(seqs, d.Seq)
+			}
+		}
+		for _, seq := range seqs {
+			n, err := jobs.Requeue(ctx, js, seq)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(stdio.Out, "dead letter %d requeued as job %d\n", seq, n)
+		}
+		return nil
+	default: // purge
+		n, err := jobs.PurgeDeadLetters(ctx, js, *reason)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdio.Out, "purged %d dead letter(s)\n", n)
+		return nil
+	}
+}
+
+func runReplay(ctx context.Context, args []string, stdio cli.IO, getenv func(string) string) error {
+	fs := cli.NewFlagSet("replay", "publisher replay --subject S (--since T [--until T] | --from-seq N [--to-seq M]) [--dry-run] [--json]\n\n"+
+		"Re-publishes jobs from TOOLQ_JOBS through the normal path, with Toolq-Replay-Of. Calls the\n"+
+		"ledger has settled are answered from it: a replay runs only what never settled. T is\n"+
+		"RFC 3339 or a duration ago (90m, 2h, 3d).", stdio)
+	var nf cli.NATSFlags
+	nf.Register(fs, getenv, "nats://127.0.0.1:4222", "NATS server URL")
+	subject := fs.String("subject", "", "the jobs to replay, e.g. toolq.jobs.send_payment or toolq.jobs.>")
+	since := fs.String("since", "", "from this time")
+	until := fs.String("until", "", "up to this time")
+	fromSeq := fs.Uint64("from-seq", 0, "from this stream sequence")
+	toSeq := fs.Uint64("to-seq", 0, "up to this stream sequence")
+	dry := fs.Bool("dry-run", false, "list what would be replayed, publish nothing")
+	asJSON := fs.Bool("json", false, "print JSON")
+	if err := cli.ParseNone(fs, args); err != nil {
+		return err
+	}
+	r := jobs.ReplayRange{Subject: *subject, FromSeq: *fromSeq, ToSeq: *toSeq}
+	var err error
+	if r.Since, err = parseTime(*since); err != nil {
+		return fmt.Errorf("--since: %w", err)
+	}
+	if r.Until, err = parseTime(*until); err != nil {
+		return fmt.Errorf("--until: %w", err)
+	}
+	if (*since != "" || *until != "") && (*fromSeq > 0 || *toSeq > 0) {
+		return errors.New("give a time range (--since/--until) or a sequence range (--from-seq/--to-seq), not both")
+	}
+	if *until != "" && *since == "" {
+		return errors.New("--until needs --since")
+	}
+	nc, js, err := nf.JetStream("toolq replay")
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	replayed, err := jobs.Replay(ctx, js, r, *dry)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		if replayed == nil {
+			replayed = []jobs.Replayed{}
+		}
+		return printJSON(stdio, replayed)
+	}
+	w := tabwriter.NewWriter(stdio.Out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "SEQ\tNEW SEQ\tSUBJECT\tKEY\tTOOL_USE_ID")
+	for _, rep := range replayed {
+		newSeq := "-"
+		if rep.NewSeq > 0 {
+			newSeq = strconv.FormatUint(rep.NewSeq, 10)
+		}
+		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\n", rep.Seq, newSeq, rep.Subject, rep.Key, rep.ToolUseID)
+	}
+	w.Flush()
+	verb := "replayed"
+	if *dry {
+		verb = "would replay"
+	}
+	fmt.Fprintf(stdio.Out, "%s %d job(s)\n", verb, len(replayed))
+	return nil
+}
+
+// parseTime reads RFC 3339 or a duration before now; empty is zero.
+func parseTime(s string) (time.Time, error) {
+	if s == "" {
+		return time.Time{}, nil
+	}
+	if t, err := time.Parse(time.RFC3339Nano, s); err == nil {
+		return t, nil
+	}
+	d, err := cli.ParseDuration(s)
+	if err != nil || d <= 0 {
+		return time.Time{}, fmt.Errorf("%q is neither an RFC 3339 time nor a duration ago", s)
+	}
+	return time.Now().Add(-d), nil
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}

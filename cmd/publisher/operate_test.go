@@ -1,0 +1,130 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http/httptest"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolq/toolq/examples"
+	"github.com/toolq/toolq/internal/testenv"
+	"github.com/toolq/toolq/jobs"
+	"github.com/toolq/toolq/ledger"
+	"github.com/toolq/toolq/tools/sandbox"
+	"github.com/toolq/toolq/worker"
+)
+
+// TestOperatorWorksTheDeadLetters: a payment fails until the worker gives
+// up and dead-letters it; the operator lists it, fixes the downstream,
+// requeues it, and it is paid once. A replay of the history afterwards
+// pays nothing again.
+func TestOperatorWorksTheDeadLetters(t *testing.T) {
+	t.Parallel()
+	n := testenv.StartNATS(t)
+	js, _ := jetstream.New(n.Connect())
+	sb, _ := sandbox.New(sandbox.Config{Faults: sandbox.Faults{ServerErrorRate: 1}})
+	srv := httptest.NewServer(sb)
+	defer srv.Close()
+	reg, _ := examples.DemoRegistry(srv.URL)
+	ctx, cancel := context.WithCancel(context.Background())
+	store, err := ledger.OpenSQLite(ctx, filepath.Join(t.TempDir(), "ledger.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	store.Migrate(ctx)
+	w, err := worker.New(ctx, worker.Config{JS: js, Ledger: store, Tools: reg, Consumer: jobs.Consumer{MaxDeliver: 2},
+		RetryDelay: 50 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+
+	nats := []string{"--nats-url", n.URL}
+	run := func(args ...string) (string, error) { return runPublisher(t, "", append(args, nats...)...) }
+	if _, err := run("publish", "--conversation", "ops", "--turn", "1", "--tool", "send_payment", "--tool-use-id", "toolu_ops",
+		"--args", `{"invoice_id":"inv_ops","amount_cents":900,"currency":"EUR"}`); err != nil {
+		t.Fatal(err)
+	}
+	var dls []jobs.DeadLetter
+	deadline := time.Now().Add(20 * time.Second)
+	for len(dls) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the job was never dead-lettered")
+		}
+		time.Sleep(50 * time.Millisecond)
+		out, err := run("dlq", "ls", "--json")
+		if err != nil || json.Unmarshal([]byte(out), &dls) != nil {
+			t.Fatalf("dlq ls: %q %v", out, err)
+		}
+	}
+	if dls[0].Reason != jobs.DLQMaxDeliver || dls[0].ToolUseID != "toolu_ops" || !strings.Contains(dls[0].Detail, "http_500") {
+		t.Fatalf("dead letter %+v", dls[0])
+	}
+	out, err := run("dlq", "show", "1")
+	if err != nil || !strings.Contains(out, "inv_ops") || !strings.Contains(out, "history:") {
+		t.Fatalf("dlq show: %q %v", out, err)
+	}
+	if _, err := run("dlq", "purge"); err == nil || !strings.Contains(err.Error(), "--yes") {
+		t.Fatalf("purge without --yes: %v", err)
+	}
+	sb.SetFaults(sandbox.Faults{})
+	if out, err := run("dlq", "requeue", "--all"); err != nil || !strings.Contains(out, "requeued as job") {
+		t.Fatalf("requeue: %q %v", out, err)
+	}
+	client := jobs.NewClient(js)
+	actx, acancel := context.WithTimeout(ctx, 20*time.Second)
+	defer acancel()
+	var r *jobs.Result
+	for r == nil || r.Status != jobs.StatusOK { // the failed attempts' results are not published: wait for the ok
+		if r, err = client.Await(actx, "ops", "toolu_ops"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(sb.Payments()) != 1 {
+		t.Fatalf("%d payments", len(sb.Payments()))
+	}
+	if out, err := run("dlq", "ls"); err != nil || strings.Contains(out, "toolu_ops") {
+		t.Fatalf("dlq ls after requeue: %q %v", out, err)
+	}
+	out, err = run("replay", "--subject", "toolq.jobs.>", "--since", "1h", "--dry-run")
+	if err != nil || !strings.Contains(out, "would replay 1 job(s)") {
+		t.Fatalf("replay --dry-run: %q %v", out, err)
+	}
+	if out, err := run("replay", "--subject", "toolq.jobs.send_payment", "--from-seq", "1"); err != nil || !strings.Contains(out, "replayed 1 job(s)") {
+		t.Fatalf("replay: %q %v", out, err)
+	}
+	deadline = time.Now().Add(20 * time.Second)
+	for w.Stats().Snapshot()["duplicate"] < 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the replay was not answered from the ledger: %v", w.Stats().Snapshot())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if len(sb.Payments()) != 1 {
+		t.Fatalf("the replay paid again: %d payments", len(sb.Payments()))
+	}
+	for _, bad := range [][]string{
+		{"replay", "--subject", "toolq.jobs.>"},
+		{"replay", "--subject", "elsewhere", "--from-seq", "1"},
+		{"replay", "--subject", "toolq.jobs.>", "--since", "soon"},
+		{"replay", "--subject", "toolq.jobs.>", "--since", "1h", "--from-seq", "1"},
+		{"dlq", "show"},
+		{"dlq", "show", "x"},
+		{"dlq", "requeue"},
+		{"dlq", "frob"},
+	} {
+		if _, err := run(bad...); err == nil || strings.Contains(err.Error(), "\n") {
+			t.Errorf("%v: %v", bad, err)
+		}
+	}
+}

@@ -1,0 +1,274 @@
+package jobs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// DeadLetter is one message of TOOLQ_DLQ, with what the consumer recorded
+// about why it gave up.
+type DeadLetter struct {
+	Seq          uint64      `json:"seq"`     // in TOOLQ_DLQ
+	Time         time.Time   `json:"time"`    // when it was dead-lettered
+	Reason       string      `json:"reason"`  // invalid, too_large, max_deliver
+	Detail       string      `json:"detail"`  // the error, one line
+	Subject      string      `json:"subject"` // where the job was published
+	JobSeq       uint64      `json:"job_seq"` // its sequence in TOOLQ_JOBS
+	Deliveries   int         `json:"deliveries"`
+	Consumer     string      `json:"consumer"`
+	History      string      `json:"history,omitempty"` // what the ledger knew
+	Header       nats.Header `json:"header,omitempty"`  // the original headers
+	Body         string      `json:"body,omitempty"`    // the original body
+	ToolUseID    string      `json:"tool_use_id,omitempty"`
+	Conversation string      `json:"conversation_id,omitempty"`
+}
+
+func deadLetterOf(seq uint64, t time.Time, subject string, h nats.Header, data []byte) DeadLetter {
+	d := DeadLetter{Seq: seq, Time: t, Reason: h.Get(HeaderDLQReason), Detail: h.Get(HeaderDLQDetail),
+		Subject: h.Get(HeaderDLQSubject), Consumer: h.Get(HeaderDLQConsumer), History: h.Get(HeaderDLQHistory),
+		Header: nats.Header{}, Body: string(data)}
+	if d.Reason == "" {
+		d.Reason = strings.TrimPrefix(subject, DLQPrefix)
+	}
+	d.JobSeq, _ = strconv.ParseUint(h.Get(HeaderDLQStreamSeq), 10, 64)
+	d.Deliveries, _ = strconv.Atoi(h.Get(HeaderDLQDeliveries))
+	for k, v := range h {
+		if !strings.HasPrefix(k, "Toolq-Dlq-") {
+			d.Header[k] = v
+		}
+	}
+	if j, err := DecodeCall(data); err == nil {
+		d.Conversation = j.ConversationID
+	}
+	if id := toolUseIDOf(data); id != "" {
+		d.ToolUseID = id
+	}
+	return d
+}
+
+func toolUseIDOf(body []byte) string {
+	fields, err := decodeFields(body, nil)
+	if err != nil {
+		return ""
+	}
+	id, _ := stringField(fields, "tool_use_id", false)
+	return id
+}
+
+// ListDeadLetters returns the dead letters, oldest first; reason, when not
+// empty, keeps only that reason's.
+func ListDeadLetters(ctx context.Context, js jetstream.JetStream, reason string) ([]DeadLetter, error) {
+	filter := DLQSubjects
+	if reason != "" {
+		filter = DLQSubject(reason)
+	}
+	var out []DeadLetter
+	err := scanStream(ctx, js, DLQStream, filter, jetstream.OrderedConsumerConfig{}, func(m jetstream.Msg) (bool, error) {
+		meta, err := m.Metadata()
+		if err != nil {
+			return false, err
+		}
+		out = append(out, deadLetterOf(meta.Sequence.Stream, meta.Timestamp, m.Subject(), m.Headers(), m.Data()))
+		return true, nil
+	})
+	return out, err
+}
+
+// GetDeadLetter returns the dead letter at seq.
+func GetDeadLetter(ctx context.Context, js jetstream.JetStream, seq uint64) (DeadLetter, error) {
+	s, err := js.Stream(ctx, DLQStream)
+	if err != nil {
+		return DeadLetter{}, fmt.Errorf("jobs: stream %s: %w", DLQStream, err)
+	}
+	m, err := s.GetMsg(ctx, seq)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return DeadLetter{}, fmt.Errorf("jobs: no dead letter at sequence %d", seq)
+	}
+	if err != nil {
+		return DeadLetter{}, fmt.Errorf("jobs: dead letter %d: %w", seq, err)
+	}
+	return deadLetterOf(m.Sequence, m.Time, m.Subject, m.Header, m.Data), nil
+}
+
+// Requeue publishes the dead letter at seq again on its original subject,
+// with its original headers and Toolq-Replay-Of: dlq:<seq>, then deletes it
+// from the DLQ. The consumer processes it as any delivery: the ledger keeps
+// it from running twice. It returns the new job's sequence in TOOLQ_JOBS.
+func Requeue(ctx context.Context, js jetstream.JetStream, seq uint64) (uint64, error) {
+	d, err := GetDeadLetter(ctx, js, seq)
+	if err != nil {
+		return 0, err
+	}
+	if !strings.HasPrefix(d.Subject, JobsPrefix) {
+		return 0, fmt.Errorf("jobs: dead letter %d has no original subject under %s", seq, JobsPrefix)
+	}
+	msg := nats.NewMsg(d.Subject)
+	msg.Data = []byte(d.Body)
+	for k, v := range d.Header {
+		if !strings.HasPrefix(k, "Nats-") {
+			msg.Header[k] = v
+		}
+	}
+	msg.Header.Set(HeaderReplayOf, fmt.Sprintf("dlq:%d", seq))
+	ack, err := js.PublishMsg(ctx, msg, jetstream.WithMsgID(fmt.Sprintf("requeue:dlq:%d", seq)), jetstream.WithExpectStream(JobsStream))
+	if err != nil {
+		return 0, fmt.Errorf("jobs: requeue dead letter %d: %w", seq, err)
+	}
+	s, err := js.Stream(ctx, DLQStream)
+	if err == nil {
+		err = s.DeleteMsg(ctx, seq)
+	}
+	if err != nil {
+		return ack.Sequence, fmt.Errorf("jobs: dead letter %d requeued as job %d but not removed from the DLQ: %w", seq, ack.Sequence, err)
+	}
+	return ack.Sequence, nil
+}
+
+// PurgeDeadLetters deletes the dead letters (of one reason, when reason is
+// not empty) and returns how many there were.
+func PurgeDeadLetters(ctx context.Context, js jetstream.JetStream, reason string) (uint64, error) {
+	s, err := js.Stream(ctx, DLQStream)
+	if err != nil {
+		return 0, fmt.Errorf("jobs: stream %s: %w", DLQStream, err)
+	}
+	filter := DLQSubjects
+	if reason != "" {
+		filter = DLQSubject(reason)
+	}
+	info, err := s.Info(ctx, jetstream.WithSubjectFilter(filter))
+	if err != nil {
+		return 0, err
+	}
+	var n uint64
+	for _, c := range info.State.Subjects {
+		n += c
+	}
+	if err := s.Purge(ctx, jetstream.WithPurgeSubject(filter)); err != nil {
+		return 0, fmt.Errorf("jobs: purge %s: %w", filter, err)
+	}
+	return n, nil
+}
+
+// ReplayRange selects the jobs to replay: a subject (wildcards allowed,
+// within toolq.jobs.>) and either a time range or a sequence range.
+type ReplayRange struct {
+	Subject        string
+	Since, Until   time.Time // Until zero: up to now
+	FromSeq, ToSeq uint64    // ToSeq zero: up to the last message
+}
+
+// Replayed describes one job a replay published (or, dry, would publish).
+type Replayed struct {
+	Seq       uint64 `json:"seq"`               // the original's sequence
+	NewSeq    uint64 `json:"new_seq,omitempty"` // the replay's sequence
+	Subject   string `json:"subject"`
+	Key       string `json:"key,omitempty"`
+	ToolUseID string `json:"tool_use_id,omitempty"`
+}
+
+// Replay re-publishes history from TOOLQ_JOBS through the normal path, with
+// Toolq-Replay-Of: <original sequence>. Completed calls are answered from the
+// ledger, so a replay runs only what never settled. With dry set nothing is
+// published. Replays of replays are skipped, so a range can be replayed
+// again without growing.
+func Replay(ctx context.Context, js jetstream.JetStream, r ReplayRange, dry bool) ([]Replayed, error) {
+	if r.Subject == "" || !strings.HasPrefix(r.Subject, JobsPrefix) {
+		return nil, fmt.Errorf("jobs: replay subject %q: want one under %s", r.Subject, JobsPrefix)
+	}
+	bySeq := r.FromSeq > 0 || r.ToSeq > 0
+	if bySeq == !r.Since.IsZero() {
+		return nil, errors.New("jobs: replay needs either a time range (since) or a sequence range (from)")
+	}
+	if bySeq && r.FromSeq == 0 {
+		return nil, errors.New("jobs: replay: the sequence range needs a start")
+	}
+	if bySeq && r.ToSeq > 0 && r.ToSeq < r.FromSeq {
+		return nil, fmt.Errorf("jobs: replay: to-seq %d is before from-seq %d", r.ToSeq, r.FromSeq)
+	}
+	cfg := jetstream.OrderedConsumerConfig{}
+	if bySeq {
+		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, r.FromSeq
+	} else {
+		since := r.Since
+		cfg.DeliverPolicy, cfg.OptStartTime = jetstream.DeliverByStartTimePolicy, &since
+	}
+	stamp := time.Now().UnixNano()
+	var out []Replayed
+	err := scanStream(ctx, js, JobsStream, r.Subject, cfg, func(m jetstream.Msg) (bool, error) {
+		meta, err := m.Metadata()
+		if err != nil {
+			return false, err
+		}
+		seq := meta.Sequence.Stream
+		if (r.ToSeq > 0 && seq > r.ToSeq) || (!r.Until.IsZero() && meta.Timestamp.After(r.Until)) {
+			return false, nil
+		}
+		if m.Headers().Get(HeaderReplayOf) != "" {
+			return true, nil
+		}
+		rep := Replayed{Seq: seq, Subject: m.Subject(), Key: m.Headers().Get(HeaderKey), ToolUseID: toolUseIDOf(m.Data())}
+		if !dry {
+			msg := nats.NewMsg(m.Subject())
+			msg.Data = m.Data()
+			for k, v := range m.Headers() {
+				if !strings.HasPrefix(k, "Nats-") {
+					msg.Header[k] = v
+				}
+			}
+			msg.Header.Set(HeaderReplayOf, strconv.FormatUint(seq, 10))
+			ack, err := js.PublishMsg(ctx, msg, jetstream.WithMsgID(fmt.Sprintf("replay:%d:%d", seq, stamp)), jetstream.WithExpectStream(JobsStream))
+			if err != nil {
+				return false, fmt.Errorf("jobs: replay of %d: %w", seq, err)
+			}
+			rep.NewSeq = ack.Sequence
+		}
+		out = append(out, rep)
+		return true, nil
+	})
+	return out, err
+}
+
+// scanStream reads the messages of stream on filter, from where cfg starts
+// to the last one that existed when it began, calling each until it says
+// stop. It reads no message published after it started (a replay's own).
+func scanStream(ctx context.Context, js jetstream.JetStream, stream, filter string, cfg jetstream.OrderedConsumerConfig,
+	each func(jetstream.Msg) (bool, error)) error {
+	cfg.FilterSubjects = []string{filter}
+	cons, err := js.OrderedConsumer(ctx, stream, cfg)
+	if err != nil {
+		return fmt.Errorf("jobs: read %s: %w", stream, err)
+	}
+	info, err := cons.Info(ctx)
+	if err != nil {
+		return fmt.Errorf("jobs: read %s: %w", stream, err)
+	}
+	for left := info.NumPending; left > 0; {
+		batch, err := cons.Fetch(int(min(left, 256)), jetstream.FetchMaxWait(5*time.Second))
+		if err != nil {
+			return fmt.Errorf("jobs: read %s: %w", stream, err)
+		}
+		got := 0
+		for m := range batch.Messages() {
+			got++
+			left--
+			more, err := each(m)
+			if err != nil || !more {
+				return err
+			}
+		}
+		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
+			return fmt.Errorf("jobs: read %s: %w", stream, err)
+		}
+		if got == 0 {
+			return fmt.Errorf("jobs: read %s: stopped with %d message(s) unread", stream, left)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,122 @@
+package jobs_test
+
+import (
+	"context"
+	"encoding/json"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolq/toolq/internal/testenv"
+	"github.com/toolq/toolq/jobs"
+)
+
+func TestReplay(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	n := testenv.StartNATS(t)
+	js, _ := jetstream.New(n.Connect())
+	if err := jobs.ProvisionStreams(ctx, js, jobs.Streams{}); err != nil {
+		t.Fatal(err)
+	}
+	c := jobs.NewClient(js)
+	start := time.Now()
+	for i, tool := range []string{"send_payment", "create_ticket", "send_payment"} {
+		if _, err := c.Publish(ctx, &jobs.Job{ConversationID: "c", TurnIndex: int64(i), Tool: tool, ToolUseID: "toolu_" + strconv.Itoa(i), Args: json.RawMessage(`{}`)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dry, err := jobs.Replay(ctx, js, jobs.ReplayRange{Subject: jobs.JobSubject("send_payment"), FromSeq: 1}, true)
+	if err != nil || len(dry) != 2 || dry[0].Seq != 1 || dry[1].Seq != 3 || dry[0].NewSeq != 0 || dry[0].ToolUseID != "toolu_0" || dry[0].Key == "" {
+		t.Fatalf("dry run: %+v %v", dry, err)
+	}
+	done, err := jobs.Replay(ctx, js, jobs.ReplayRange{Subject: jobs.JobsSubjects, Since: start.Add(-time.Minute)}, false)
+	if err != nil || len(done) != 3 || done[0].NewSeq != 4 {
+		t.Fatalf("replay: %+v %v", done, err)
+	}
+	s, _ := js.Stream(ctx, jobs.JobsStream)
+	m, err := s.GetMsg(ctx, 4)
+	if err != nil || m.Header.Get(jobs.HeaderReplayOf) != "1" || m.Header.Get(jobs.HeaderKey) != done[0].Key || m.Subject != "toolq.jobs.send_payment" {
+		t.Fatalf("replayed message %+v %v", m, err)
+	}
+	// Replaying the same range again skips the replays: it does not grow.
+	again, err := jobs.Replay(ctx, js, jobs.ReplayRange{Subject: jobs.JobsSubjects, FromSeq: 1}, false)
+	if err != nil || len(again) != 3 {
+		t.Fatalf("second replay: %+v %v", again, err)
+	}
+	// A sequence range stops where it is told.
+	part, err := jobs.Replay(ctx, js, jobs.ReplayRange{Subject: jobs.JobsSubjects, FromSeq: 2, ToSeq: 2}, true)
+	if err != nil || len(part) != 1 || part[0].Seq != 2 {
+		t.Fatalf("range: %+v %v", part, err)
+	}
+	for _, bad := range []jobs.ReplayRange{
+		{Subject: "other.subject", FromSeq: 1},
+		{Subject: jobs.JobsSubjects},
+		{Subject: jobs.JobsSubjects, FromSeq: 1, Since: start},
+		{Subject: jobs.JobsSubjects, FromSeq: 5, ToSeq: 2},
+	} {
+		if _, err := jobs.Replay(ctx, js, bad, true); err == nil {
+			t.Errorf("%+v accepted", bad)
+		}
+	}
+}
+
+func TestDeadLetters(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	n := testenv.StartNATS(t)
+	js, _ := jetstream.New(n.Connect())
+	if err := jobs.ProvisionStreams(ctx, js, jobs.Streams{}); err != nil {
+		t.Fatal(err)
+	}
+	body := `{"version":1,"conversation_id":"c","turn_index":0,"tool":"send_payment","tool_use_id":"toolu_dead","args":{}}`
+	for i, reason := range []string{jobs.DLQMaxDeliver, jobs.DLQInvalid} {
+		msg := nats.NewMsg(jobs.DLQSubject(reason))
+		msg.Data = []byte(body)
+		msg.Header.Set("X-Agent", "a1")
+		msg.Header.Set(jobs.HeaderDLQReason, reason)
+		msg.Header.Set(jobs.HeaderDLQDetail, "gave up")
+		msg.Header.Set(jobs.HeaderDLQSubject, "toolq.jobs.send_payment")
+		msg.Header.Set(jobs.HeaderDLQStreamSeq, strconv.Itoa(40+i))
+		msg.Header.Set(jobs.HeaderDLQDeliveries, "10")
+		if _, err := js.PublishMsg(ctx, msg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	all, err := jobs.ListDeadLetters(ctx, js, "")
+	if err != nil || len(all) != 2 {
+		t.Fatalf("list: %+v %v", all, err)
+	}
+	d := all[0]
+	if d.Seq != 1 || d.Reason != jobs.DLQMaxDeliver || d.JobSeq != 40 || d.Deliveries != 10 || d.ToolUseID != "toolu_dead" ||
+		d.Header.Get("X-Agent") != "a1" || d.Header.Get(jobs.HeaderDLQReason) != "" || d.Body != body {
+		t.Fatalf("dead letter %+v", d)
+	}
+	if only, _ := jobs.ListDeadLetters(ctx, js, jobs.DLQInvalid); len(only) != 1 || only[0].Seq != 2 {
+		t.Fatalf("by reason: %+v", only)
+	}
+	newSeq, err := jobs.Requeue(ctx, js, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, _ := js.Stream(ctx, jobs.JobsStream)
+	m, err := s.GetMsg(ctx, newSeq)
+	if err != nil || string(m.Data) != body || m.Header.Get(jobs.HeaderReplayOf) != "dlq:1" || m.Header.Get("X-Agent") != "a1" || m.Subject != "toolq.jobs.send_payment" {
+		t.Fatalf("requeued %+v %v", m, err)
+	}
+	if _, err := jobs.GetDeadLetter(ctx, js, 1); err == nil {
+		t.Fatal("a requeued dead letter stayed in the DLQ")
+	}
+	if _, err := jobs.Requeue(ctx, js, 1); err == nil {
+		t.Fatal("requeued twice")
+	}
+	if n, err := jobs.PurgeDeadLetters(ctx, js, ""); err != nil || n != 1 {
+		t.Fatalf("purge: %d %v", n, err)
+	}
+	if left, _ := jobs.ListDeadLetters(ctx, js, ""); len(left) != 0 {
+		t.Fatalf("after purge: %+v", left)
+	}
+}
