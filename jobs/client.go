@@ -10,18 +10,46 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Client is the agent's side of toolq: it publishes jobs and awaits their
 // results.
 type Client struct {
-	js jetstream.JetStream
+	js         jetstream.JetStream
+	tracer     trace.Tracer
+	propagator propagation.TextMapPropagator
 }
+
+// ClientOption adjusts a Client.
+type ClientOption func(*Client)
+
+// WithTracerProvider sets where the client's send spans go (default: the
+// global provider).
+func WithTracerProvider(tp trace.TracerProvider) ClientOption {
+	return func(c *Client) { c.tracer = tp.Tracer(tracerName) }
+}
+
+// WithPropagator sets how trace context is written into job headers
+// (default: the global propagator).
+func WithPropagator(p propagation.TextMapPropagator) ClientOption {
+	return func(c *Client) { c.propagator = p }
+}
+
+const tracerName = "github.com/toolq/toolq/jobs"
 
 // NewClient returns a client on a JetStream context. The streams must exist
 // (the consumer provisions them at start, or call ProvisionStreams).
-func NewClient(js jetstream.JetStream) *Client { return &Client{js: js} }
+func NewClient(js jetstream.JetStream, opts ...ClientOption) *Client {
+	c := &Client{js: js, tracer: otel.GetTracerProvider().Tracer(tracerName), propagator: otel.GetTextMapPropagator()}
+	for _, o := range opts {
+		o(c)
+	}
+	return c
+}
 
 // Published is the answer to Publish.
 type Published struct {
@@ -35,8 +63,8 @@ type Published struct {
 
 // Publish validates the job, derives its key and publishes it on
 // toolq.jobs.<tool> with the headers of the contract: Toolq-Key, a
-// Nats-Msg-Id of job:<key>:<tool_use_id>, and the W3C trace context of ctx
-// (through the global OpenTelemetry propagator). A zero CreatedAt is set to
+// Nats-Msg-Id of job:<key>:<tool_use_id>, and the W3C trace context of a
+// send span, a child of ctx's span (see WithTracerProvider). A zero CreatedAt is set to
 // now. Errors: a *FieldError for an invalid job, or the publish error.
 func (c *Client) Publish(ctx context.Context, j *Job) (Published, error) {
 	if j.Version == 0 {
@@ -56,12 +84,21 @@ func (c *Client) Publish(ctx context.Context, j *Job) (Published, error) {
 	if err != nil {
 		return Published{}, err
 	}
-	msg := nats.NewMsg(JobSubject(j.Tool))
+	subject, msgID := JobSubject(j.Tool), JobMsgID(key, j.ToolUseID)
+	ctx, span := c.tracer.Start(ctx, "send "+subject, trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(
+		attribute.String("messaging.system", "nats"), attribute.String("messaging.destination.name", subject),
+		attribute.String("messaging.message.id", msgID), attribute.String("messaging.operation.type", "send"),
+		attribute.String("toolq.key", key), attribute.String("toolq.tool", j.Tool), attribute.String("toolq.tool_use_id", j.ToolUseID),
+		attribute.String("toolq.conversation_id", j.ConversationID)))
+	defer span.End()
+	msg := nats.NewMsg(subject)
 	msg.Data = body
 	msg.Header.Set(HeaderKey, key)
-	otel.GetTextMapPropagator().Inject(ctx, HeaderCarrier(msg.Header))
-	ack, err := c.js.PublishMsg(ctx, msg, jetstream.WithMsgID(JobMsgID(key, j.ToolUseID)), jetstream.WithExpectStream(JobsStream))
+	c.propagator.Inject(ctx, HeaderCarrier(msg.Header))
+	ack, err := c.js.PublishMsg(ctx, msg, jetstream.WithMsgID(msgID), jetstream.WithExpectStream(JobsStream))
 	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, "publish failed")
 		return Published{Key: key}, fmt.Errorf("jobs: publish %s: %w", j.ToolUseID, err)
 	}
 	return Published{Key: key, Stream: ack.Stream, Sequence: ack.Sequence, Duplicate: ack.Duplicate}, nil

@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"time"
 
 	"modernc.org/sqlite"
 	sqlite3 "modernc.org/sqlite/lib"
@@ -70,11 +71,20 @@ func OpenSQLite(ctx context.Context, path string) (*Store, error) {
 	db.SetMaxOpenConns(8)
 	db.SetMaxIdleConns(8)
 	s := &Store{db: &sqliteDB{db: db}, backend: "sqlite"}
-	if err := s.Ping(ctx); err != nil {
-		db.Close()
-		return nil, err
+	// The first connection switches the file to WAL, which SQLite may refuse
+	// with SQLITE_BUSY, without waiting, while another process opens it too.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		err := s.Ping(ctx)
+		if err == nil {
+			return s, nil
+		}
+		if !errors.Is(err, ErrUnavailable) || time.Now().After(deadline) || ctx.Err() != nil {
+			db.Close()
+			return nil, err
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
-	return s, nil
 }
 
 func (s *sqliteDB) sql() *dialect { return sqliteDialect }

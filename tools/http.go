@@ -18,6 +18,9 @@ import (
 	"syscall"
 	"time"
 
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/propagation"
+
 	"github.com/toolq/toolq/jobs"
 )
 
@@ -126,6 +129,8 @@ func (h *HTTP) Execute(ctx context.Context, req Request) (json.RawMessage, error
 	for k, v := range h.Headers {
 		hreq.Header.Set(k, v)
 	}
+	// The trace continues downstream (W3C traceparent).
+	otel.GetTextMapPropagator().Inject(ctx, propagation.HeaderCarrier(hreq.Header))
 	keySent := req.Key != "" && h.ForwardsKey()
 	if keySent {
 		// draft-ietf-httpapi-idempotency-key-header: an sf-string.

@@ -12,10 +12,14 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/toolq/toolq/jobs"
 	"github.com/toolq/toolq/ledger"
 	"github.com/toolq/toolq/tools"
+	"github.com/toolq/toolq/tracing"
 )
 
 // process settles one valid job. claim is nil for tools without a ledger.
@@ -31,23 +35,28 @@ func (w *Worker) settle(ctx, startCtx context.Context, d *delivery, c ledger.Cla
 	row := c.Row
 	switch {
 	case c.Err != nil: // the key belongs to another call: never hand over its result
+		w.ledgerOutcome(d, "collision", nil)
 		w.log.Warn("key collision: the ledger row has other material", w.attrs(d, "error", c.Err)...)
 		return w.publishRejected(ctx, d, &rejectError{code: "key_collision", message: c.Err.Error()})
 
 	case c.Claimed:
+		w.ledgerOutcome(d, "claimed", nil)
 		w.cfg.Hook(AfterClaim, d.job)
 		w.warnIdenticalCall(ctx, d)
 		return w.execute(ctx, startCtx, d, row)
 
 	case row.State == ledger.Completed, row.State == ledger.Failed, row.State == ledger.Indeterminate:
+		w.ledgerOutcome(d, "duplicate", &row)
 		w.stats.add("duplicate")
 		w.log.Info("duplicate answered from the ledger", w.attrs(d, "state", row.State, "original_tool_use_id", row.FirstToolUseID)...)
 		return w.publishResult(ctx, d, w.resultOf(d, row))
 
 	case !row.LeaseExpired(): // another attempt is running: come back when its lease ends
+		w.ledgerOutcome(d, "in_flight", &row)
 		return retryLater(max(row.LeaseRemaining, 100*time.Millisecond), fmt.Errorf("attempt %d holds the lease", row.Attempt))
 
 	case d.tool.Class == tools.KeyedWrite: // the holder died mid-call: run again with the same key
+		w.ledgerOutcome(d, "takeover", &row)
 		var taken ledger.Row
 		err := w.durably(ctx, "takeover", d, func() (err error) {
 			taken, err = w.cfg.Ledger.Takeover(ctx, row.Fence(), w.cfg.Owner, d.tool.Lease)
@@ -60,6 +69,7 @@ func (w *Worker) settle(ctx, startCtx context.Context, d *delivery, c ledger.Cla
 		return w.execute(ctx, startCtx, d, taken)
 
 	default: // an unkeyed write whose holder died mid-call: its outcome is unknown
+		w.ledgerOutcome(d, "holder_lost", &row)
 		var taken ledger.Row
 		err := w.durably(ctx, "takeover", d, func() (err error) {
 			taken, err = w.cfg.Ledger.Takeover(ctx, row.Fence(), w.cfg.Owner, d.tool.Lease)
@@ -85,13 +95,12 @@ func (w *Worker) settle(ctx, startCtx context.Context, d *delivery, c ledger.Cla
 func (w *Worker) execute(ctx, startCtx context.Context, d *delivery, row ledger.Row) error {
 	fence := row.Fence()
 	stop := w.heartbeat(ctx, d, fence)
-	out, err := d.tool.Run(startCtx, w.request(d, fence.Attempt))
+	out, outcome, te := w.runTool(startCtx, d, fence.Attempt)
 	stop()
 	w.cfg.Hook(DuringTool, d.job)
-	outcome, te := tools.Classify(err)
-	if errors.Is(err, tools.ErrInvalidArgs) { // validated before the claim; kept for safety
-		outcome, te = tools.Definite, tools.DefiniteError("invalid_args", err.Error())
-	}
+	sctx, span := w.child(ctx, d, "toolq.settle", trace.SpanKindInternal, tracing.KeyToolOutcome.String(outcome.String()))
+	defer span.End()
+	ctx = sctx
 	switch outcome {
 	case tools.NotSent: // nothing happened: give the key back
 		if err := w.durably(ctx, "release", d, func() error { return w.cfg.Ledger.Release(ctx, fence) }); err != nil {
@@ -136,12 +145,9 @@ func (w *Worker) execute(ctx, startCtx context.Context, d *delivery, row ledger.
 // runUnclaimed runs a read tool, or a keyed write whose ledger is off: the
 // downstream's own dedupe (or the lack of any effect) makes a retry safe.
 func (w *Worker) runUnclaimed(ctx, startCtx context.Context, d *delivery) error {
-	out, err := d.tool.Run(startCtx, w.request(d, 0))
+	w.ledgerOutcome(d, "none", nil)
+	out, outcome, te := w.runTool(startCtx, d, 0)
 	w.cfg.Hook(DuringTool, d.job)
-	outcome, te := tools.Classify(err)
-	if errors.Is(err, tools.ErrInvalidArgs) {
-		outcome, te = tools.Definite, tools.DefiniteError("invalid_args", err.Error())
-	}
 	r := jobs.NewResult(d.job, d.key, jobs.StatusOK)
 	r.Attempts = d.deliveries
 	switch outcome {
@@ -154,6 +160,27 @@ func (w *Worker) runUnclaimed(ctx, startCtx context.Context, d *delivery) error 
 	}
 	w.stats.add(string(r.Status))
 	return w.publishResult(ctx, d, r)
+}
+
+// runTool runs the tool under a client span and classifies the outcome.
+func (w *Worker) runTool(startCtx context.Context, d *delivery, attempt int64) (json.RawMessage, tools.Outcome, *tools.Error) {
+	ctx, span := w.child(startCtx, d, "tool "+d.tool.Name, trace.SpanKindClient,
+		tracing.KeyTool.String(d.tool.Name), tracing.KeyToolClass.String(string(d.tool.Class)),
+		attribute.String("toolq.downstream", d.tool.Downstream), attribute.Int64("toolq.attempt", attempt))
+	defer span.End()
+	out, err := d.tool.Run(ctx, w.request(d, attempt))
+	outcome, te := tools.Classify(err)
+	if errors.Is(err, tools.ErrInvalidArgs) { // validated before the claim; kept for safety
+		outcome, te = tools.Definite, tools.DefiniteError("invalid_args", err.Error())
+	}
+	span.SetAttributes(tracing.KeyToolOutcome.String(outcome.String()))
+	if te != nil {
+		span.SetAttributes(attribute.String("toolq.error.code", te.Code))
+		if outcome != tools.Success {
+			span.SetStatus(codes.Error, te.Code)
+		}
+	}
+	return out, outcome, te
 }
 
 func (w *Worker) request(d *delivery, attempt int64) tools.Request {
@@ -193,13 +220,21 @@ func (w *Worker) publishResult(ctx context.Context, d *delivery, r *jobs.Result)
 	if err != nil {
 		return err
 	}
-	msg := nats.NewMsg(jobs.ResultSubject(d.job.ConversationID))
+	subject, msgID := jobs.ResultSubject(d.job.ConversationID), jobs.ResultMsgID(d.key, d.job.ToolUseID)
+	ctx, span := w.child(ctx, d, "publish toolq.results", trace.SpanKindProducer,
+		tracing.MessagingSystem.String("nats"), tracing.MessagingDestination.String(subject),
+		tracing.MessagingMessageID.String(msgID), tracing.MessagingOperation.String("send"),
+		tracing.KeyResultStatus.String(string(r.Status)), tracing.KeyDuplicate.Bool(r.Duplicate))
+	defer span.End()
+	d.span.SetAttributes(tracing.KeyResultStatus.String(string(r.Status)), tracing.KeyDuplicate.Bool(r.Duplicate))
+	msg := nats.NewMsg(subject)
 	msg.Data = body
 	msg.Header.Set(jobs.HeaderKey, d.key)
+	w.propagator.Inject(ctx, jobs.HeaderCarrier(msg.Header))
 	err = w.durably(ctx, "publish result", d, func() error {
 		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
-		if _, err := w.cfg.JS.PublishMsg(pctx, msg, jetstream.WithMsgID(jobs.ResultMsgID(d.key, d.job.ToolUseID))); err != nil {
+		if _, err := w.cfg.JS.PublishMsg(pctx, msg, jetstream.WithMsgID(msgID)); err != nil {
 			return &brokerError{err}
 		}
 		return nil

@@ -16,6 +16,9 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/toolq/toolq/jobs"
 	"github.com/toolq/toolq/ledger"
@@ -52,6 +55,9 @@ type Config struct {
 	ShutdownTimeout time.Duration // how long a drain lets running tools finish (default 30s)
 	UntilEmpty      bool          // return once nothing is pending and nothing is in flight
 	Logger          *slog.Logger
+	// TracerProvider and Propagator default to OpenTelemetry's globals.
+	TracerProvider trace.TracerProvider
+	Propagator     propagation.TextMapPropagator
 
 	// Hook, when set, is called at each FaultPoint of each job. Tests use
 	// it to kill the process at a precise point.
@@ -87,6 +93,12 @@ func (c *Config) fill() error {
 	if c.Hook == nil {
 		c.Hook = func(FaultPoint, *jobs.Job) {}
 	}
+	if c.TracerProvider == nil {
+		c.TracerProvider = otel.GetTracerProvider()
+	}
+	if c.Propagator == nil {
+		c.Propagator = otel.GetTextMapPropagator()
+	}
 	return nil
 }
 
@@ -98,11 +110,13 @@ type Worker struct {
 	limit    int // deliveries before a job is dead-lettered
 	ackWait  time.Duration
 
-	slots    chan struct{} // one per job in flight
-	inFlight sync.WaitGroup
-	claims   *batcher[ledger.Claim, ledger.ClaimResult]
-	commits  *batcher[ledger.Completion, error]
-	stats    Stats
+	slots      chan struct{} // one per job in flight
+	inFlight   sync.WaitGroup
+	tracer     trace.Tracer
+	propagator propagation.TextMapPropagator
+	claims     *batcher[ledger.Claim, ledger.ClaimResult]
+	commits    *batcher[ledger.Completion, error]
+	stats      Stats
 }
 
 // New provisions the streams and the durable consumer (creating or updating
@@ -125,14 +139,16 @@ func New(ctx context.Context, cfg Config) (*Worker, error) {
 		ackWait = min(ackWait, b)
 	}
 	return &Worker{
-		cfg:      cfg,
-		log:      cfg.Logger,
-		consumer: cons,
-		limit:    cfg.Consumer.Limit(),
-		ackWait:  ackWait,
-		slots:    make(chan struct{}, cfg.MaxInFlight),
-		claims:   newBatcher(cfg.BatchSize, cfg.Ledger.Claim),
-		commits:  newBatcher(cfg.BatchSize, cfg.Ledger.CompleteBatch),
+		cfg:        cfg,
+		log:        cfg.Logger,
+		consumer:   cons,
+		limit:      cfg.Consumer.Limit(),
+		ackWait:    ackWait,
+		slots:      make(chan struct{}, cfg.MaxInFlight),
+		tracer:     cfg.TracerProvider.Tracer(tracerName),
+		propagator: cfg.Propagator,
+		claims:     newBatcher(cfg.BatchSize, cfg.Ledger.Claim),
+		commits:    newBatcher(cfg.BatchSize, cfg.Ledger.CompleteBatch),
 	}, nil
 }
 
@@ -248,6 +264,8 @@ type delivery struct {
 	material   jobs.Material
 	tool       *tools.Tool
 	deliveries int
+	ctx        context.Context // carries the process span
+	span       trace.Span
 }
 
 // handleBatch validates each message and processes every job in its own
@@ -259,6 +277,7 @@ func (w *Worker) handleBatch(ctx, runCtx, startCtx context.Context, msgs []jetst
 		w.slots <- struct{}{}
 		w.inFlight.Add(1)
 		d, err := w.decode(msg)
+		w.startProcess(runCtx, d)
 		go w.finish(runCtx, d, func() error {
 			var rej *rejectError
 			switch {
@@ -270,10 +289,15 @@ func (w *Worker) handleBatch(ctx, runCtx, startCtx context.Context, msgs []jetst
 				return w.process(runCtx, startCtx, d, nil)
 			}
 			var claim ledger.ClaimResult
+			cctx, span := w.child(runCtx, d, "toolq.claim", trace.SpanKindInternal)
 			err := w.durably(ctx, "claim", d, func() (err error) {
-				claim, err = w.claims.do(runCtx, w.claimOf(d))
+				claim, err = w.claims.do(cctx, w.claimOf(d))
 				return err
 			})
+			if err != nil {
+				span.RecordError(err)
+			}
+			span.End()
 			if err != nil {
 				return infraRetry(w.backoff(d), fmt.Errorf("claim: %w", err))
 			}
@@ -293,6 +317,8 @@ func (w *Worker) claimOf(d *delivery) ledger.Claim {
 		ToolUseID:      d.job.ToolUseID,
 		Owner:          w.cfg.Owner,
 		Lease:          d.tool.Lease,
+		TraceID:        d.span.SpanContext().TraceID().String(),
+		SpanID:         d.span.SpanContext().SpanID().String(),
 	}
 }
 
@@ -354,21 +380,26 @@ func (w *Worker) finish(ctx context.Context, d *delivery, process func() error) 
 			w.cfg.Hook(BeforeAck, d.job)
 		}
 		w.ack(d, d.msg.Ack())
+		endProcess(d, "ack", nil)
 	case errors.As(err, &dead):
 		w.stats.add("dead_letter")
 		w.deadLetter(ctx, d, dead)
+		endProcess(d, "dead_letter", err)
 	case errors.As(err, &retry) && d.deliveries >= w.limit && !retry.infra:
 		w.stats.add("dead_letter")
-		w.deadLetter(ctx, d, &deadLetterError{reason: jobs.DLQMaxDeliver,
-			err: fmt.Errorf("still unsettled after %d deliveries: %w", d.deliveries, retry.err)})
+		dead := &deadLetterError{reason: jobs.DLQMaxDeliver, err: fmt.Errorf("still unsettled after %d deliveries: %w", d.deliveries, retry.err)}
+		w.deadLetter(ctx, d, dead)
+		endProcess(d, "dead_letter", dead)
 	case errors.As(err, &retry):
 		w.stats.add("retry")
 		w.log.Info("job retried later", w.attrs(d, "delay", retry.after, "reason", retry.err.Error())...)
 		w.ack(d, d.msg.NakWithDelay(retry.after))
+		endProcess(d, "nak", err)
 	default:
 		w.stats.add("retry")
 		w.log.Warn("job failed, retried later", w.attrs(d, "error", err)...)
 		w.ack(d, d.msg.NakWithDelay(w.backoff(d)))
+		endProcess(d, "nak", err)
 	}
 }
 

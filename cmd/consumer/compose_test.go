@@ -35,7 +35,7 @@ func TestComposeFileIsValid(t *testing.T) {
 	if err := dec.Decode(&compose); err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range []string{"nats", "postgres", "sandbox", "consumer"} {
+	for _, name := range []string{"nats", "postgres", "jaeger", "sandbox", "consumer"} {
 		s, ok := compose.Services[name]
 		if !ok || (s.Image == "" && s.Build == "") {
 			t.Fatalf("service %s missing or without image/build", name)

@@ -9,13 +9,21 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/toolq/toolq/internal/cli"
+	"github.com/toolq/toolq/tracing"
 )
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := run(ctx, os.Args[1:], cli.IO{In: os.Stdin, Out: os.Stdout, Err: os.Stderr}, os.Getenv)
+	shutdown, err := tracing.Setup(ctx, "toolq-publisher", os.Getenv)
+	if err == nil {
+		err = run(ctx, os.Args[1:], cli.IO{In: os.Stdin, Out: os.Stdout, Err: os.Stderr}, os.Getenv)
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		shutdown(sctx) // flush the last spans
+		cancel()
+	}
 	stop()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "publisher:", err)

@@ -1,0 +1,153 @@
+package worker_test
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/attribute"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/toolq/toolq/jobs"
+	"github.com/toolq/toolq/ledger"
+	"github.com/toolq/toolq/tools"
+	"github.com/toolq/toolq/tracing"
+	"github.com/toolq/toolq/worker"
+)
+
+// TestTracing: the trace goes from the agent's span through the publisher's
+// send span to the worker's process span and its children; the ledger row
+// keeps the claiming span; a duplicate's process span links to it.
+func TestTracing(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	srv, _ := server.NewServer(&server.Options{Port: -1, JetStream: true, StoreDir: dir, NoLog: true, NoSigs: true})
+	go srv.Start()
+	srv.ReadyForConnections(10 * time.Second)
+	defer srv.Shutdown()
+	nc, _ := nats.Connect(srv.ClientURL())
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	ctx := context.Background()
+	store, err := ledger.OpenSQLite(ctx, filepath.Join(dir, "ledger.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	store.Migrate(ctx)
+	reg, _ := tools.NewRegistry([]tools.Definition{{Name: "pay", Class: tools.KeyedWrite, Schema: json.RawMessage(`{"type":"object"}`),
+		Executor: tools.ExecutorFunc(func(ctx context.Context, r tools.Request) (json.RawMessage, error) {
+			if !trace.SpanContextFromContext(ctx).IsValid() {
+				return nil, tools.DefiniteError("no_trace", "the executor got no span")
+			}
+			return json.RawMessage(`{"paid":true}`), nil
+		})}})
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	prop := tracing.Propagator()
+	wctx, stop := context.WithCancel(ctx)
+	w, err := worker.New(wctx, worker.Config{JS: js, Ledger: store, Tools: reg, TracerProvider: tp, Propagator: prop,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error)
+	go func() { done <- w.Run(wctx) }()
+	defer func() { stop(); <-done }()
+
+	client := jobs.NewClient(js, jobs.WithTracerProvider(tp), jobs.WithPropagator(prop))
+	agentCtx, agentSpan := tp.Tracer("agent").Start(ctx, "agent turn")
+	first := &jobs.Job{ConversationID: "c", TurnIndex: 1, Tool: "pay", ToolUseID: "toolu_first", Args: json.RawMessage(`{"n":1}`)}
+	r1, err := client.PublishAndAwait(agentCtx, first)
+	if err != nil || r1.Status != jobs.StatusOK {
+		t.Fatalf("first: %+v %v", r1, err)
+	}
+	agentSpan.End()
+	retry := &jobs.Job{ConversationID: "c", TurnIndex: 1, Tool: "pay", ToolUseID: "toolu_retry", Args: json.RawMessage(`{"n":1}`)}
+	r2, err := client.PublishAndAwait(ctx, retry) // another trace: the retried turn
+	if err != nil || !r2.Duplicate {
+		t.Fatalf("retry: %+v %v", r2, err)
+	}
+
+	var spans map[string][]sdktrace.ReadOnlySpan
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		spans = map[string][]sdktrace.ReadOnlySpan{}
+		for _, s := range rec.Ended() {
+			spans[s.Name()] = append(spans[s.Name()], s)
+		}
+		if len(spans["process toolq.jobs.pay"]) == 2 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	sends, processes := spans["send toolq.jobs.pay"], spans["process toolq.jobs.pay"]
+	if len(sends) != 2 || len(processes) != 2 {
+		t.Fatalf("spans: %v", names(rec.Ended()))
+	}
+	var original, duplicate sdktrace.ReadOnlySpan
+	for _, p := range processes {
+		if attr(p, tracing.KeyToolUseID) == "toolu_first" {
+			original = p
+		} else {
+			duplicate = p
+		}
+	}
+	// agent → send → process, one trace.
+	if sends[0].Parent().SpanID() != agentSpan.SpanContext().SpanID() || original.Parent().SpanID() != sends[0].SpanContext().SpanID() ||
+		original.SpanContext().TraceID() != agentSpan.SpanContext().TraceID() || original.SpanKind() != trace.SpanKindConsumer {
+		t.Fatalf("the process span is not the child of the send span of the agent's trace")
+	}
+	if attr(original, tracing.KeyLedgerOutcome) != "claimed" || attr(original, tracing.MessagingSystem) != "nats" ||
+		attr(original, tracing.KeyKey) != r1.Key || attr(original, tracing.KeyToolClass) != "keyed_write" {
+		t.Fatalf("process span attributes %v", original.Attributes())
+	}
+	for _, name := range []string{"toolq.claim", "tool pay", "toolq.settle", "publish toolq.results"} {
+		found := false
+		for _, s := range spans[name] {
+			found = found || s.Parent().SpanID() == original.SpanContext().SpanID()
+		}
+		if !found {
+			t.Errorf("no %q span under the original process span", name)
+		}
+	}
+	// The ledger row keeps the claiming span…
+	row, err := store.Get(ctx, r1.Key)
+	if err != nil || row.TraceID != original.SpanContext().TraceID().String() || row.SpanID != original.SpanContext().SpanID().String() {
+		t.Fatalf("row %+v", row)
+	}
+	// …and the duplicate, in its own trace, links to it.
+	if attr(duplicate, tracing.KeyLedgerOutcome) != "duplicate" || duplicate.SpanContext().TraceID() == original.SpanContext().TraceID() {
+		t.Fatalf("duplicate span %v", duplicate.Attributes())
+	}
+	links := duplicate.Links()
+	if len(links) != 1 || links[0].SpanContext.SpanID() != original.SpanContext().SpanID() || links[0].SpanContext.TraceID() != original.SpanContext().TraceID() {
+		t.Fatalf("duplicate links %+v", links)
+	}
+}
+
+func attr(s sdktrace.ReadOnlySpan, key attribute.Key) string {
+	for _, kv := range s.Attributes() {
+		if kv.Key == key {
+			return kv.Value.String()
+		}
+	}
+	return ""
+}
+
+func names(spans []sdktrace.ReadOnlySpan) []string {
+	var out []string
+	for _, s := range spans {
+		out = append(out, s.Name())
+	}
+	return out
+}
