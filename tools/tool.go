@@ -330,6 +330,16 @@ func (t *Tool) Run(ctx context.Context, req Request) (json.RawMessage, error) {
 	})
 }
 
+// BreakerStates returns the state of each downstream's breaker ("closed",
+// "open" or "half-open"), by downstream.
+func (r *Registry) BreakerStates() map[string]string {
+	out := make(map[string]string, len(r.breakers))
+	for downstream, b := range r.breakers {
+		out[downstream] = b.state()
+	}
+	return out
+}
+
 // BreakerState returns the state of the tool's breaker: "closed", "open" or
 // "half-open".
 func (t *Tool) BreakerState() string { return t.breaker.state() }

@@ -2,8 +2,6 @@ package worker
 
 import (
 	"fmt"
-	"sort"
-	"strings"
 	"sync"
 	"time"
 )
@@ -77,22 +75,6 @@ func (s *Stats) Snapshot() map[string]int64 {
 		out[k] = v
 	}
 	return out
-}
-
-// Prometheus writes the counts in the Prometheus text format.
-func (s *Stats) Prometheus() string {
-	snap := s.Snapshot()
-	keys := make([]string, 0, len(snap))
-	for k := range snap {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	var b strings.Builder
-	b.WriteString("# HELP toolq_jobs_total Jobs settled by this worker, by outcome.\n# TYPE toolq_jobs_total counter\n")
-	for _, k := range keys {
-		fmt.Fprintf(&b, "toolq_jobs_total{outcome=%q} %d\n", k, snap[k])
-	}
-	return b.String()
 }
 
 // Stats returns the worker's counters.

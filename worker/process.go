@@ -47,7 +47,7 @@ func (w *Worker) settle(ctx, startCtx context.Context, d *delivery, c ledger.Cla
 
 	case row.State == ledger.Completed, row.State == ledger.Failed, row.State == ledger.Indeterminate:
 		w.ledgerOutcome(d, "duplicate", &row)
-		w.stats.add("duplicate")
+		w.count(d, "duplicate")
 		w.log.Info("duplicate answered from the ledger", w.attrs(d, "state", row.State, "original_tool_use_id", row.FirstToolUseID)...)
 		return w.publishResult(ctx, d, w.resultOf(d, row))
 
@@ -83,7 +83,7 @@ func (w *Worker) settle(ctx, startCtx context.Context, d *delivery, c ledger.Cla
 			return w.lostRace(d, err)
 		}
 		taken.State, taken.Error = ledger.Indeterminate, &info
-		w.stats.add("indeterminate")
+		w.count(d, "indeterminate")
 		w.log.Warn("unkeyed write left indeterminate: resolve it with consumer ledger resolve", w.attrs(d, "previous_owner", row.Owner)...)
 		w.cfg.Hook(AfterComplete, d.job)
 		return w.publishResult(ctx, d, w.resultOf(d, taken))
@@ -124,7 +124,7 @@ func (w *Worker) execute(ctx, startCtx context.Context, d *delivery, row ledger.
 		if err := w.durably(ctx, "mark indeterminate", d, func() error { return w.cfg.Ledger.MarkIndeterminate(ctx, fence, infoOf(te)) }); err != nil {
 			return w.fenced(d, err)
 		}
-		w.stats.add("indeterminate")
+		w.count(d, "indeterminate")
 		w.log.Warn("unkeyed write left indeterminate: resolve it with consumer ledger resolve", w.attrs(d, "error", te.Error())...)
 		row.State, row.Error = ledger.Indeterminate, ptr(infoOf(te))
 
@@ -158,7 +158,7 @@ func (w *Worker) runUnclaimed(ctx, startCtx context.Context, d *delivery) error 
 	case tools.Success:
 		r.Output = out
 	}
-	w.stats.add(string(r.Status))
+	w.count(d, string(r.Status))
 	return w.publishResult(ctx, d, r)
 }
 
@@ -168,8 +168,10 @@ func (w *Worker) runTool(startCtx context.Context, d *delivery, attempt int64) (
 		tracing.KeyTool.String(d.tool.Name), tracing.KeyToolClass.String(string(d.tool.Class)),
 		attribute.String("toolq.downstream", d.tool.Downstream), attribute.Int64("toolq.attempt", attempt))
 	defer span.End()
+	start := time.Now()
 	out, err := d.tool.Run(ctx, w.request(d, attempt))
 	outcome, te := tools.Classify(err)
+	defer w.observeTool(d, start, outcome)
 	if errors.Is(err, tools.ErrInvalidArgs) { // validated before the claim; kept for safety
 		outcome, te = tools.Definite, tools.DefiniteError("invalid_args", err.Error())
 	}
@@ -208,7 +210,7 @@ func (w *Worker) resultOf(d *delivery, row ledger.Row) *jobs.Result {
 		r.Duplicate, r.OriginalToolUseID = true, row.FirstToolUseID
 	}
 	if !r.Duplicate {
-		w.stats.add(string(r.Status))
+		w.count(d, string(r.Status))
 	}
 	return r
 }
@@ -249,7 +251,7 @@ func (w *Worker) publishResult(ctx context.Context, d *delivery, r *jobs.Result)
 // publishRejected answers a job that cannot run: nothing ran, and the agent
 // learns why.
 func (w *Worker) publishRejected(ctx context.Context, d *delivery, rej *rejectError) error {
-	w.stats.add("rejected")
+	w.count(d, "rejected")
 	w.log.Info("job rejected", w.attrs(d, "code", rej.code, "reason", rej.message)...)
 	r := jobs.NewResult(d.job, d.key, jobs.StatusRejected)
 	r.Error = &jobs.ResultError{Code: rej.code, Message: rej.message}
@@ -307,7 +309,7 @@ func (w *Worker) heartbeat(ctx context.Context, d *delivery, fence ledger.Fence)
 // nothing; the job comes back and is answered from the ledger.
 func (w *Worker) fenced(d *delivery, err error) error {
 	if errors.Is(err, ledger.ErrFenced) || errors.Is(err, ledger.ErrNotFound) {
-		w.stats.add("fenced")
+		w.count(d, "fenced")
 		w.log.Warn("lost the claim while the tool ran; publishing nothing", w.attrs(d, "error", err)...)
 		return retryLater(w.cfg.RetryDelay, err)
 	}

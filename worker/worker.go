@@ -17,6 +17,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
@@ -55,8 +56,10 @@ type Config struct {
 	ShutdownTimeout time.Duration // how long a drain lets running tools finish (default 30s)
 	UntilEmpty      bool          // return once nothing is pending and nothing is in flight
 	Logger          *slog.Logger
-	// TracerProvider and Propagator default to OpenTelemetry's globals.
+	// TracerProvider, MeterProvider and Propagator default to
+	// OpenTelemetry's globals.
 	TracerProvider trace.TracerProvider
+	MeterProvider  metric.MeterProvider
 	Propagator     propagation.TextMapPropagator
 
 	// Hook, when set, is called at each FaultPoint of each job. Tests use
@@ -99,6 +102,9 @@ func (c *Config) fill() error {
 	if c.Propagator == nil {
 		c.Propagator = otel.GetTextMapPropagator()
 	}
+	if c.MeterProvider == nil {
+		c.MeterProvider = otel.GetMeterProvider()
+	}
 	return nil
 }
 
@@ -113,6 +119,7 @@ type Worker struct {
 	slots      chan struct{} // one per job in flight
 	inFlight   sync.WaitGroup
 	tracer     trace.Tracer
+	metrics    *instruments
 	propagator propagation.TextMapPropagator
 	claims     *batcher[ledger.Claim, ledger.ClaimResult]
 	commits    *batcher[ledger.Completion, error]
@@ -138,7 +145,12 @@ func New(ctx context.Context, cfg Config) (*Worker, error) {
 	for _, b := range cons.CachedInfo().Config.BackOff {
 		ackWait = min(ackWait, b)
 	}
+	metrics, err := newInstruments(cfg.MeterProvider, cfg.Tools)
+	if err != nil {
+		return nil, fmt.Errorf("worker: metrics: %w", err)
+	}
 	return &Worker{
+		metrics:    metrics,
 		cfg:        cfg,
 		log:        cfg.Logger,
 		consumer:   cons,
@@ -290,10 +302,12 @@ func (w *Worker) handleBatch(ctx, runCtx, startCtx context.Context, msgs []jetst
 			}
 			var claim ledger.ClaimResult
 			cctx, span := w.child(runCtx, d, "toolq.claim", trace.SpanKindInternal)
+			start := time.Now()
 			err := w.durably(ctx, "claim", d, func() (err error) {
 				claim, err = w.claims.do(cctx, w.claimOf(d))
 				return err
 			})
+			w.metrics.claimLatency.Record(runCtx, time.Since(start).Seconds())
 			if err != nil {
 				span.RecordError(err)
 			}
@@ -382,21 +396,21 @@ func (w *Worker) finish(ctx context.Context, d *delivery, process func() error) 
 		w.ack(d, d.msg.Ack())
 		endProcess(d, "ack", nil)
 	case errors.As(err, &dead):
-		w.stats.add("dead_letter")
+		w.count(d, "dead_letter")
 		w.deadLetter(ctx, d, dead)
 		endProcess(d, "dead_letter", err)
 	case errors.As(err, &retry) && d.deliveries >= w.limit && !retry.infra:
-		w.stats.add("dead_letter")
+		w.count(d, "dead_letter")
 		dead := &deadLetterError{reason: jobs.DLQMaxDeliver, err: fmt.Errorf("still unsettled after %d deliveries: %w", d.deliveries, retry.err)}
 		w.deadLetter(ctx, d, dead)
 		endProcess(d, "dead_letter", dead)
 	case errors.As(err, &retry):
-		w.stats.add("retry")
+		w.count(d, "retry")
 		w.log.Info("job retried later", w.attrs(d, "delay", retry.after, "reason", retry.err.Error())...)
 		w.ack(d, d.msg.NakWithDelay(retry.after))
 		endProcess(d, "nak", err)
 	default:
-		w.stats.add("retry")
+		w.count(d, "retry")
 		w.log.Warn("job failed, retried later", w.attrs(d, "error", err)...)
 		w.ack(d, d.msg.NakWithDelay(w.backoff(d)))
 		endProcess(d, "nak", err)

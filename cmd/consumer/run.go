@@ -20,6 +20,7 @@ import (
 	"github.com/toolq/toolq/ledger"
 	"github.com/toolq/toolq/tools"
 	"github.com/toolq/toolq/tools/sandbox"
+	"github.com/toolq/toolq/tracing"
 	"github.com/toolq/toolq/worker"
 )
 
@@ -125,8 +126,14 @@ func runWorker(ctx context.Context, args []string, stdio cli.IO, getenv func(str
 		banner = append(banner, "  tools    "+*toolsFile+": "+strings.Join(names, ", "))
 	}
 
+	meters, metricsHandler, err := tracing.PrometheusMeterProvider()
+	if err != nil {
+		return err
+	}
+	cleanups = append(cleanups, func() { meters.Shutdown(context.Background()) })
 	w, err := worker.New(ctx, worker.Config{
-		JS: js, Ledger: store, Tools: reg,
+		MeterProvider: meters,
+		JS:            js, Ledger: store, Tools: reg,
 		Streams:   jobs.Streams{Replicas: *replicas},
 		Consumer:  jobs.Consumer{Durable: *durable, FilterSubject: *filter, AckWait: *ackWait, MaxDeliver: *maxDeliver, MaxAckPending: *maxAckPending, BackOff: backoffs},
 		BatchSize: *batch, MaxInFlight: *workers, MaxBodySize: *maxBody,
@@ -136,7 +143,7 @@ func runWorker(ctx context.Context, args []string, stdio cli.IO, getenv func(str
 		return err
 	}
 	if *healthAddr != "" {
-		addr, stop, err := serveHealth(*healthAddr, nc, store, w)
+		addr, stop, err := serveHealth(*healthAddr, nc, store, metricsHandler)
 		if err != nil {
 			return err
 		}
@@ -193,7 +200,7 @@ func startEmbeddedNATS(addr, dir string) (*server.Server, error) {
 }
 
 // serveHealth serves liveness, readiness and metrics.
-func serveHealth(addr string, nc *nats.Conn, store *ledger.Store, w *worker.Worker) (string, func(), error) {
+func serveHealth(addr string, nc *nats.Conn, store *ledger.Store, metrics http.Handler) (string, func(), error) {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(rw http.ResponseWriter, r *http.Request) { fmt.Fprintln(rw, "ok") })
 	mux.HandleFunc("GET /readyz", func(rw http.ResponseWriter, r *http.Request) {
@@ -212,10 +219,7 @@ func serveHealth(addr string, nc *nats.Conn, store *ledger.Store, w *worker.Work
 		}
 		fmt.Fprintln(rw, "ready")
 	})
-	mux.HandleFunc("GET /metrics", func(rw http.ResponseWriter, r *http.Request) {
-		rw.Header().Set("Content-Type", "text/plain; version=0.0.4")
-		io.WriteString(rw, w.Stats().Prometheus())
-	})
+	mux.Handle("GET /metrics", metrics)
 	l, err := net.Listen("tcp", addr)
 	if err != nil {
 		return "", nil, fmt.Errorf("--health-addr %s: %w", addr, err)

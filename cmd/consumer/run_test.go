@@ -106,7 +106,7 @@ func TestEmbeddedDefault(t *testing.T) {
 	if len(payments.Data) != 1 {
 		t.Fatalf("%d payments", len(payments.Data))
 	}
-	for path, want := range map[string]string{"/healthz": "ok", "/readyz": "ready", "/metrics": `toolq_jobs_total{outcome="duplicate"} 1`} {
+	for path, want := range map[string]string{"/healthz": "ok", "/readyz": "ready", "/metrics": `toolq_duplicates_suppressed_total{`} {
 		resp, err := http.Get(healthURL + path)
 		if err != nil {
 			t.Fatal(err)

@@ -1,0 +1,97 @@
+package worker_test
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/attribute"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+
+	"github.com/toolq/toolq/jobs"
+	"github.com/toolq/toolq/ledger"
+	"github.com/toolq/toolq/tools"
+	"github.com/toolq/toolq/worker"
+)
+
+// TestMetrics: jobs by outcome, duplicates suppressed, claim and tool
+// latency, breaker state, with no key or conversation among the attributes.
+func TestMetrics(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	srv, _ := server.NewServer(&server.Options{Port: -1, JetStream: true, StoreDir: dir, NoLog: true, NoSigs: true})
+	go srv.Start()
+	srv.ReadyForConnections(10 * time.Second)
+	defer srv.Shutdown()
+	nc, _ := nats.Connect(srv.ClientURL())
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	ctx := context.Background()
+	store, _ := ledger.OpenSQLite(ctx, filepath.Join(dir, "ledger.db"))
+	defer store.Close()
+	store.Migrate(ctx)
+	reg, _ := tools.NewRegistry([]tools.Definition{{Name: "pay", Class: tools.KeyedWrite, Schema: json.RawMessage(`{"type":"object"}`),
+		Executor: tools.ExecutorFunc(func(ctx context.Context, r tools.Request) (json.RawMessage, error) { return json.RawMessage(`{}`), nil })}})
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	wctx, stop := context.WithCancel(ctx)
+	w, err := worker.New(wctx, worker.Config{JS: js, Ledger: store, Tools: reg, MeterProvider: mp, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error)
+	go func() { done <- w.Run(wctx) }()
+	defer func() { stop(); <-done }()
+	client := jobs.NewClient(js)
+	for _, id := range []string{"toolu_a", "toolu_b"} {
+		if r, err := client.PublishAndAwait(ctx, &jobs.Job{ConversationID: "c", Tool: "pay", ToolUseID: id, Args: json.RawMessage(`{}`)}); err != nil || r.Status != jobs.StatusOK {
+			t.Fatalf("%+v %v", r, err)
+		}
+	}
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(ctx, &rm); err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			seen[m.Name] = true
+			switch data := m.Data.(type) {
+			case metricdata.Sum[int64]:
+				for _, dp := range data.DataPoints {
+					for _, kv := range dp.Attributes.ToSlice() {
+						if kv.Key == "toolq.key" || kv.Key == "toolq.conversation_id" {
+							t.Errorf("%s has a high-cardinality attribute %s", m.Name, kv.Key)
+						}
+					}
+					if m.Name == "toolq.jobs" {
+						outcome, _ := dp.Attributes.Value(attribute.Key("toolq.outcome"))
+						if (outcome.AsString() == "ok" || outcome.AsString() == "duplicate") && dp.Value != 1 {
+							t.Errorf("toolq.jobs{%s} = %d, want 1", outcome.AsString(), dp.Value)
+						}
+					}
+					if m.Name == "toolq.duplicates.suppressed" && dp.Value != 1 {
+						t.Errorf("duplicates suppressed = %d", dp.Value)
+					}
+				}
+			case metricdata.Histogram[float64]:
+				if m.Name == "toolq.tool.duration" && data.DataPoints[0].Count != 1 {
+					t.Errorf("the tool ran %d times by the histogram", data.DataPoints[0].Count)
+				}
+			}
+		}
+	}
+	for _, name := range []string{"toolq.jobs", "toolq.duplicates.suppressed", "toolq.claim.duration", "toolq.tool.duration", "toolq.breaker.state"} {
+		if !seen[name] {
+			t.Errorf("no %s metric", name)
+		}
+	}
+}
