@@ -8,9 +8,9 @@ import (
 
 // retryError asks for the job to come back after a delay (NakWithDelay).
 type retryError struct {
-	after time.Duration
-	err   error
-	infra bool // the ledger or broker was out: it does not count toward the DLQ
+	after     time.Duration
+	err       error
+	uncounted bool // an outage, or a wait on another attempt: it does not count toward the DLQ
 }
 
 func (e *retryError) Error() string { return fmt.Sprintf("retry in %s: %v", e.after, e.err) }
@@ -23,8 +23,11 @@ func retryLater(after time.Duration, err error) error {
 	return &retryError{after: after, err: err}
 }
 
-func infraRetry(after time.Duration, err error) error {
-	return &retryError{after: after, err: err, infra: true}
+// uncountedRetry asks for the job to come back without counting the
+// delivery toward the dead-letter limit: the ledger or the broker was out, or
+// the job waits on another attempt of its call.
+func uncountedRetry(after time.Duration, err error) error {
+	return &retryError{after: after, err: err, uncounted: true}
 }
 
 // deadLetterError sends the message to the DLQ and terminates it.

@@ -47,13 +47,17 @@ func (w *Worker) settle(ctx, startCtx context.Context, d *delivery, c ledger.Cla
 
 	case row.State == ledger.Completed, row.State == ledger.Failed, row.State == ledger.Indeterminate:
 		w.ledgerOutcome(d, "duplicate", &row)
-		w.count(d, "duplicate")
-		w.log.Info("duplicate answered from the ledger", w.attrs(d, "state", row.State, "original_tool_use_id", row.FirstToolUseID)...)
-		return w.publishResult(ctx, d, w.resultOf(d, row))
+		return w.answerFromLedger(ctx, d, row)
 
-	case !row.LeaseExpired(): // another attempt is running: come back when its lease ends
+	case !row.LeaseExpired(): // another attempt is running: wait a little for it, then come back
 		w.ledgerOutcome(d, "in_flight", &row)
-		return retryLater(max(row.LeaseRemaining, 100*time.Millisecond), fmt.Errorf("attempt %d holds the lease", row.Attempt))
+		if settled, ok := w.awaitSettled(ctx, d, row); ok {
+			return w.answerFromLedger(ctx, d, settled)
+		}
+		// Waiting on another attempt is not this job failing: it does not
+		// count toward the dead-letter limit.
+		return uncountedRetry(min(max(row.LeaseRemaining, 100*time.Millisecond), w.backoff(d)),
+			fmt.Errorf("attempt %d holds the lease", row.Attempt))
 
 	case d.tool.Class == tools.KeyedWrite: // the holder died mid-call: run again with the same key
 		w.ledgerOutcome(d, "takeover", &row)
@@ -88,6 +92,48 @@ func (w *Worker) settle(ctx, startCtx context.Context, d *delivery, c ledger.Cla
 		w.cfg.Hook(AfterComplete, d.job)
 		return w.publishResult(ctx, d, w.resultOf(d, taken))
 	}
+}
+
+// answerFromLedger publishes the stored outcome of a call another delivery
+// settled, addressed to this job.
+func (w *Worker) answerFromLedger(ctx context.Context, d *delivery, row ledger.Row) error {
+	w.count(d, "duplicate")
+	w.log.Info("duplicate answered from the ledger", w.attrs(d, "state", row.State, "original_tool_use_id", row.FirstToolUseID)...)
+	return w.publishResult(ctx, d, w.resultOf(d, row))
+}
+
+// awaitSettled polls the row while another attempt holds it, for up to
+// Config.InFlightWait (less when the lease ends sooner), keeping this delivery
+// alive with InProgress. It reports the row once that attempt has settled
+// it; a retried turn usually arrives while its first attempt is finishing.
+func (w *Worker) awaitSettled(ctx context.Context, d *delivery, row ledger.Row) (ledger.Row, bool) {
+	deadline := time.Now().Add(min(w.cfg.InFlightWait, row.LeaseRemaining))
+	poll := 20 * time.Millisecond
+	lastProgress := time.Now()
+	for time.Now().Before(deadline) {
+		t := time.NewTimer(poll)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return row, false
+		case <-t.C:
+		}
+		poll = min(poll*2, 250*time.Millisecond)
+		got, err := w.cfg.Ledger.Get(ctx, row.Key)
+		switch {
+		case err != nil: // released (not sent) or unreachable: let the next delivery look again
+			return row, false
+		case got.State != ledger.InFlight:
+			return got, true
+		case got.LeaseExpired() || got.Attempt != row.Attempt:
+			return row, false
+		}
+		if time.Since(lastProgress) > w.ackWait/3 {
+			d.msg.InProgress()
+			lastProgress = time.Now()
+		}
+	}
+	return row, false
 }
 
 // execute is step 5: run the tool under the claim, keep the claim alive while
@@ -242,7 +288,7 @@ func (w *Worker) publishResult(ctx context.Context, d *delivery, r *jobs.Result)
 		return nil
 	})
 	if err != nil {
-		return infraRetry(w.backoff(d), fmt.Errorf("publish result: %w", err))
+		return uncountedRetry(w.backoff(d), fmt.Errorf("publish result: %w", err))
 	}
 	w.cfg.Hook(AfterPublish, d.job)
 	return nil

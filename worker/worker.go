@@ -54,8 +54,12 @@ type Config struct {
 	MaxBodySize     int           // larger jobs are dead-lettered (default 256 KiB; keep it below the server's max payload)
 	RetryDelay      time.Duration // first delay of a retry without a hint from the tool (default 1s, doubling per delivery up to 1m)
 	ShutdownTimeout time.Duration // how long a drain lets running tools finish (default 30s)
-	UntilEmpty      bool          // return once nothing is pending and nothing is in flight
-	Logger          *slog.Logger
+	// InFlightWait is how long a delivery whose call another attempt is
+	// running waits in process for it to settle before handing the job back
+	// to JetStream (default 5s).
+	InFlightWait time.Duration
+	UntilEmpty   bool // return once nothing is pending and nothing is in flight
+	Logger       *slog.Logger
 	// TracerProvider, MeterProvider and Propagator default to
 	// OpenTelemetry's globals.
 	TracerProvider trace.TracerProvider
@@ -90,6 +94,9 @@ func (c *Config) fill() error {
 	if c.ShutdownTimeout <= 0 {
 		c.ShutdownTimeout = 30 * time.Second
 	}
+	if c.InFlightWait <= 0 {
+		c.InFlightWait = 5 * time.Second
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -107,6 +114,9 @@ func (c *Config) fill() error {
 	}
 	return nil
 }
+
+// crashGuard × MaxDeliver deliveries dead-letter a job on arrival.
+const crashGuard = 3
 
 // Worker processes jobs. Create it with New, run it with Run.
 type Worker struct {
@@ -313,7 +323,7 @@ func (w *Worker) handleBatch(ctx, runCtx, startCtx context.Context, msgs []jetst
 			}
 			span.End()
 			if err != nil {
-				return infraRetry(w.backoff(d), fmt.Errorf("claim: %w", err))
+				return uncountedRetry(w.backoff(d), fmt.Errorf("claim: %w", err))
 			}
 			return w.process(runCtx, startCtx, d, &claim)
 		})
@@ -346,8 +356,12 @@ func (w *Worker) decode(msg jetstream.Msg) (*delivery, error) {
 		return d, deadLetter(jobs.DLQInvalid, fmt.Errorf("not a JetStream message: %w", err))
 	}
 	d.meta, d.deliveries = meta, int(meta.NumDelivered)
-	if d.deliveries > w.limit {
-		return d, deadLetter(jobs.DLQMaxDeliver, fmt.Errorf("delivered %d times, the limit is %d", d.deliveries, w.limit))
+	// A job that keeps killing its worker never reaches the check in finish:
+	// stop it on arrival. The guard is wider than the limit because
+	// deliveries that waited on another attempt, or on an outage, do not
+	// count toward the limit but do toward JetStream's delivery count.
+	if d.deliveries > crashGuard*w.limit {
+		return d, deadLetter(jobs.DLQMaxDeliver, fmt.Errorf("delivered %d times (more than %d × the limit of %d): a job that keeps stopping its worker, or one that never settles", d.deliveries, crashGuard, w.limit))
 	}
 	if len(msg.Data()) > w.cfg.MaxBodySize {
 		return d, deadLetter(jobs.DLQTooLarge, fmt.Errorf("body of %d bytes exceeds the limit of %d", len(msg.Data()), w.cfg.MaxBodySize))
@@ -399,7 +413,7 @@ func (w *Worker) finish(ctx context.Context, d *delivery, process func() error) 
 		w.count(d, "dead_letter")
 		w.deadLetter(ctx, d, dead)
 		endProcess(d, "dead_letter", err)
-	case errors.As(err, &retry) && d.deliveries >= w.limit && !retry.infra:
+	case errors.As(err, &retry) && d.deliveries >= w.limit && !retry.uncounted:
 		w.count(d, "dead_letter")
 		dead := &deadLetterError{reason: jobs.DLQMaxDeliver, err: fmt.Errorf("still unsettled after %d deliveries: %w", d.deliveries, retry.err)}
 		w.deadLetter(ctx, d, dead)

@@ -39,6 +39,7 @@ commands:
   status   streams, consumers (pending, awaiting ack, redelivered), ledger rows by state
   replay   re-publish history from TOOLQ_JOBS (--subject, --since/--until or --from-seq/--to-seq)
   dlq      dead letters: ls, show SEQ, requeue SEQ…|--all, purge --yes
+  simulate the streaming-agent scenario, naive dispatcher against toolq, in-process
 
 Run 'publisher <command> --help' for the flags of a command.`
 
@@ -50,11 +51,9 @@ func run(ctx context.Context, args []string, stdio cli.IO, getenv func(string) s
 	switch args[0] {
 	case "key":
 		return runKey(ctx, args[1:], stdio)
-	case "dlq", "replay":
-		run := runDLQ
-		if args[0] == "replay" {
-			run = runReplay
-		}
+	case "dlq", "replay", "simulate":
+		run := map[string]func(context.Context, []string, cli.IO, func(string) string) error{
+			"dlq": runDLQ, "replay": runReplay, "simulate": runSimulate}[args[0]]
 		if err := run(ctx, args[1:], stdio, getenv); err != nil && !errors.Is(err, cli.ErrHelp) {
 			return err
 		}

@@ -227,9 +227,10 @@ func TestReadToolsUseNoLedger(t *testing.T) {
 	e.settled()
 }
 
-// TestInFlightDuplicateWaitsForTheLease: a duplicate that arrives while the
-// first attempt runs is nak'ed until the lease ends, then answered.
-func TestInFlightDuplicateWaitsForTheLease(t *testing.T) {
+// TestInFlightDuplicateWaitsForTheFirstAttempt: a duplicate that arrives
+// while the first attempt runs waits for it in process, and is answered as
+// soon as it settles.
+func TestInFlightDuplicateWaitsForTheFirstAttempt(t *testing.T) {
 	t.Parallel()
 	o := options{faults: sandbox.Faults{LatencyMS: 1000}}
 	e := setup(t, o)
@@ -246,10 +247,40 @@ func TestInFlightDuplicateWaitsForTheLease(t *testing.T) {
 	if !r.Duplicate || r.Status != jobs.StatusOK || len(e.sandbox.Payments()) != 1 {
 		t.Fatalf("duplicate: %+v, %d payments", r, len(e.sandbox.Payments()))
 	}
-	if rw.w.Stats().Snapshot()["retry"] < 1 {
-		t.Fatalf("the duplicate was not nak'ed: %v", rw.w.Stats().Snapshot())
+	if s := rw.w.Stats().Snapshot(); s["retry"] != 0 || s["duplicate"] != 1 {
+		t.Fatalf("the duplicate did not wait in process: %v", s)
 	}
 	e.settled()
+}
+
+// TestLongInFlightWaitIsNotDeadLettered: when the first attempt outlasts the
+// in-process wait, the duplicate goes back to JetStream and comes again, as
+// often as needed: waiting on another attempt never counts toward the
+// dead-letter limit.
+func TestLongInFlightWaitIsNotDeadLettered(t *testing.T) {
+	t.Parallel()
+	o := options{maxDeliver: 2, inFlight: 100 * time.Millisecond}
+	e := setup(t, o)
+	rw := e.startWorker(o, nil)
+	first := job(conv(t), 0, "gated_write", `{"n":1}`)
+	p := e.publish(first)
+	eventually(t, 10*time.Second, "the first attempt in flight", func() bool {
+		r, err := e.store.Get(context.Background(), p.Key)
+		return err == nil && r.State == ledger.InFlight
+	})
+	dup := job(conv(t), 0, "gated_write", `{"n":1}`)
+	e.publish(dup)
+	eventually(t, 20*time.Second, "the duplicate to come back more often than max-deliver", func() bool {
+		return rw.w.Stats().Snapshot()["retry"] > 3
+	})
+	close(e.gate)
+	if r := e.await(dup); !r.Duplicate || r.Status != jobs.StatusOK {
+		t.Fatalf("duplicate %+v", r)
+	}
+	e.settled()
+	if n := len(e.deadLetters()); n != 0 {
+		t.Fatalf("%d dead letters", n)
+	}
 }
 
 // seedExpired leaves the ledger as a worker that died mid-call would: an

@@ -126,6 +126,7 @@ type options struct {
 	ownCluster bool   // a Postgres cluster of the test's own, which it may stop
 	durable    string // default toolq
 	filter     string // default toolq.jobs.>
+	inFlight   time.Duration
 }
 
 func setup(t *testing.T, o options) *env {
@@ -221,7 +222,7 @@ func (e *env) startWorker(o options, hook func(worker.FaultPoint, *jobs.Job)) *r
 	w, err := worker.New(ctx, worker.Config{
 		JS: e.js, Ledger: e.store, Tools: e.registry, Consumer: o.consumer(),
 		Owner: fmt.Sprintf("test-worker-%d", len(e.workers)), BatchSize: 16, RetryDelay: 100 * time.Millisecond,
-		MaxBodySize: o.maxBody, ShutdownTimeout: 10 * time.Second, Logger: slog.New(slog.NewTextHandler(e.logs, nil)), Hook: hook,
+		MaxBodySize: o.maxBody, ShutdownTimeout: 10 * time.Second, InFlightWait: o.inFlight, Logger: slog.New(slog.NewTextHandler(e.logs, nil)), Hook: hook,
 	})
 	if err != nil {
 		cancel()
