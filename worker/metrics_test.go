@@ -3,21 +3,13 @@ package worker_test
 import (
 	"context"
 	"encoding/json"
-	"io"
-	"log/slog"
-	"path/filepath"
 	"testing"
-	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/attribute"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/toolq/toolq/jobs"
-	"github.com/toolq/toolq/ledger"
 	"github.com/toolq/toolq/tools"
 	"github.com/toolq/toolq/worker"
 )
@@ -26,30 +18,11 @@ import (
 // latency, breaker state, with no key or conversation among the attributes.
 func TestMetrics(t *testing.T) {
 	t.Parallel()
-	dir := t.TempDir()
-	srv, _ := server.NewServer(&server.Options{Port: -1, JetStream: true, StoreDir: dir, NoLog: true, NoSigs: true})
-	go srv.Start()
-	srv.ReadyForConnections(10 * time.Second)
-	defer srv.Shutdown()
-	nc, _ := nats.Connect(srv.ClientURL())
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
 	ctx := context.Background()
-	store, _ := ledger.OpenSQLite(ctx, filepath.Join(dir, "ledger.db"))
-	defer store.Close()
-	store.Migrate(ctx)
 	reg, _ := tools.NewRegistry([]tools.Definition{{Name: "pay", Class: tools.KeyedWrite, Schema: json.RawMessage(`{"type":"object"}`),
 		Executor: tools.ExecutorFunc(func(ctx context.Context, r tools.Request) (json.RawMessage, error) { return json.RawMessage(`{}`), nil })}})
 	reader := sdkmetric.NewManualReader()
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-	wctx, stop := context.WithCancel(ctx)
-	w, err := worker.New(wctx, worker.Config{JS: js, Ledger: store, Tools: reg, MeterProvider: mp, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error)
-	go func() { done <- w.Run(wctx) }()
-	defer func() { stop(); <-done }()
+	js, _ := startWorker(t, reg, worker.Config{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))})
 	client := jobs.NewClient(js)
 	for _, id := range []string{"toolu_a", "toolu_b"} {
 		if r, err := client.PublishAndAwait(ctx, &jobs.Job{ConversationID: "c", Tool: "pay", ToolUseID: id, Args: json.RawMessage(`{}`)}); err != nil || r.Status != jobs.StatusOK {

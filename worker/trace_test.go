@@ -3,22 +3,15 @@ package worker_test
 import (
 	"context"
 	"encoding/json"
-	"io"
-	"log/slog"
-	"path/filepath"
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/attribute"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/toolq/toolq/jobs"
-	"github.com/toolq/toolq/ledger"
 	"github.com/toolq/toolq/tools"
 	"github.com/toolq/toolq/tracing"
 	"github.com/toolq/toolq/worker"
@@ -29,21 +22,7 @@ import (
 // keeps the claiming span; a duplicate's process span links to it.
 func TestTracing(t *testing.T) {
 	t.Parallel()
-	dir := t.TempDir()
-	srv, _ := server.NewServer(&server.Options{Port: -1, JetStream: true, StoreDir: dir, NoLog: true, NoSigs: true})
-	go srv.Start()
-	srv.ReadyForConnections(10 * time.Second)
-	defer srv.Shutdown()
-	nc, _ := nats.Connect(srv.ClientURL())
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
 	ctx := context.Background()
-	store, err := ledger.OpenSQLite(ctx, filepath.Join(dir, "ledger.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer store.Close()
-	store.Migrate(ctx)
 	reg, _ := tools.NewRegistry([]tools.Definition{{Name: "pay", Class: tools.KeyedWrite, Schema: json.RawMessage(`{"type":"object"}`),
 		Executor: tools.ExecutorFunc(func(ctx context.Context, r tools.Request) (json.RawMessage, error) {
 			if !trace.SpanContextFromContext(ctx).IsValid() {
@@ -54,15 +33,7 @@ func TestTracing(t *testing.T) {
 	rec := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
 	prop := tracing.Propagator()
-	wctx, stop := context.WithCancel(ctx)
-	w, err := worker.New(wctx, worker.Config{JS: js, Ledger: store, Tools: reg, TracerProvider: tp, Propagator: prop,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error)
-	go func() { done <- w.Run(wctx) }()
-	defer func() { stop(); <-done }()
+	js, store := startWorker(t, reg, worker.Config{TracerProvider: tp, Propagator: prop})
 
 	client := jobs.NewClient(js, jobs.WithTracerProvider(tp), jobs.WithPropagator(prop))
 	agentCtx, agentSpan := tp.Tracer("agent").Start(ctx, "agent turn")
