@@ -20,9 +20,6 @@ func TestProvisionIsIdempotentAndRefusesWorkQueues(t *testing.T) {
 		if err := jobs.ProvisionStreams(ctx, js, jobs.Streams{}); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := jobs.ProvisionConsumer(ctx, js, jobs.Consumer{}); err != nil {
-			t.Fatal(err)
-		}
 	}
 	s, err := js.Stream(ctx, jobs.JobsStream)
 	if err != nil {

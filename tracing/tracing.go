@@ -45,6 +45,13 @@ const (
 	KeyConversation  = attribute.Key("toolq.conversation_id")
 	KeyResultStatus  = attribute.Key("toolq.result.status")
 	KeyDuplicate     = attribute.Key("toolq.duplicate")
+	KeyDownstream    = attribute.Key("toolq.downstream") // the origin an HTTP tool calls
+	KeyAttempt       = attribute.Key("toolq.attempt")    // the claim's fencing token
+	KeyErrorCode     = attribute.Key("toolq.error.code") // the tool's error code
+	KeyVerdict       = attribute.Key("toolq.verdict")    // what JetStream was told: ack, nak, dead_letter
+	KeyOutcome       = attribute.Key("toolq.outcome")    // how a delivery ended (the toolq.jobs metric's label)
+	KeyLink          = attribute.Key("toolq.link")       // on a link: why it was added
+	KeyDLQReason     = attribute.Key("toolq.dlq.reason") // a dead letter's reason
 )
 
 // The messaging attributes of the OpenTelemetry semantic conventions.

@@ -4,10 +4,10 @@ import (
 	"context"
 	"time"
 
-	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/toolq/toolq/tools"
+	"github.com/toolq/toolq/tracing"
 )
 
 const meterName = "github.com/toolq/toolq/worker"
@@ -29,7 +29,7 @@ func newInstruments(mp metric.MeterProvider, reg *tools.Registry) (*instruments,
 	var in instruments
 	var err error
 	if in.jobs, err = m.Int64Counter("toolq.jobs", metric.WithUnit("{job}"),
-		metric.WithDescription("Deliveries settled, by outcome: ok, error, rejected, indeterminate, duplicate, retry, dead_letter, fenced.")); err != nil {
+		metric.WithDescription("Deliveries settled, by outcome (toolq.outcome): ok, error, rejected, indeterminate, duplicate, retry, fenced, dead_letter.")); err != nil {
 		return nil, err
 	}
 	if in.duplicates, err = m.Int64Counter("toolq.duplicates.suppressed", metric.WithUnit("{job}"),
@@ -48,28 +48,33 @@ func newInstruments(mp metric.MeterProvider, reg *tools.Registry) (*instruments,
 	_, err = m.Int64ObservableGauge("toolq.breaker.state", metric.WithDescription("Circuit breaker state per downstream: 0 closed, 1 half-open, 2 open."),
 		metric.WithInt64Callback(func(_ context.Context, o metric.Int64Observer) error {
 			for downstream, state := range reg.BreakerStates() {
-				o.Observe(map[string]int64{"closed": 0, "half-open": 1, "open": 2}[state], metric.WithAttributes(attribute.String("toolq.downstream", downstream)))
+				o.Observe(map[string]int64{"closed": 0, "half-open": 1, "open": 2}[state], metric.WithAttributes(tracing.KeyDownstream.String(downstream)))
 			}
 			return nil
 		}))
 	return &in, err
 }
 
-// count records a settled delivery in the stats and the metrics.
-func (w *Worker) count(d *delivery, outcome string) {
-	w.stats.add(outcome)
-	attrs := []attribute.KeyValue{attribute.String("toolq.outcome", outcome)}
-	if d.job != nil {
-		attrs = append(attrs, attribute.String("toolq.tool", d.job.Tool))
+// record counts how a delivery ended, once, in the stats and the metrics,
+// and ends its span. The tool label is the registered tool's name, or
+// "unknown" for a name the registry lacks, so that a sender cannot grow
+// the label set.
+func (w *Worker) record(d *delivery, o outcome) {
+	w.stats.add(o.label)
+	tool := "unknown"
+	if d.tool != nil {
+		tool = d.tool.Name
 	}
-	w.metrics.jobs.Add(context.Background(), 1, metric.WithAttributes(attrs...))
-	if outcome == "duplicate" {
-		w.metrics.duplicates.Add(context.Background(), 1, metric.WithAttributes(attrs[1:]...))
+	attrs := metric.WithAttributes(tracing.KeyOutcome.String(string(o.label)), tracing.KeyTool.String(tool))
+	w.metrics.jobs.Add(context.Background(), 1, attrs)
+	if o.label == OutcomeDuplicate {
+		w.metrics.duplicates.Add(context.Background(), 1, metric.WithAttributes(tracing.KeyTool.String(tool)))
 	}
+	d.endSpan(o)
 }
 
 func (w *Worker) observeTool(d *delivery, start time.Time, outcome tools.Outcome) {
 	w.metrics.toolLatency.Record(context.Background(), time.Since(start).Seconds(), metric.WithAttributes(
-		attribute.String("toolq.tool", d.tool.Name), attribute.String("toolq.tool.class", string(d.tool.Class)),
-		attribute.String("toolq.tool.outcome", outcome.String())))
+		tracing.KeyTool.String(d.tool.Name), tracing.KeyToolClass.String(string(d.tool.Class)),
+		tracing.KeyToolOutcome.String(outcome.String())))
 }

@@ -1,75 +1,139 @@
 package worker
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/toolq/toolq/jobs"
 )
 
-// retryError asks for the job to come back after a delay (NakWithDelay).
-type retryError struct {
-	after     time.Duration
-	err       error
-	uncounted bool // an outage, or a wait on another attempt: it does not count toward the DLQ
+// Outcome names how one delivery ended. It labels the toolq.jobs metric
+// (attribute toolq.outcome) and the counts of Stats; each delivery has
+// exactly one.
+type Outcome string
+
+// The outcomes. The first four publish a result for a call that ran or was
+// refused; duplicate publishes the ledger's result of a call another
+// delivery ran; the last three publish nothing for this delivery.
+const (
+	OutcomeOK            Outcome = "ok"            // the tool succeeded
+	OutcomeError         Outcome = "error"         // the downstream answered no: a definite failure
+	OutcomeRejected      Outcome = "rejected"      // a valid job that cannot run (unknown tool, bad args, key mismatch or collision)
+	OutcomeIndeterminate Outcome = "indeterminate" // an unkeyed write whose effect is unknown: an operator resolves it
+	OutcomeDuplicate     Outcome = "duplicate"     // answered from the ledger: nothing ran
+	OutcomeRetry         Outcome = "retry"         // handed back to JetStream for a later delivery
+	OutcomeFenced        Outcome = "fenced"        // lost its claim while the tool ran: published nothing, handed back
+	OutcomeDeadLetter    Outcome = "dead_letter"   // sent to TOOLQ_DLQ and terminated
+)
+
+// verb is what JetStream is told about a delivery.
+type verb int
+
+const (
+	verbAck        verb = iota // Ack: the result is published
+	verbNak                    // NakWithDelay: deliver again later
+	verbDeadLetter             // publish to TOOLQ_DLQ, then Term
+)
+
+func (v verb) String() string {
+	return [...]string{"ack", "nak", "dead_letter"}[v]
 }
 
-func (e *retryError) Error() string { return fmt.Sprintf("retry in %s: %v", e.after, e.err) }
-func (e *retryError) Unwrap() error { return e.err }
+// outcome is the verdict of one delivery: what to tell JetStream and how to
+// count it. settle is the one place that acts on it.
+type outcome struct {
+	label Outcome
+	verb  verb
+	delay time.Duration // verbNak: when to deliver again
+	// counted (verbNak): this delivery failed and counts toward
+	// MaxDeliver. Waits on another attempt and outages do not.
+	counted bool
+	reason  string // verbDeadLetter: the DLQ reason (jobs.DLQ*)
+	err     error  // verbNak and verbDeadLetter: why
+}
 
-func retryLater(after time.Duration, err error) error {
+// answered acks a delivery whose result is published.
+func answered(label Outcome) outcome { return outcome{label: label, verb: verbAck} }
+
+// retryAfter hands the job back after delay; the delivery counts toward
+// MaxDeliver.
+func retryAfter(delay time.Duration, err error) outcome {
+	return outcome{label: OutcomeRetry, verb: verbNak, delay: delay, counted: true, err: orRetry(err)}
+}
+
+// retryUncounted hands the job back without spending a delivery: the ledger
+// or the broker was out, or the job waits on another attempt of its call.
+func retryUncounted(delay time.Duration, err error) outcome {
+	return outcome{label: OutcomeRetry, verb: verbNak, delay: delay, err: orRetry(err)}
+}
+
+// deadLettered sends the message to the DLQ with reason.
+func deadLettered(reason string, err error) outcome {
+	return outcome{label: OutcomeDeadLetter, verb: verbDeadLetter, reason: reason, err: err}
+}
+
+func orRetry(err error) error {
 	if err == nil {
-		err = fmt.Errorf("retry")
+		return errors.New("retry")
 	}
-	return &retryError{after: after, err: err}
+	return err
 }
 
-// uncountedRetry asks for the job to come back without counting the
-// delivery toward the dead-letter limit: the ledger or the broker was out, or
-// the job waits on another attempt of its call.
-func uncountedRetry(after time.Duration, err error) error {
-	return &retryError{after: after, err: err, uncounted: true}
+// settle tells JetStream how the delivery ended, and is the only place that
+// does: Ack for a published result; NakWithDelay for a retry, or the DLQ
+// once a counted retry reaches the delivery limit; publish to the DLQ then
+// Term for a dead letter, or NakWithDelay when the dead letter cannot be
+// published (never dropped). It then counts the outcome and ends the
+// delivery's span, once.
+func (w *Worker) settle(ctx context.Context, d *delivery, o outcome) {
+	if o.verb == verbNak && o.counted && d.deliveries >= w.limit {
+		o = deadLettered(jobs.DLQMaxDeliver, fmt.Errorf("still unsettled after %d deliveries: %w", d.deliveries, o.err))
+	}
+	if o.verb == verbDeadLetter {
+		if err := w.publishDeadLetter(ctx, d, o); err != nil {
+			w.log.Error("dead letter not published; the job will be redelivered", d.attrs("error", err)...)
+			o = retryUncounted(w.backoff(d), fmt.Errorf("dead letter not published: %w", err))
+		}
+	}
+	var err error
+	switch o.verb {
+	case verbAck:
+		d.hook(BeforeAck)
+		err = d.msg.Ack()
+	case verbNak:
+		w.log.Info("job retried later", d.attrs("delay", o.delay, "reason", o.err.Error())...)
+		err = d.msg.NakWithDelay(o.delay)
+	case verbDeadLetter:
+		w.log.Warn("job dead-lettered", d.attrs("reason", o.reason, "detail", o.err.Error())...)
+		err = d.msg.TermWithReason(o.reason)
+	}
+	if err != nil {
+		// Not fatal: without an answer JetStream delivers the job again
+		// after the ack wait, and the ledger answers it.
+		w.log.Warn("answering JetStream failed; the job will be redelivered", d.attrs("verb", o.verb.String(), "error", err)...)
+	}
+	w.record(d, o)
 }
 
-// deadLetterError sends the message to the DLQ and terminates it.
-type deadLetterError struct {
-	reason string
-	err    error
-}
-
-func (e *deadLetterError) Error() string { return e.reason + ": " + e.err.Error() }
-func (e *deadLetterError) Unwrap() error { return e.err }
-
-func deadLetter(reason string, err error) error { return &deadLetterError{reason: reason, err: err} }
-
-// rejectError answers a valid job that cannot run with a rejected result.
-type rejectError struct {
-	code, message string
-}
-
-func (e *rejectError) Error() string { return e.code + ": " + e.message }
-
-func (w *Worker) reject(_ *delivery, code, message string) error {
-	return &rejectError{code: code, message: message}
-}
-
-// Stats counts what the worker did, by outcome: ok, error, rejected,
-// indeterminate (results published for calls that ran or were refused),
-// duplicate (answered from the ledger), retry, dead_letter, fenced.
+// Stats counts what the worker did, by Outcome.
 type Stats struct {
 	mu     sync.Mutex
 	counts map[string]int64
 }
 
-func (s *Stats) add(outcome string) {
+func (s *Stats) add(o Outcome) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.counts == nil {
 		s.counts = map[string]int64{}
 	}
-	s.counts[outcome]++
+	s.counts[string(o)]++
 }
 
-// Snapshot returns the counts so far.
+// Snapshot returns the counts so far, keyed by Outcome.
 func (s *Stats) Snapshot() map[string]int64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()

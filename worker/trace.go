@@ -16,10 +16,26 @@ import (
 
 const tracerName = "github.com/toolq/toolq/worker"
 
-// startProcess starts the consumer span of one delivery, a child of the
-// publisher's send span when the job carries its trace context.
-func (w *Worker) startProcess(ctx context.Context, d *delivery) {
-	parent := w.propagator.Extract(ctx, jobs.HeaderCarrier(d.msg.Headers()))
+// ledgerOutcome is what the claim found, recorded on the process span as
+// toolq.ledger.outcome.
+type ledgerOutcome string
+
+const (
+	ledgerNone       ledgerOutcome = "none"        // the tool runs without a claim
+	ledgerClaimed    ledgerOutcome = "claimed"     // this delivery claimed the key first
+	ledgerDuplicate  ledgerOutcome = "duplicate"   // another delivery settled the call
+	ledgerInFlight   ledgerOutcome = "in_flight"   // another attempt holds the lease
+	ledgerTakeover   ledgerOutcome = "takeover"    // a keyed write's holder died: run again with the same key
+	ledgerHolderLost ledgerOutcome = "holder_lost" // an unkeyed write's holder died: indeterminate
+	ledgerCollision  ledgerOutcome = "collision"   // the row holds another call's material
+)
+
+// startSpan starts the consumer span of the delivery, a child of the
+// publisher's send span when the job carries its trace context, with what
+// decode learned.
+func (d *delivery) startSpan() {
+	w := d.w
+	parent := w.propagator.Extract(d.runCtx, jobs.HeaderCarrier(d.msg.Headers()))
 	attrs := []attribute.KeyValue{
 		tracing.MessagingSystem.String("nats"),
 		tracing.MessagingDestination.String(d.msg.Subject()),
@@ -40,36 +56,37 @@ func (w *Worker) startProcess(ctx context.Context, d *delivery) {
 
 // child starts a span under the delivery's process span, on ctx's
 // deadlines and cancellation.
-func (w *Worker) child(ctx context.Context, d *delivery, name string, kind trace.SpanKind, attrs ...attribute.KeyValue) (context.Context, trace.Span) {
-	return w.tracer.Start(trace.ContextWithSpan(ctx, d.span), name, trace.WithSpanKind(kind), trace.WithAttributes(attrs...))
+func (d *delivery) child(ctx context.Context, name string, kind trace.SpanKind, attrs ...attribute.KeyValue) (context.Context, trace.Span) {
+	return d.w.tracer.Start(trace.ContextWithSpan(ctx, d.span), name, trace.WithSpanKind(kind), trace.WithAttributes(attrs...))
 }
 
 // ledgerOutcome records what the claim found on the process span; for a
 // row another delivery claimed it links to that delivery's span, so a trace
 // viewer goes from the duplicate to the original execution.
-func (w *Worker) ledgerOutcome(d *delivery, outcome string, row *ledger.Row) {
-	d.span.SetAttributes(tracing.KeyLedgerOutcome.String(outcome))
+func (d *delivery) ledgerOutcome(found ledgerOutcome, row *ledger.Row) {
+	d.span.SetAttributes(tracing.KeyLedgerOutcome.String(string(found)))
 	if row == nil || row.TraceID == "" {
 		return
 	}
 	if sc, ok := spanContextOf(row.TraceID, row.SpanID); ok && sc.SpanID() != d.span.SpanContext().SpanID() {
 		d.span.AddLink(trace.Link{SpanContext: sc, Attributes: []attribute.KeyValue{
-			attribute.String("toolq.link", "claimed_by"), tracing.KeyToolUseID.String(row.FirstToolUseID),
-			attribute.String("toolq.attempt", strconv.FormatInt(row.Attempt, 10)),
+			tracing.KeyLink.String("claimed_by"), tracing.KeyToolUseID.String(row.FirstToolUseID),
+			tracing.KeyAttempt.String(strconv.FormatInt(row.Attempt, 10)),
 		}})
 	}
 }
 
-// endProcess ends the process span with the delivery's verdict.
-func endProcess(d *delivery, verdict string, err error) {
+// endSpan ends the process span with the delivery's verdict.
+func (d *delivery) endSpan(o outcome) {
 	if d.span == nil {
 		return
 	}
-	d.span.SetAttributes(attribute.String("toolq.verdict", verdict))
-	if err != nil && verdict != "ack" {
-		d.span.RecordError(err)
-		if verdict == "dead_letter" {
-			d.span.SetStatus(codes.Error, err.Error())
+	d.span.SetAttributes(tracing.KeyVerdict.String(o.verb.String()), tracing.KeyOutcome.String(string(o.label)))
+	if o.err != nil {
+		d.span.RecordError(o.err)
+		if o.verb == verbDeadLetter {
+			d.span.SetAttributes(tracing.KeyDLQReason.String(o.reason))
+			d.span.SetStatus(codes.Error, o.err.Error())
 		}
 	}
 	d.span.End()

@@ -1,9 +1,13 @@
-// Package worker runs toolq's jobs: it pulls them from JetStream in batches,
-// claims their keys in the ledger in one round trip, runs the tools, records
-// the outcome, publishes the result and only then acknowledges the job. The
-// processing of one delivery, DESIGN.md's state machine, is settle and
-// execute in process.go; everything around it (fetching, batching, draining,
-// dead letters) is here.
+// Package worker runs toolq's jobs: it pulls them from JetStream, claims
+// their keys in the ledger (claims that arrive together share one round
+// trip), runs the tools, records the outcome, publishes the result and only
+// then acknowledges the job.
+//
+// The processing of one delivery, the state machine of docs/design.md, is
+// delivery.run in delivery.go, read top to bottom; it returns one outcome,
+// and settle in outcome.go is the one place that turns an outcome into a
+// JetStream verb and counts it. This file holds the configuration and the
+// fetch loop with its drain.
 package worker
 
 import (
@@ -27,7 +31,7 @@ import (
 )
 
 // FaultPoint names a point in the processing of a job where a test can stop
-// the worker (see Config.Hook).
+// the worker (see TestConfig.Hook).
 type FaultPoint string
 
 // The fault points, in the order a job passes them.
@@ -46,7 +50,7 @@ type Config struct {
 	Ledger   *ledger.Store
 	Tools    *tools.Registry
 	Streams  jobs.Streams
-	Consumer jobs.Consumer
+	Consumer Consumer
 
 	Owner           string        // names this worker in ledger rows (default host:pid)
 	BatchSize       int           // jobs per pull (default 32)
@@ -66,8 +70,15 @@ type Config struct {
 	MeterProvider  metric.MeterProvider
 	Propagator     propagation.TextMapPropagator
 
-	// Hook, when set, is called at each FaultPoint of each job. Tests use
-	// it to kill the process at a precise point.
+	// Test holds knobs for tests only; production code leaves it zero.
+	Test TestConfig
+}
+
+// TestConfig holds the worker's test-only knobs. Nothing in production sets
+// them.
+type TestConfig struct {
+	// Hook, when set, is called at each FaultPoint of each job. The fault
+	// tests use it to kill the process at a precise point.
 	Hook func(FaultPoint, *jobs.Job)
 }
 
@@ -99,9 +110,6 @@ func (c *Config) fill() error {
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
-	}
-	if c.Hook == nil {
-		c.Hook = func(FaultPoint, *jobs.Job) {}
 	}
 	if c.TracerProvider == nil {
 		c.TracerProvider = otel.GetTracerProvider()
@@ -145,7 +153,7 @@ func New(ctx context.Context, cfg Config) (*Worker, error) {
 	if err := jobs.ProvisionStreams(ctx, cfg.JS, cfg.Streams); err != nil {
 		return nil, err
 	}
-	cons, err := jobs.ProvisionConsumer(ctx, cfg.JS, cfg.Consumer)
+	cons, err := cfg.Consumer.provision(ctx, cfg.JS)
 	if err != nil {
 		return nil, err
 	}
@@ -164,7 +172,7 @@ func New(ctx context.Context, cfg Config) (*Worker, error) {
 		cfg:        cfg,
 		log:        cfg.Logger,
 		consumer:   cons,
-		limit:      cfg.Consumer.Limit(),
+		limit:      cfg.Consumer.withDefaults().MaxDeliver,
 		ackWait:    ackWait,
 		slots:      make(chan struct{}, cfg.MaxInFlight),
 		tracer:     cfg.TracerProvider.Tracer(tracerName),
@@ -175,18 +183,19 @@ func New(ctx context.Context, cfg Config) (*Worker, error) {
 }
 
 // Run fetches and processes jobs until ctx ends (or, with UntilEmpty, until
-// nothing is left), then drains: it stops fetching, lets running tools
-// finish for up to ShutdownTimeout, releases the claims of jobs that had not
-// started and naks them. It returns nil after a clean drain.
+// nothing is left), then drains: it stops fetching and starting tool calls
+// at once, hands back every job whose tool call has not begun, and lets
+// running calls finish for up to ShutdownTimeout, counted from the moment
+// ctx ended. It returns nil after a clean drain.
 func (w *Worker) Run(ctx context.Context) error {
-	// Jobs keep running on this context after ctx ends, until the drain
-	// gives up on them.
+	// Jobs keep running on runCtx after ctx ends, until the drain gives up
+	// on them. startCtx ends with ctx: a job that has not begun its tool
+	// call by then is handed back instead.
 	runCtx, cancelRun := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelRun()
-	// startCtx ends when the drain starts: a job that has not begun its tool
-	// call by then is released instead.
 	startCtx, stopStarting := context.WithCancel(runCtx)
 	defer stopStarting()
+	defer context.AfterFunc(ctx, stopStarting)()
 	go w.claims.run(runCtx)
 	go w.commits.run(runCtx)
 	defer func() { cancelRun(); <-w.claims.done; <-w.commits.done }()
@@ -211,29 +220,21 @@ func (w *Worker) Run(ctx context.Context) error {
 loop:
 	for {
 		select {
-		case <-ctx.Done():
+		case <-startCtx.Done():
 			break loop
 		case msg, ok := <-incoming:
 			if !ok {
 				err = fmt.Errorf("worker: the pull from %s ended (was the consumer deleted?)", jobs.JobsStream)
 				break loop
 			}
-			// Take what else has arrived, without waiting: one claim round
-			// trip for the lot.
-			batch := []jetstream.Msg{msg}
-		more:
-			for len(batch) < w.cfg.BatchSize {
-				select {
-				case m, ok := <-incoming:
-					if !ok {
-						break more
-					}
-					batch = append(batch, m)
-				default:
-					break more
-				}
+			select {
+			case w.slots <- struct{}{}:
+			case <-startCtx.Done(): // draining: never start what waited for a slot
+				w.handBack(runCtx, msg)
+				break loop
 			}
-			w.handleBatch(ctx, runCtx, startCtx, batch)
+			w.inFlight.Add(1)
+			go w.process(runCtx, startCtx, msg)
 		case <-idle.C:
 			if w.cfg.UntilEmpty {
 				empty, err := w.empty(ctx)
@@ -246,22 +247,51 @@ loop:
 			}
 		}
 	}
+	// The loop leaves as soon as ctx ends (it never blocks on anything
+	// else), so the shutdown timeout counts from there.
+	stopStarting()
+	deadline := time.NewTimer(w.cfg.ShutdownTimeout)
+	defer deadline.Stop()
 	// Stop pulling; what the client had buffered comes out of incoming and
 	// goes back at once.
 	iter.Drain()
 	for msg := range incoming {
-		msg.Nak()
+		w.handBack(runCtx, msg)
 	}
-	stopStarting()
 	done := make(chan struct{})
 	go func() { w.inFlight.Wait(); close(done) }()
 	select {
 	case <-done:
-	case <-time.After(w.cfg.ShutdownTimeout):
+	case <-deadline.C:
 		err = errors.Join(err, fmt.Errorf("worker: %d job(s) still running after the shutdown timeout (%s); their leases will expire", len(w.slots), w.cfg.ShutdownTimeout))
 		cancelRun()
 	}
 	return err
+}
+
+// process runs one delivery in its own goroutine, holding a slot.
+func (w *Worker) process(runCtx, startCtx context.Context, msg jetstream.Msg) {
+	defer func() {
+		<-w.slots
+		w.inFlight.Done()
+	}()
+	d := w.newDelivery(runCtx, startCtx, msg)
+	w.settle(runCtx, d, d.run())
+}
+
+// handBack returns a message the drain will not process: it is delivered
+// again at once, to another worker, without counting toward its limit.
+func (w *Worker) handBack(runCtx context.Context, msg jetstream.Msg) {
+	d := w.newDelivery(runCtx, runCtx, msg)
+	w.settle(runCtx, d, retryUncounted(0, errors.New("the worker is draining")))
+}
+
+func (w *Worker) newDelivery(runCtx, startCtx context.Context, msg jetstream.Msg) *delivery {
+	d := &delivery{w: w, msg: msg, runCtx: runCtx, startCtx: startCtx}
+	if meta, err := msg.Metadata(); err == nil {
+		d.meta, d.deliveries = meta, int(meta.NumDelivered)
+	}
+	return d
 }
 
 // empty reports whether the durable has nothing pending, nothing awaiting
@@ -275,59 +305,6 @@ func (w *Worker) empty(ctx context.Context) (bool, error) {
 		return false, err
 	}
 	return info.NumPending == 0 && info.NumAckPending == 0 && len(w.slots) == 0, nil
-}
-
-// delivery is one fetched message and what was learned of it.
-type delivery struct {
-	msg        jetstream.Msg
-	meta       *jetstream.MsgMetadata
-	job        *jobs.Job
-	key        string
-	material   jobs.Material
-	tool       *tools.Tool
-	deliveries int
-	ctx        context.Context // carries the process span
-	span       trace.Span
-}
-
-// handleBatch validates each message and processes every job in its own
-// goroutine. Claims go through the claim batcher, so the claims of jobs that
-// arrive together take one round trip; while the ledger is unreachable the
-// jobs wait there (holding their slots, so fetching stops) until ctx ends.
-func (w *Worker) handleBatch(ctx, runCtx, startCtx context.Context, msgs []jetstream.Msg) {
-	for _, msg := range msgs {
-		w.slots <- struct{}{}
-		w.inFlight.Add(1)
-		d, err := w.decode(msg)
-		w.startProcess(runCtx, d)
-		go w.finish(runCtx, d, func() error {
-			var rej *rejectError
-			switch {
-			case errors.As(err, &rej):
-				return w.publishRejected(runCtx, d, rej)
-			case err != nil:
-				return err
-			case !d.tool.UsesLedger:
-				return w.process(runCtx, startCtx, d, nil)
-			}
-			var claim ledger.ClaimResult
-			cctx, span := w.child(runCtx, d, "toolq.claim", trace.SpanKindInternal)
-			start := time.Now()
-			err := w.durably(ctx, "claim", d, func() (err error) {
-				claim, err = w.claims.do(cctx, w.claimOf(d))
-				return err
-			})
-			w.metrics.claimLatency.Record(runCtx, time.Since(start).Seconds())
-			if err != nil {
-				span.RecordError(err)
-			}
-			span.End()
-			if err != nil {
-				return uncountedRetry(w.backoff(d), fmt.Errorf("claim: %w", err))
-			}
-			return w.process(runCtx, startCtx, d, &claim)
-		})
-	}
 }
 
 func (w *Worker) claimOf(d *delivery) ledger.Claim {
@@ -346,97 +323,6 @@ func (w *Worker) claimOf(d *delivery) ledger.Claim {
 	}
 }
 
-// decode turns a message into a delivery, or into an error that settles it:
-// a dead letter for what is not a valid job, a rejected result for a valid
-// job that cannot run. A nil error with a nil tool never happens.
-func (w *Worker) decode(msg jetstream.Msg) (*delivery, error) {
-	d := &delivery{msg: msg}
-	meta, err := msg.Metadata()
-	if err != nil {
-		return d, deadLetter(jobs.DLQInvalid, fmt.Errorf("not a JetStream message: %w", err))
-	}
-	d.meta, d.deliveries = meta, int(meta.NumDelivered)
-	// A job that keeps killing its worker never reaches the check in finish:
-	// stop it on arrival. The guard is wider than the limit because
-	// deliveries that waited on another attempt, or on an outage, do not
-	// count toward the limit but do toward JetStream's delivery count.
-	if d.deliveries > crashGuard*w.limit {
-		return d, deadLetter(jobs.DLQMaxDeliver, fmt.Errorf("delivered %d times (more than %d × the limit of %d): a job that keeps stopping its worker, or one that never settles", d.deliveries, crashGuard, w.limit))
-	}
-	if len(msg.Data()) > w.cfg.MaxBodySize {
-		return d, deadLetter(jobs.DLQTooLarge, fmt.Errorf("body of %d bytes exceeds the limit of %d", len(msg.Data()), w.cfg.MaxBodySize))
-	}
-	if d.job, err = jobs.DecodeJob(msg.Data()); err != nil {
-		return d, deadLetter(jobs.DLQInvalid, err)
-	}
-	if subj := jobs.JobSubject(d.job.Tool); msg.Subject() != subj {
-		return d, deadLetter(jobs.DLQInvalid, fmt.Errorf("job for tool %q published on %s, want %s", d.job.Tool, msg.Subject(), subj))
-	}
-	if d.material, err = d.job.Call().Material(); err != nil {
-		return d, deadLetter(jobs.DLQInvalid, err)
-	}
-	d.key = d.material.Key()
-	if sent := msg.Headers().Get(jobs.HeaderKey); sent != "" && sent != d.key {
-		return d, w.reject(d, "key_mismatch", fmt.Sprintf("the publisher's %s %s differs from the derived key %s", jobs.HeaderKey, sent, d.key))
-	}
-	tool, ok := w.cfg.Tools.Lookup(d.job.Tool)
-	if !ok {
-		return d, w.reject(d, "unknown_tool", fmt.Sprintf("no tool %q is registered", d.job.Tool))
-	}
-	if err := tool.Validate(d.job.Args); err != nil {
-		return d, w.reject(d, "invalid_args", err.Error())
-	}
-	d.tool = tool
-	return d, nil
-}
-
-// finish runs the processing of one delivery and answers JetStream. It is
-// the one place where outcomes become JetStream verbs: nil → Ack; a dead
-// letter → DLQ then Term; retry-after(d) → NakWithDelay(d), or the DLQ once
-// the delivery limit is reached; any other error → NakWithDelay(backoff).
-func (w *Worker) finish(ctx context.Context, d *delivery, process func() error) {
-	defer func() {
-		<-w.slots
-		w.inFlight.Done()
-	}()
-	err := process()
-	var dead *deadLetterError
-	var retry *retryError
-	switch {
-	case err == nil:
-		if d.job != nil {
-			w.cfg.Hook(BeforeAck, d.job)
-		}
-		w.ack(d, d.msg.Ack())
-		endProcess(d, "ack", nil)
-	case errors.As(err, &dead):
-		w.count(d, "dead_letter")
-		w.deadLetter(ctx, d, dead)
-		endProcess(d, "dead_letter", err)
-	case errors.As(err, &retry) && d.deliveries >= w.limit && !retry.uncounted:
-		w.count(d, "dead_letter")
-		dead := &deadLetterError{reason: jobs.DLQMaxDeliver, err: fmt.Errorf("still unsettled after %d deliveries: %w", d.deliveries, retry.err)}
-		w.deadLetter(ctx, d, dead)
-		endProcess(d, "dead_letter", dead)
-	case errors.As(err, &retry):
-		w.count(d, "retry")
-		w.log.Info("job retried later", w.attrs(d, "delay", retry.after, "reason", retry.err.Error())...)
-		w.ack(d, d.msg.NakWithDelay(retry.after))
-		endProcess(d, "nak", err)
-	default:
-		w.count(d, "retry")
-		w.log.Warn("job failed, retried later", w.attrs(d, "error", err)...)
-		w.ack(d, d.msg.NakWithDelay(w.backoff(d)))
-		endProcess(d, "nak", err)
-	}
-}
-
-func (w *Worker) ack(d *delivery, err error) {
-	if err != nil {
-		w.log.Warn("answering JetStream failed; the job will be redelivered", w.attrs(d, "error", err)...)
-	}
-}
-
 // backoff is the delay before the next delivery when the tool gave none:
 // RetryDelay doubled per delivery, at most a minute.
 func (w *Worker) backoff(d *delivery) time.Duration {
@@ -445,15 +331,4 @@ func (w *Worker) backoff(d *delivery) time.Duration {
 		delay *= 2
 	}
 	return min(delay, time.Minute)
-}
-
-func (w *Worker) attrs(d *delivery, more ...any) []any {
-	a := []any{"deliveries", d.deliveries}
-	if d.meta != nil {
-		a = append(a, "stream_seq", d.meta.Sequence.Stream)
-	}
-	if d.job != nil {
-		a = append(a, "key", d.key, "tool", d.job.Tool, "tool_use_id", d.job.ToolUseID)
-	}
-	return append(a, more...)
 }

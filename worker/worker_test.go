@@ -144,3 +144,35 @@ func startWorker(t *testing.T, reg *tools.Registry, cfg worker.Config) (jetstrea
 	})
 	return js, store
 }
+
+// TestNewProvisionsIdempotently: workers starting one after another create
+// the streams and the durable consumer once and then update them in place.
+func TestNewProvisionsIdempotently(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	js, err := jetstream.New(testenv.StartNATS(t).Connect())
+	if err != nil {
+		t.Fatal(err)
+	}
+	store, err := ledger.OpenSQLite(ctx, filepath.Join(t.TempDir(), "ledger.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	reg, err := tools.NewRegistry(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if _, err := worker.New(ctx, worker.Config{JS: js, Ledger: store, Tools: reg, Consumer: worker.Consumer{MaxDeliver: 4}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cons, err := js.Consumer(ctx, jobs.JobsStream, "toolq")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg := cons.CachedInfo().Config; cfg.AckPolicy != jetstream.AckExplicitPolicy || cfg.MaxDeliver != -1 || cfg.FilterSubject != jobs.JobsSubjects {
+		t.Fatalf("durable consumer %+v: want explicit acks, JetStream's delivery limit off (the worker enforces it), all jobs", cfg)
+	}
+}

@@ -135,7 +135,7 @@ func runWorker(ctx context.Context, args []string, stdio cli.IO, getenv func(str
 		MeterProvider: meters,
 		JS:            js, Ledger: store, Tools: reg,
 		Streams:   jobs.Streams{Replicas: *replicas},
-		Consumer:  jobs.Consumer{Durable: *durable, FilterSubject: *filter, AckWait: *ackWait, MaxDeliver: *maxDeliver, MaxAckPending: *maxAckPending, BackOff: backoffs},
+		Consumer:  worker.Consumer{Durable: *durable, FilterSubject: *filter, AckWait: *ackWait, MaxDeliver: *maxDeliver, MaxAckPending: *maxAckPending, BackOff: backoffs},
 		BatchSize: *batch, MaxInFlight: *workers, MaxBodySize: *maxBody,
 		ShutdownTimeout: *shutdownTimeout, UntilEmpty: *untilEmpty, Logger: logger,
 	})

@@ -40,7 +40,7 @@ func TestOperatorWorksTheDeadLetters(t *testing.T) {
 	}
 	defer store.Close()
 	store.Migrate(ctx)
-	w, err := worker.New(ctx, worker.Config{JS: js, Ledger: store, Tools: reg, Consumer: jobs.Consumer{MaxDeliver: 2},
+	w, err := worker.New(ctx, worker.Config{JS: js, Ledger: store, Tools: reg, Consumer: worker.Consumer{MaxDeliver: 2},
 		RetryDelay: 50 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)

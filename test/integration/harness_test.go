@@ -201,8 +201,8 @@ func testRegistry(sandboxURL string, logger *slog.Logger, gate chan struct{}) (*
 	}), tools.WithBuiltin("gated", gated), tools.WithRegistryOptions(tools.WithLogger(logger)))
 }
 
-func (o options) consumer() jobs.Consumer {
-	c := jobs.Consumer{AckWait: o.ackWait, MaxDeliver: o.maxDeliver, Durable: o.durable, FilterSubject: o.filter}
+func (o options) consumer() worker.Consumer {
+	c := worker.Consumer{AckWait: o.ackWait, MaxDeliver: o.maxDeliver, Durable: o.durable, FilterSubject: o.filter}
 	if c.AckWait == 0 {
 		c.AckWait = 3 * time.Second
 	}
@@ -222,7 +222,7 @@ func (e *env) startWorker(o options, hook func(worker.FaultPoint, *jobs.Job)) *r
 	w, err := worker.New(ctx, worker.Config{
 		JS: e.js, Ledger: e.store, Tools: e.registry, Consumer: o.consumer(),
 		Owner: fmt.Sprintf("test-worker-%d", len(e.workers)), BatchSize: 16, RetryDelay: 100 * time.Millisecond,
-		MaxBodySize: o.maxBody, ShutdownTimeout: 10 * time.Second, InFlightWait: o.inFlight, Logger: slog.New(slog.NewTextHandler(e.logs, nil)), Hook: hook,
+		MaxBodySize: o.maxBody, ShutdownTimeout: 10 * time.Second, InFlightWait: o.inFlight, Logger: slog.New(slog.NewTextHandler(e.logs, nil)), Test: worker.TestConfig{Hook: hook},
 	})
 	if err != nil {
 		cancel()

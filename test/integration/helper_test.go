@@ -83,9 +83,9 @@ func helperMain() bool {
 	}
 	w, err := worker.New(ctx, worker.Config{
 		JS: js, Ledger: store, Tools: reg,
-		Consumer: jobs.Consumer{AckWait: time.Duration(spec.AckWaitMS) * time.Millisecond},
+		Consumer: worker.Consumer{AckWait: time.Duration(spec.AckWaitMS) * time.Millisecond},
 		Owner:    fmt.Sprintf("helper-%d", os.Getpid()), RetryDelay: 100 * time.Millisecond,
-		ShutdownTimeout: 20 * time.Second, Logger: logger, Hook: hook,
+		ShutdownTimeout: 20 * time.Second, Logger: logger, Test: worker.TestConfig{Hook: hook},
 	})
 	if err != nil {
 		fail(err)

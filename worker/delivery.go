@@ -1,0 +1,424 @@
+package worker
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/toolq/toolq/jobs"
+	"github.com/toolq/toolq/ledger"
+	"github.com/toolq/toolq/tools"
+	"github.com/toolq/toolq/tracing"
+)
+
+// delivery is one message delivered by JetStream and everything learned of
+// it on the way through run: the decoded job, the tool, the key, the
+// process span.
+type delivery struct {
+	w          *Worker
+	msg        jetstream.Msg
+	meta       *jetstream.MsgMetadata
+	deliveries int // JetStream's count, this delivery included
+
+	job      *jobs.Job
+	material jobs.Material
+	key      string
+	tool     *tools.Tool
+
+	ctx  context.Context // carries the process span
+	span trace.Span
+
+	// runCtx lives until the drain gives up on running jobs; startCtx ends
+	// when the drain starts: a tool call that has not begun by then is
+	// handed back instead.
+	runCtx, startCtx context.Context
+}
+
+// run processes one delivery: the state machine of docs/design.md, top to
+// bottom. It returns the one outcome that settle turns into a JetStream
+// verb; nothing in it acknowledges the message.
+func (d *delivery) run() outcome {
+	// 1–2. Decode and validate. What is not a valid job is never run: it
+	// goes to the DLQ. A valid job that cannot run (unknown tool, bad args,
+	// a forged key) gets a rejected result.
+	refusal := d.decode()
+	d.startSpan()
+	if refusal != nil {
+		return d.refuse(refusal)
+	}
+
+	// 3. Reads, and keyed writes with the ledger off, run without a claim:
+	// a retry is safe (no effect, or the downstream collapses it).
+	if !d.tool.UsesLedger {
+		return d.runUnclaimed()
+	}
+
+	// 4. Claim the key before running, and act on what the ledger holds.
+	claim, err := d.claim()
+	if err != nil {
+		return retryUncounted(d.w.backoff(d), fmt.Errorf("claim: %w", err))
+	}
+	row := claim.Row
+	switch {
+	case claim.Err != nil: // the key belongs to another call: never hand over its result
+		return d.collision(claim.Err)
+	case claim.Claimed:
+		return d.claimed(row)
+	case row.State == ledger.Completed, row.State == ledger.Failed, row.State == ledger.Indeterminate:
+		return d.duplicate(row, ledgerDuplicate)
+	case !row.LeaseExpired(): // another attempt is running
+		return d.awaitOther(row)
+	case d.tool.Class == tools.KeyedWrite: // its holder died mid-call: run again with the same key
+		return d.takeOver(row)
+	default: // an unkeyed write whose holder died mid-call: the effect is unknown
+		return d.holderLost(row)
+	}
+}
+
+// refusal is why a delivery is not run: a dead letter (reason set) or a
+// rejected result (code set).
+type refusal struct {
+	reason        string // jobs.DLQ*: the message is not a job
+	code, message string // a rejected result's error
+	err           error
+}
+
+// decode fills the delivery from its message, as far as it can, and says
+// why the job cannot run, or nil.
+func (d *delivery) decode() *refusal {
+	msg := d.msg
+	if d.meta == nil {
+		return &refusal{reason: jobs.DLQInvalid, err: fmt.Errorf("not a JetStream message")}
+	}
+	// A job that keeps killing its worker never reaches the delivery limit
+	// in settle: stop it on arrival. The guard is wider than the limit
+	// because deliveries that waited on another attempt, or on an outage,
+	// do not count toward the limit but do toward JetStream's count.
+	if d.deliveries > crashGuard*d.w.limit {
+		return &refusal{reason: jobs.DLQMaxDeliver, err: fmt.Errorf("delivered %d times (more than %d × the limit of %d): a job that keeps stopping its worker, or one that never settles", d.deliveries, crashGuard, d.w.limit)}
+	}
+	if len(msg.Data()) > d.w.cfg.MaxBodySize {
+		return &refusal{reason: jobs.DLQTooLarge, err: fmt.Errorf("body of %d bytes exceeds the limit of %d", len(msg.Data()), d.w.cfg.MaxBodySize)}
+	}
+	job, err := jobs.DecodeJob(msg.Data())
+	if err != nil {
+		return &refusal{reason: jobs.DLQInvalid, err: err}
+	}
+	d.job = job
+	if subj := jobs.JobSubject(job.Tool); msg.Subject() != subj {
+		return &refusal{reason: jobs.DLQInvalid, err: fmt.Errorf("job for tool %q published on %s, want %s", job.Tool, msg.Subject(), subj)}
+	}
+	if d.material, err = job.Call().Material(); err != nil {
+		return &refusal{reason: jobs.DLQInvalid, err: err}
+	}
+	d.key = d.material.Key()
+	if sent := msg.Headers().Get(jobs.HeaderKey); sent != "" && sent != d.key {
+		return &refusal{code: "key_mismatch", message: fmt.Sprintf("the publisher's %s %s differs from the derived key %s", jobs.HeaderKey, sent, d.key)}
+	}
+	tool, ok := d.w.cfg.Tools.Lookup(job.Tool)
+	if !ok {
+		return &refusal{code: "unknown_tool", message: fmt.Sprintf("no tool %q is registered", job.Tool)}
+	}
+	d.tool = tool
+	if err := tool.Validate(job.Args); err != nil {
+		return &refusal{code: "invalid_args", message: err.Error()}
+	}
+	return nil
+}
+
+// refuse dead-letters what is not a job, and answers a job that cannot run
+// with a rejected result: nothing ran, and the agent learns why.
+func (d *delivery) refuse(r *refusal) outcome {
+	if r.reason != "" {
+		return deadLettered(r.reason, r.err)
+	}
+	d.w.log.Info("job rejected", d.attrs("code", r.code, "reason", r.message)...)
+	res := jobs.NewResult(d.job, d.key, jobs.StatusRejected)
+	res.Error = &jobs.ResultError{Code: r.code, Message: r.message}
+	res.Attempts = 0
+	return d.publish(res, OutcomeRejected)
+}
+
+// claim asks the group-commit batcher for this job's claim, riding out a
+// ledger outage until the drain starts.
+func (d *delivery) claim() (ledger.ClaimResult, error) {
+	ctx, span := d.child(d.runCtx, "toolq.claim", trace.SpanKindInternal)
+	defer span.End()
+	start := time.Now()
+	var claim ledger.ClaimResult
+	err := d.durably(d.startCtx, "claim", func() (err error) {
+		claim, err = d.w.claims.do(ctx, d.w.claimOf(d))
+		return err
+	})
+	d.w.metrics.claimLatency.Record(d.runCtx, time.Since(start).Seconds())
+	if err != nil {
+		span.RecordError(err)
+	}
+	return claim, err
+}
+
+// collision refuses a job whose key is held by a row with other material: a
+// key collision or tampering.
+func (d *delivery) collision(err error) outcome {
+	d.ledgerOutcome(ledgerCollision, nil)
+	d.w.log.Warn("key collision: the ledger row has other material", d.attrs("error", err)...)
+	return d.refuse(&refusal{code: "key_collision", message: err.Error()})
+}
+
+// claimed runs a call this delivery claimed first.
+func (d *delivery) claimed(row ledger.Row) outcome {
+	d.ledgerOutcome(ledgerClaimed, nil)
+	d.hook(AfterClaim)
+	d.warnIdenticalCall()
+	return d.execute(row)
+}
+
+// duplicate answers from the ledger a call another delivery settled, with
+// the stored result addressed to this job's tool_use_id.
+func (d *delivery) duplicate(row ledger.Row, found ledgerOutcome) outcome {
+	d.ledgerOutcome(found, &row)
+	d.w.log.Info("duplicate answered from the ledger", d.attrs("state", row.State, "original_tool_use_id", row.FirstToolUseID)...)
+	return d.publish(d.resultOf(row), OutcomeDuplicate)
+}
+
+// awaitOther waits a little in process for the attempt holding the lease
+// (a retried turn usually arrives while its first attempt finishes), then
+// hands the job back. Waiting is not this job failing: it does not count
+// toward the delivery limit.
+func (d *delivery) awaitOther(row ledger.Row) outcome {
+	if settled, ok := d.awaitSettled(row); ok {
+		return d.duplicate(settled, ledgerInFlight)
+	}
+	d.ledgerOutcome(ledgerInFlight, &row)
+	return retryUncounted(min(max(row.LeaseRemaining, 100*time.Millisecond), d.w.backoff(d)),
+		fmt.Errorf("attempt %d holds the lease", row.Attempt))
+}
+
+// takeOver runs a keyed write again with the same key after its holder's
+// lease ran out: the downstream collapses a second effect.
+func (d *delivery) takeOver(row ledger.Row) outcome {
+	d.ledgerOutcome(ledgerTakeover, &row)
+	taken, err := d.takeoverOf(row)
+	if err != nil {
+		return d.lostRace(err)
+	}
+	d.w.log.Warn("took over an expired lease; running again with the same key", d.attrs("attempt", taken.Attempt, "previous_owner", row.Owner)...)
+	return d.execute(taken)
+}
+
+// holderLost settles an unkeyed write whose holder stopped mid-call: it is
+// never run again. The row becomes indeterminate, for an operator.
+func (d *delivery) holderLost(row ledger.Row) outcome {
+	d.ledgerOutcome(ledgerHolderLost, &row)
+	taken, err := d.takeoverOf(row)
+	if err != nil {
+		return d.lostRace(err)
+	}
+	info := ledger.ErrorInfo{Code: "holder_lost", Message: fmt.Sprintf("%s stopped during attempt %d; whether the call took effect is unknown", row.Owner, row.Attempt)}
+	if err := d.durably(d.runCtx, "mark indeterminate", func() error { return d.w.cfg.Ledger.MarkIndeterminate(d.runCtx, taken.Fence(), info) }); err != nil {
+		return d.lostRace(err)
+	}
+	taken.State, taken.Error = ledger.Indeterminate, &info
+	d.w.log.Warn("unkeyed write left indeterminate: resolve it with consumer ledger resolve", d.attrs("previous_owner", row.Owner)...)
+	d.hook(AfterComplete)
+	return d.publish(d.resultOf(taken), OutcomeIndeterminate)
+}
+
+// execute is step 5: run the tool under the claim, keeping the claim and
+// the delivery alive while it runs, record the outcome fenced by the
+// attempt, and publish the result.
+func (d *delivery) execute(row ledger.Row) outcome {
+	fence := row.Fence()
+	stop := d.heartbeat(fence)
+	out, result, te := d.runTool(fence.Attempt)
+	stop()
+	d.hook(DuringTool)
+	ctx, span := d.child(d.runCtx, "toolq.settle", trace.SpanKindInternal, tracing.KeyToolOutcome.String(result.String()))
+	defer span.End()
+	store := d.w.cfg.Ledger
+	label := OutcomeOK
+	switch result {
+	case tools.NotSent: // nothing happened: give the key back
+		if err := d.durably(ctx, "release", func() error { return store.Release(ctx, fence) }); err != nil {
+			return d.lostClaim(err)
+		}
+		return retryAfter(d.delay(te), te)
+
+	case tools.Definite: // the downstream said no: that is the result from now on
+		info := infoOf(te)
+		if err := d.durably(ctx, "fail", func() error { return store.Fail(ctx, fence, info) }); err != nil {
+			return d.lostClaim(err)
+		}
+		row.State, row.Error, label = ledger.Failed, &info, OutcomeError
+
+	case tools.Ambiguous:
+		info := infoOf(te)
+		if d.tool.Class == tools.KeyedWrite { // the next delivery retries with the same key
+			if err := d.durably(ctx, "end lease", func() error { return store.EndLease(ctx, fence, info) }); err != nil {
+				return d.lostClaim(err)
+			}
+			return retryAfter(d.delay(te), te)
+		}
+		if err := d.durably(ctx, "mark indeterminate", func() error { return store.MarkIndeterminate(ctx, fence, info) }); err != nil {
+			return d.lostClaim(err)
+		}
+		d.w.log.Warn("unkeyed write left indeterminate: resolve it with consumer ledger resolve", d.attrs("error", te.Error())...)
+		row.State, row.Error, label = ledger.Indeterminate, &info, OutcomeIndeterminate
+
+	case tools.Success:
+		if err := d.durably(ctx, "complete", func() error {
+			err, batchErr := d.w.commits.do(ctx, ledger.Completion{Fence: fence, Output: out})
+			return errors.Join(batchErr, err)
+		}); err != nil {
+			return d.lostClaim(err)
+		}
+		row.State, row.Result = ledger.Completed, out
+	}
+	d.hook(AfterComplete)
+	row.UpdatedAt = time.Now().UTC()
+	return d.publish(d.resultOf(row), label)
+}
+
+// runUnclaimed runs a tool without a ledger row. An uncertain outcome is
+// retried: the call has no effect, or its downstream collapses a repeat.
+func (d *delivery) runUnclaimed() outcome {
+	d.ledgerOutcome(ledgerNone, nil)
+	out, result, te := d.runTool(0)
+	d.hook(DuringTool)
+	r := jobs.NewResult(d.job, d.key, jobs.StatusOK)
+	r.Attempts = d.deliveries
+	label := OutcomeOK
+	switch result {
+	case tools.NotSent, tools.Ambiguous:
+		return retryAfter(d.delay(te), te)
+	case tools.Definite:
+		r.Status, r.Error, label = jobs.StatusError, &jobs.ResultError{Code: te.Code, Message: te.Message}, OutcomeError
+	case tools.Success:
+		r.Output = out
+	}
+	return d.publish(r, label)
+}
+
+// runTool runs the tool under a client span and classifies the outcome. A
+// panicking executor is recovered and counts as ambiguous: the call may
+// have taken effect.
+func (d *delivery) runTool(attempt int64) (out json.RawMessage, result tools.Outcome, te *tools.Error) {
+	ctx, span := d.child(d.startCtx, "tool "+d.tool.Name, trace.SpanKindClient,
+		tracing.KeyTool.String(d.tool.Name), tracing.KeyToolClass.String(string(d.tool.Class)),
+		tracing.KeyDownstream.String(d.tool.Downstream), tracing.KeyAttempt.Int64(attempt))
+	defer span.End()
+	start := time.Now()
+	defer func() { d.w.observeTool(d, start, result) }()
+	out, err := d.callTool(ctx, attempt)
+	result, te = tools.Classify(err)
+	span.SetAttributes(tracing.KeyToolOutcome.String(result.String()))
+	if te != nil {
+		span.SetAttributes(tracing.KeyErrorCode.String(te.Code))
+		if result != tools.Success {
+			span.SetStatus(codes.Error, te.Code)
+		}
+	}
+	return out, result, te
+}
+
+// callTool calls the executor, turning a panic into an ambiguous error.
+func (d *delivery) callTool(ctx context.Context, attempt int64) (out json.RawMessage, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			d.w.log.Error("tool executor panicked; its outcome is unknown", d.attrs("panic", fmt.Sprint(p), "stack", string(debug.Stack()))...)
+			out, err = nil, tools.AmbiguousError("panic", fmt.Sprintf("the executor panicked: %v", p), 0, nil)
+		}
+	}()
+	return d.tool.Run(ctx, tools.Request{Tool: d.job.Tool, Key: d.key, Args: d.material.Canonical, ToolUseID: d.job.ToolUseID, Attempt: attempt})
+}
+
+// resultOf is the result of this job as the ledger row records it: a
+// duplicate when the row was claimed by another tool_use_id.
+func (d *delivery) resultOf(row ledger.Row) *jobs.Result {
+	r := jobs.NewResult(d.job, d.key, jobs.StatusOK)
+	r.Attempts = int(row.Attempt)
+	r.CompletedAt = row.UpdatedAt
+	switch row.State {
+	case ledger.Completed:
+		r.Output = row.Result
+	case ledger.Failed:
+		r.Status = jobs.StatusError
+	case ledger.Indeterminate:
+		r.Status = jobs.StatusIndeterminate
+	}
+	if row.Error != nil && row.State != ledger.Completed {
+		r.Error = &jobs.ResultError{Code: row.Error.Code, Message: row.Error.Message}
+	}
+	if row.FirstToolUseID != d.job.ToolUseID {
+		r.Duplicate, r.OriginalToolUseID = true, row.FirstToolUseID
+	}
+	return r
+}
+
+// lostClaim handles a refused write after the tool ran: another attempt
+// owns the key now (this delivery's lease expired and was taken over). This
+// zombie publishes nothing; the job comes back and is answered from the
+// ledger.
+func (d *delivery) lostClaim(err error) outcome {
+	if isFenced(err) {
+		d.w.log.Warn("lost the claim while the tool ran; publishing nothing", d.attrs("error", err)...)
+		o := retryAfter(d.w.cfg.RetryDelay, err)
+		o.label = OutcomeFenced
+		return o
+	}
+	return retryAfter(d.w.backoff(d), err)
+}
+
+// lostRace handles a takeover that another worker won, or a lease renewed
+// meanwhile: look again soon.
+func (d *delivery) lostRace(err error) outcome {
+	if isFenced(err) || errors.Is(err, ledger.ErrLeaseHeld) {
+		return retryAfter(200*time.Millisecond, err)
+	}
+	return retryAfter(d.w.backoff(d), err)
+}
+
+// delay is the tool's retry hint, or the worker's backoff.
+func (d *delivery) delay(te *tools.Error) time.Duration {
+	if te != nil && te.RetryAfter > 0 {
+		return te.RetryAfter
+	}
+	return d.w.backoff(d)
+}
+
+// hook calls the test hook at a fault point.
+func (d *delivery) hook(p FaultPoint) {
+	if h := d.w.cfg.Test.Hook; h != nil && d.job != nil {
+		h(p, d.job)
+	}
+}
+
+func (d *delivery) attrs(more ...any) []any {
+	a := []any{"deliveries", d.deliveries}
+	if d.meta != nil {
+		a = append(a, "stream_seq", d.meta.Sequence.Stream)
+	}
+	if d.job != nil {
+		a = append(a, "key", d.key, "tool", d.job.Tool, "tool_use_id", d.job.ToolUseID)
+	}
+	return append(a, more...)
+}
+
+// isFenced reports a write refused because another attempt owns the key.
+func isFenced(err error) bool {
+	return errors.Is(err, ledger.ErrFenced) || errors.Is(err, ledger.ErrNotFound)
+}
+
+func infoOf(te *tools.Error) ledger.ErrorInfo {
+	if te == nil {
+		return ledger.ErrorInfo{Code: "unknown"}
+	}
+	return ledger.ErrorInfo{Code: te.Code, Message: te.Message}
+}
