@@ -22,4 +22,4 @@ lint: ## gofmt check, go vet, staticcheck (pinned)
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) ./...
 
 fuzz: ## fuzz the canonicalizer for a minute
-	cd jobs && $(GO) test -run='^$$' -fuzz=FuzzCanonicalize -fuzztime=60s .
+	cd internal/jcs && $(GO) test -run='^$$' -fuzz=FuzzCanonicalize -fuzztime=60s .

@@ -14,6 +14,8 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/toolq/toolq/internal/jcs"
 )
 
 // Client is the agent's side of toolq: it publishes jobs and awaits their
@@ -221,7 +223,7 @@ func (c *Client) RunTurn(ctx context.Context, conversationID string, turnIndex i
 	seen := map[string]int64{}
 	ids := make([]string, len(calls))
 	for i, call := range calls {
-		canon, err := CanonicalizeObject(call.Args)
+		canon, err := jcs.CanonicalizeObject(call.Args)
 		if err != nil {
 			return nil, &FieldError{Field: "args", Rule: "of " + call.ToolUseID + " must be a canonicalizable JSON object", Err: err}
 		}

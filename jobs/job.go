@@ -20,18 +20,35 @@ import (
 	"regexp"
 	"strconv"
 	"time"
+
+	"github.com/toolq/toolq/internal/jcs"
 )
 
 // Version is the only version of the Job and Result bodies this package reads
 // and writes.
 const Version = 1
 
-// MaxBodySize is the default limit on an encoded job body. Consumers may set a
-// lower one.
-const MaxBodySize = 1 << 20
-
 // ErrVersion is returned for a body whose version is not Version.
 var ErrVersion = errors.New("jobs: unsupported version")
+
+// Errors for a body or arguments that break a rule of the strict parser behind
+// the key. Each names one rule; the error that comes back (a *SyntaxError,
+// possibly inside a *FieldError) matches it with errors.Is.
+var (
+	ErrSyntax        = jcs.ErrSyntax        // not valid JSON
+	ErrNotObject     = jcs.ErrNotObject     // args (or a body) that is not a JSON object
+	ErrDuplicateName = jcs.ErrDuplicateName // a member name twice in one object, however spelled
+	ErrInvalidUTF8   = jcs.ErrInvalidUTF8   // a string that is not valid UTF-8
+	ErrLoneSurrogate = jcs.ErrLoneSurrogate // a \uD800–\uDFFF escape without its partner
+	ErrNumberRange   = jcs.ErrNumberRange   // a number outside the double range
+	ErrUnsafeInteger = jcs.ErrUnsafeInteger // an integer beyond ±2^53: send it as a string
+	ErrTooDeep       = jcs.ErrTooDeep       // nesting deeper than 64 levels
+)
+
+// A SyntaxError reports the byte offset where a body or the arguments broke
+// one of the rules above, and what was found there. It unwraps to the rule's
+// sentinel error.
+type SyntaxError = jcs.SyntaxError
 
 // A FieldError names the field of a job that broke a rule, and the rule.
 type FieldError struct {
@@ -40,6 +57,7 @@ type FieldError struct {
 	Err   error // the underlying cause, if any
 }
 
+// Error names the field, the rule and, when there is one, the cause.
 func (e *FieldError) Error() string {
 	if e.Err != nil {
 		return fmt.Sprintf("jobs: %s: %s: %v", e.Field, e.Rule, e.Err)
@@ -47,6 +65,7 @@ func (e *FieldError) Error() string {
 	return fmt.Sprintf("jobs: %s: %s", e.Field, e.Rule)
 }
 
+// Unwrap returns the underlying cause, or nil.
 func (e *FieldError) Unwrap() error { return e.Err }
 
 // Job is the body of one message on toolq.jobs.<tool>: one completed tool call
@@ -86,7 +105,7 @@ func (j *Job) Validate() error {
 	if !toolUseIDPattern.MatchString(j.ToolUseID) {
 		return &FieldError{Field: "tool_use_id", Rule: "must match " + toolUseIDPattern.String()}
 	}
-	if _, err := CanonicalizeObject(j.Args); err != nil {
+	if _, err := jcs.CanonicalizeObject(j.Args); err != nil {
 		return &FieldError{Field: "args", Rule: "must be a canonicalizable JSON object", Err: err}
 	}
 	return nil
@@ -96,8 +115,8 @@ func (j *Job) Validate() error {
 func (j *Job) Key() (string, error) { return j.Call().Key() }
 
 // DecodeJob decodes and validates a job body. It is strict: the whole body must
-// pass ParseStrict (so duplicate fields, invalid UTF-8 and the like are
-// refused anywhere in it), unknown top-level fields are refused, version must
+// pass the strict parser behind the key (so duplicate fields, invalid UTF-8
+// and the like are refused anywhere in it), unknown top-level fields are refused, version must
 // be 1, and the required fields (version, conversation_id, turn_index, tool,
 // tool_use_id, args) must be present. An absent ordinal is 0. Errors are
 // *FieldError or *SyntaxError values.
@@ -155,11 +174,11 @@ var jobFields = map[string]bool{
 // decodeFields checks the body with the strict parser and splits it into its
 // raw top-level members; known, when not nil, lists the only names allowed.
 func decodeFields(body []byte, known map[string]bool) (map[string]json.RawMessage, error) {
-	v, err := ParseStrict(body)
+	v, err := jcs.ParseStrict(body)
 	if err != nil {
 		return nil, err
 	}
-	if v.Kind != KindObject {
+	if v.Kind != jcs.KindObject {
 		return nil, &FieldError{Field: "(body)", Rule: "must be a JSON object, got " + v.Kind.String()}
 	}
 	var fields map[string]json.RawMessage

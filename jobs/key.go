@@ -5,6 +5,8 @@ import (
 	"encoding/hex"
 	"regexp"
 	"strconv"
+
+	"github.com/toolq/toolq/internal/jcs"
 )
 
 // The patterns that make the key material unambiguous: none of them admits the
@@ -61,7 +63,7 @@ func (c Call) Material() (Material, error) {
 	if err := c.Validate(); err != nil {
 		return Material{}, err
 	}
-	canon, err := CanonicalizeObject(c.Args)
+	canon, err := jcs.CanonicalizeObject(c.Args)
 	if err != nil {
 		return Material{}, &FieldError{Field: "args", Rule: "must be a canonicalizable JSON object", Err: err}
 	}

@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"time"
+
+	"github.com/toolq/toolq/internal/jcs"
 )
 
 // Status is the outcome a Result reports.
@@ -69,7 +71,7 @@ func NewResult(j *Job, key string, status Status) *Result {
 // DecodeResult decodes a result body, refusing unknown fields, another
 // version or an unknown status.
 func DecodeResult(body []byte) (*Result, error) {
-	if _, err := ParseStrict(body); err != nil {
+	if _, err := jcs.ParseStrict(body); err != nil {
 		return nil, err
 	}
 	var r Result

@@ -38,10 +38,10 @@ func (s Streams) withDefaults() Streams {
 	return s
 }
 
-// StreamConfigs returns the configurations of TOOLQ_JOBS, TOOLQ_RESULTS and
+// configs returns the configurations of TOOLQ_JOBS, TOOLQ_RESULTS and
 // TOOLQ_DLQ. The jobs stream keeps history (limits retention) so that it can
 // be replayed.
-func (s Streams) StreamConfigs() []jetstream.StreamConfig {
+func (s Streams) configs() []jetstream.StreamConfig {
 	s = s.withDefaults()
 	return []jetstream.StreamConfig{
 		{Name: JobsStream, Subjects: []string{JobsSubjects}, Retention: jetstream.LimitsPolicy, Storage: s.Storage,
@@ -61,7 +61,7 @@ func (s Streams) StreamConfigs() []jetstream.StreamConfig {
 // retention, subjects that do not cover toolq's) is an error naming the
 // stream and the setting; toolq never deletes or recreates a stream.
 func ProvisionStreams(ctx context.Context, js jetstream.JetStream, s Streams) error {
-	for _, want := range s.StreamConfigs() {
+	for _, want := range s.configs() {
 		stream, err := js.Stream(ctx, want.Name)
 		switch {
 		case errors.Is(err, jetstream.ErrStreamNotFound):

@@ -21,7 +21,7 @@ import (
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/propagation"
 
-	"github.com/toolq/toolq/jobs"
+	"github.com/toolq/toolq/internal/jcs"
 )
 
 // HTTP is the executor of a tool that calls an HTTP API. Method and URL are
@@ -260,7 +260,7 @@ func queryFromArgs(args json.RawMessage) (string, error) {
 				return "", err
 			}
 		} else {
-			canon, err := jobs.Canonicalize(raw)
+			canon, err := jcs.Canonicalize(raw)
 			if err != nil {
 				return "", err
 			}

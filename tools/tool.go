@@ -18,6 +18,7 @@ import (
 
 	"github.com/santhosh-tekuri/jsonschema/v6"
 
+	"github.com/toolq/toolq/internal/jcs"
 	"github.com/toolq/toolq/jobs"
 )
 
@@ -279,7 +280,7 @@ func (r *Registry) Tools() []*Tool {
 // rules (a canonicalizable JSON object). The error wraps ErrInvalidArgs and
 // says, in one line, where and why.
 func (t *Tool) Validate(args json.RawMessage) error {
-	if _, err := jobs.CanonicalizeObject(args); err != nil {
+	if _, err := jcs.CanonicalizeObject(args); err != nil {
 		return fmt.Errorf("%w: %v", ErrInvalidArgs, err)
 	}
 	inst, err := jsonschema.UnmarshalJSON(bytes.NewReader(args))

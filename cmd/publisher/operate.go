@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/toolq/toolq/internal/cli"
-	"github.com/toolq/toolq/jobs"
+	"github.com/toolq/toolq/operate"
 )
 
 func runDLQ(ctx context.Context, args []string, stdio cli.IO, getenv func(string) string) error {
@@ -68,13 +68,13 @@ func runDLQ(ctx context.Context, args []string, stdio cli.IO, getenv func(string
 	defer nc.Close()
 	switch sub {
 	case "ls":
-		dls, err := jobs.ListDeadLetters(ctx, js, *reason)
+		dls, err := operate.ListDeadLetters(ctx, js, *reason)
 		if err != nil {
 			return err
 		}
 		if *asJSON {
 			if dls == nil {
-				dls = []jobs.DeadLetter{}
+				dls = []operate.DeadLetter{}
 			}
 			for i := range dls {
 				dls[i].Header, dls[i].Body = nil, "" // show has them
@@ -89,7 +89,7 @@ func runDLQ(ctx context.Context, args []string, stdio cli.IO, getenv func(string
 		}
 		return w.Flush()
 	case "show":
-		d, err := jobs.GetDeadLetter(ctx, js, seqs[0])
+		d, err := operate.GetDeadLetter(ctx, js, seqs[0])
 		if err != nil {
 			return err
 		}
@@ -106,7 +106,7 @@ func runDLQ(ctx context.Context, args []string, stdio cli.IO, getenv func(string
 		return w.Flush()
 	case "requeue":
 		if *all {
-			dls, err := jobs.ListDeadLetters(ctx, js, *reason)
+			dls, err := operate.ListDeadLetters(ctx, js, *reason)
 			if err != nil {
 				return err
 			}
@@ -115,7 +115,7 @@ func runDLQ(ctx context.Context, args []string, stdio cli.IO, getenv func(string
 			}
 		}
 		for _, seq := range seqs {
-			n, err := jobs.Requeue(ctx, js, seq)
+			n, err := operate.Requeue(ctx, js, seq)
 			if err != nil {
 				return err
 			}
@@ -123,7 +123,7 @@ func runDLQ(ctx context.Context, args []string, stdio cli.IO, getenv func(string
 		}
 		return nil
 	default: // purge
-		n, err := jobs.PurgeDeadLetters(ctx, js, *reason)
+		n, err := operate.PurgeDeadLetters(ctx, js, *reason)
 		if err != nil {
 			return err
 		}
@@ -149,7 +149,7 @@ func runReplay(ctx context.Context, args []string, stdio cli.IO, getenv func(str
 	if err := cli.ParseNone(fs, args); err != nil {
 		return err
 	}
-	r := jobs.ReplayRange{Subject: *subject, FromSeq: *fromSeq, ToSeq: *toSeq}
+	r := operate.ReplayRange{Subject: *subject, FromSeq: *fromSeq, ToSeq: *toSeq}
 	var err error
 	if r.Since, err = parseTime(*since); err != nil {
 		return fmt.Errorf("--since: %w", err)
@@ -168,13 +168,13 @@ func runReplay(ctx context.Context, args []string, stdio cli.IO, getenv func(str
 		return err
 	}
 	defer nc.Close()
-	replayed, err := jobs.Replay(ctx, js, r, *dry)
+	replayed, err := operate.Replay(ctx, js, r, *dry)
 	if err != nil {
 		return err
 	}
 	if *asJSON {
 		if replayed == nil {
-			replayed = []jobs.Replayed{}
+			replayed = []operate.Replayed{}
 		}
 		return printJSON(stdio, replayed)
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/toolq/toolq/internal/testenv"
 	"github.com/toolq/toolq/jobs"
 	"github.com/toolq/toolq/ledger"
+	"github.com/toolq/toolq/operate"
 	"github.com/toolq/toolq/tools/sandbox"
 	"github.com/toolq/toolq/worker"
 )
@@ -55,7 +56,7 @@ func TestOperatorWorksTheDeadLetters(t *testing.T) {
 		"--args", `{"invoice_id":"inv_ops","amount_cents":900,"currency":"EUR"}`); err != nil {
 		t.Fatal(err)
 	}
-	var dls []jobs.DeadLetter
+	var dls []operate.DeadLetter
 	deadline := time.Now().Add(20 * time.Second)
 	for len(dls) == 0 {
 		if time.Now().After(deadline) {

@@ -31,7 +31,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/toolq/toolq/jobs"
+	"github.com/toolq/toolq/internal/jcs"
 )
 
 // Faults are the knobs that make the sandbox misbehave. Rates are
@@ -393,7 +393,7 @@ func readBody(w http.ResponseWriter, r *http.Request) (body []byte, canonical st
 	if err != nil {
 		return nil, "", false
 	}
-	canon, err := jobs.CanonicalizeObject(body)
+	canon, err := jcs.CanonicalizeObject(body)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, "invalid_json", err.Error())
 		return nil, "", false

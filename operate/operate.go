@@ -1,4 +1,8 @@
-package jobs
+// Package operate is what an operator does with toolq's streams: list, show,
+// requeue and purge the dead letters in TOOLQ_DLQ, and replay history from
+// TOOLQ_JOBS through the normal path, where the ledger keeps a settled call
+// from running twice. The publisher's dlq and replay commands are built on it.
+package operate
 
 import (
 	"context"
@@ -10,6 +14,9 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolq/toolq/internal/jcs"
+	"github.com/toolq/toolq/jobs"
 )
 
 // DeadLetter is one message of TOOLQ_DLQ, with what the consumer recorded
@@ -31,20 +38,20 @@ type DeadLetter struct {
 }
 
 func deadLetterOf(seq uint64, t time.Time, subject string, h nats.Header, data []byte) DeadLetter {
-	d := DeadLetter{Seq: seq, Time: t, Reason: h.Get(HeaderDLQReason), Detail: h.Get(HeaderDLQDetail),
-		Subject: h.Get(HeaderDLQSubject), Consumer: h.Get(HeaderDLQConsumer), History: h.Get(HeaderDLQHistory),
+	d := DeadLetter{Seq: seq, Time: t, Reason: h.Get(jobs.HeaderDLQReason), Detail: h.Get(jobs.HeaderDLQDetail),
+		Subject: h.Get(jobs.HeaderDLQSubject), Consumer: h.Get(jobs.HeaderDLQConsumer), History: h.Get(jobs.HeaderDLQHistory),
 		Header: nats.Header{}, Body: string(data)}
 	if d.Reason == "" {
-		d.Reason = strings.TrimPrefix(subject, DLQPrefix)
+		d.Reason = strings.TrimPrefix(subject, jobs.DLQPrefix)
 	}
-	d.JobSeq, _ = strconv.ParseUint(h.Get(HeaderDLQStreamSeq), 10, 64)
-	d.Deliveries, _ = strconv.Atoi(h.Get(HeaderDLQDeliveries))
+	d.JobSeq, _ = strconv.ParseUint(h.Get(jobs.HeaderDLQStreamSeq), 10, 64)
+	d.Deliveries, _ = strconv.Atoi(h.Get(jobs.HeaderDLQDeliveries))
 	for k, v := range h {
 		if !strings.HasPrefix(k, "Toolq-Dlq-") {
 			d.Header[k] = v
 		}
 	}
-	if j, err := DecodeCall(data); err == nil {
+	if j, err := jobs.DecodeCall(data); err == nil {
 		d.Conversation = j.ConversationID
 	}
 	if id := toolUseIDOf(data); id != "" {
@@ -53,24 +60,31 @@ func deadLetterOf(seq uint64, t time.Time, subject string, h nats.Header, data [
 	return d
 }
 
+// toolUseIDOf returns the tool_use_id of a body that passes the strict parser
+// and is an object with a string tool_use_id, else "".
 func toolUseIDOf(body []byte) string {
-	fields, err := decodeFields(body, nil)
-	if err != nil {
+	v, err := jcs.ParseStrict(body)
+	if err != nil || v.Kind != jcs.KindObject {
 		return ""
 	}
-	id, _ := stringField(fields, "tool_use_id", false)
-	return id
+	for _, m := range v.Members {
+		if m.Name == "tool_use_id" && m.Value.Kind == jcs.KindString {
+			return m.Value.String
+		}
+	}
+	return ""
 }
 
 // ListDeadLetters returns the dead letters, oldest first; reason, when not
-// empty, keeps only that reason's.
+// empty, keeps only that reason's. An error reading TOOLQ_DLQ comes back
+// wrapped, with what was read until then.
 func ListDeadLetters(ctx context.Context, js jetstream.JetStream, reason string) ([]DeadLetter, error) {
-	filter := DLQSubjects
+	filter := jobs.DLQSubjects
 	if reason != "" {
-		filter = DLQSubject(reason)
+		filter = jobs.DLQSubject(reason)
 	}
 	var out []DeadLetter
-	err := scanStream(ctx, js, DLQStream, filter, jetstream.OrderedConsumerConfig{}, func(m jetstream.Msg) (bool, error) {
+	err := scanStream(ctx, js, jobs.DLQStream, filter, jetstream.OrderedConsumerConfig{}, func(m jetstream.Msg) (bool, error) {
 		meta, err := m.Metadata()
 		if err != nil {
 			return false, err
@@ -81,18 +95,19 @@ func ListDeadLetters(ctx context.Context, js jetstream.JetStream, reason string)
 	return out, err
 }
 
-// GetDeadLetter returns the dead letter at seq.
+// GetDeadLetter returns the dead letter at seq, or an error when TOOLQ_DLQ
+// has none there (or cannot be read).
 func GetDeadLetter(ctx context.Context, js jetstream.JetStream, seq uint64) (DeadLetter, error) {
-	s, err := js.Stream(ctx, DLQStream)
+	s, err := js.Stream(ctx, jobs.DLQStream)
 	if err != nil {
-		return DeadLetter{}, fmt.Errorf("jobs: stream %s: %w", DLQStream, err)
+		return DeadLetter{}, fmt.Errorf("operate: stream %s: %w", jobs.DLQStream, err)
 	}
 	m, err := s.GetMsg(ctx, seq)
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return DeadLetter{}, fmt.Errorf("jobs: no dead letter at sequence %d", seq)
+		return DeadLetter{}, fmt.Errorf("operate: no dead letter at sequence %d", seq)
 	}
 	if err != nil {
-		return DeadLetter{}, fmt.Errorf("jobs: dead letter %d: %w", seq, err)
+		return DeadLetter{}, fmt.Errorf("operate: dead letter %d: %w", seq, err)
 	}
 	return deadLetterOf(m.Sequence, m.Time, m.Subject, m.Header, m.Data), nil
 }
@@ -101,13 +116,16 @@ func GetDeadLetter(ctx context.Context, js jetstream.JetStream, seq uint64) (Dea
 // with its original headers and Toolq-Replay-Of: dlq:<seq>, then deletes it
 // from the DLQ. The consumer processes it as any delivery: the ledger keeps
 // it from running twice. It returns the new job's sequence in TOOLQ_JOBS.
+// Errors: those of GetDeadLetter, a dead letter whose original subject is not
+// under toolq.jobs., the publish error; when the job was published but the
+// dead letter could not be deleted, the new sequence comes back with the error.
 func Requeue(ctx context.Context, js jetstream.JetStream, seq uint64) (uint64, error) {
 	d, err := GetDeadLetter(ctx, js, seq)
 	if err != nil {
 		return 0, err
 	}
-	if !strings.HasPrefix(d.Subject, JobsPrefix) {
-		return 0, fmt.Errorf("jobs: dead letter %d has no original subject under %s", seq, JobsPrefix)
+	if !strings.HasPrefix(d.Subject, jobs.JobsPrefix) {
+		return 0, fmt.Errorf("operate: dead letter %d has no original subject under %s", seq, jobs.JobsPrefix)
 	}
 	msg := nats.NewMsg(d.Subject)
 	msg.Data = []byte(d.Body)
@@ -116,31 +134,31 @@ func Requeue(ctx context.Context, js jetstream.JetStream, seq uint64) (uint64, e
 			msg.Header[k] = v
 		}
 	}
-	msg.Header.Set(HeaderReplayOf, fmt.Sprintf("dlq:%d", seq))
-	ack, err := js.PublishMsg(ctx, msg, jetstream.WithMsgID(fmt.Sprintf("requeue:dlq:%d", seq)), jetstream.WithExpectStream(JobsStream))
+	msg.Header.Set(jobs.HeaderReplayOf, fmt.Sprintf("dlq:%d", seq))
+	ack, err := js.PublishMsg(ctx, msg, jetstream.WithMsgID(fmt.Sprintf("requeue:dlq:%d", seq)), jetstream.WithExpectStream(jobs.JobsStream))
 	if err != nil {
-		return 0, fmt.Errorf("jobs: requeue dead letter %d: %w", seq, err)
+		return 0, fmt.Errorf("operate: requeue dead letter %d: %w", seq, err)
 	}
-	s, err := js.Stream(ctx, DLQStream)
+	s, err := js.Stream(ctx, jobs.DLQStream)
 	if err == nil {
 		err = s.DeleteMsg(ctx, seq)
 	}
 	if err != nil {
-		return ack.Sequence, fmt.Errorf("jobs: dead letter %d requeued as job %d but not removed from the DLQ: %w", seq, ack.Sequence, err)
+		return ack.Sequence, fmt.Errorf("operate: dead letter %d requeued as job %d but not removed from the DLQ: %w", seq, ack.Sequence, err)
 	}
 	return ack.Sequence, nil
 }
 
 // PurgeDeadLetters deletes the dead letters (of one reason, when reason is
-// not empty) and returns how many there were.
+// not empty) and returns how many there were. Errors are JetStream's, wrapped.
 func PurgeDeadLetters(ctx context.Context, js jetstream.JetStream, reason string) (uint64, error) {
-	s, err := js.Stream(ctx, DLQStream)
+	s, err := js.Stream(ctx, jobs.DLQStream)
 	if err != nil {
-		return 0, fmt.Errorf("jobs: stream %s: %w", DLQStream, err)
+		return 0, fmt.Errorf("operate: stream %s: %w", jobs.DLQStream, err)
 	}
-	filter := DLQSubjects
+	filter := jobs.DLQSubjects
 	if reason != "" {
-		filter = DLQSubject(reason)
+		filter = jobs.DLQSubject(reason)
 	}
 	info, err := s.Info(ctx, jetstream.WithSubjectFilter(filter))
 	if err != nil {
@@ -151,7 +169,7 @@ func PurgeDeadLetters(ctx context.Context, js jetstream.JetStream, reason string
 		n += c
 	}
 	if err := s.Purge(ctx, jetstream.WithPurgeSubject(filter)); err != nil {
-		return 0, fmt.Errorf("jobs: purge %s: %w", filter, err)
+		return 0, fmt.Errorf("operate: purge %s: %w", filter, err)
 	}
 	return n, nil
 }
@@ -177,20 +195,22 @@ type Replayed struct {
 // Toolq-Replay-Of: <original sequence>. Completed calls are answered from the
 // ledger, so a replay runs only what never settled. With dry set nothing is
 // published. Replays of replays are skipped, so a range can be replayed
-// again without growing.
+// again without growing. A subject outside toolq.jobs.> or a range that is
+// not exactly one of time or sequence is an error before anything is read;
+// a failed publish stops the replay and comes back with what was done.
 func Replay(ctx context.Context, js jetstream.JetStream, r ReplayRange, dry bool) ([]Replayed, error) {
-	if r.Subject == "" || !strings.HasPrefix(r.Subject, JobsPrefix) {
-		return nil, fmt.Errorf("jobs: replay subject %q: want one under %s", r.Subject, JobsPrefix)
+	if r.Subject == "" || !strings.HasPrefix(r.Subject, jobs.JobsPrefix) {
+		return nil, fmt.Errorf("operate: replay subject %q: want one under %s", r.Subject, jobs.JobsPrefix)
 	}
 	bySeq := r.FromSeq > 0 || r.ToSeq > 0
 	if bySeq == !r.Since.IsZero() {
-		return nil, errors.New("jobs: replay needs either a time range (since) or a sequence range (from)")
+		return nil, errors.New("operate: replay needs either a time range (since) or a sequence range (from)")
 	}
 	if bySeq && r.FromSeq == 0 {
-		return nil, errors.New("jobs: replay: the sequence range needs a start")
+		return nil, errors.New("operate: replay: the sequence range needs a start")
 	}
 	if bySeq && r.ToSeq > 0 && r.ToSeq < r.FromSeq {
-		return nil, fmt.Errorf("jobs: replay: to-seq %d is before from-seq %d", r.ToSeq, r.FromSeq)
+		return nil, fmt.Errorf("operate: replay: to-seq %d is before from-seq %d", r.ToSeq, r.FromSeq)
 	}
 	cfg := jetstream.OrderedConsumerConfig{}
 	if bySeq {
@@ -201,7 +221,7 @@ func Replay(ctx context.Context, js jetstream.JetStream, r ReplayRange, dry bool
 	}
 	stamp := time.Now().UnixNano()
 	var out []Replayed
-	err := scanStream(ctx, js, JobsStream, r.Subject, cfg, func(m jetstream.Msg) (bool, error) {
+	err := scanStream(ctx, js, jobs.JobsStream, r.Subject, cfg, func(m jetstream.Msg) (bool, error) {
 		meta, err := m.Metadata()
 		if err != nil {
 			return false, err
@@ -210,10 +230,10 @@ func Replay(ctx context.Context, js jetstream.JetStream, r ReplayRange, dry bool
 		if (r.ToSeq > 0 && seq > r.ToSeq) || (!r.Until.IsZero() && meta.Timestamp.After(r.Until)) {
 			return false, nil
 		}
-		if m.Headers().Get(HeaderReplayOf) != "" {
+		if m.Headers().Get(jobs.HeaderReplayOf) != "" {
 			return true, nil
 		}
-		rep := Replayed{Seq: seq, Subject: m.Subject(), Key: m.Headers().Get(HeaderKey), ToolUseID: toolUseIDOf(m.Data())}
+		rep := Replayed{Seq: seq, Subject: m.Subject(), Key: m.Headers().Get(jobs.HeaderKey), ToolUseID: toolUseIDOf(m.Data())}
 		if !dry {
 			msg := nats.NewMsg(m.Subject())
 			msg.Data = m.Data()
@@ -222,10 +242,10 @@ func Replay(ctx context.Context, js jetstream.JetStream, r ReplayRange, dry bool
 					msg.Header[k] = v
 				}
 			}
-			msg.Header.Set(HeaderReplayOf, strconv.FormatUint(seq, 10))
-			ack, err := js.PublishMsg(ctx, msg, jetstream.WithMsgID(fmt.Sprintf("replay:%d:%d", seq, stamp)), jetstream.WithExpectStream(JobsStream))
+			msg.Header.Set(jobs.HeaderReplayOf, strconv.FormatUint(seq, 10))
+			ack, err := js.PublishMsg(ctx, msg, jetstream.WithMsgID(fmt.Sprintf("replay:%d:%d", seq, stamp)), jetstream.WithExpectStream(jobs.JobsStream))
 			if err != nil {
-				return false, fmt.Errorf("jobs: replay of %d: %w", seq, err)
+				return false, fmt.Errorf("operate: replay of %d: %w", seq, err)
 			}
 			rep.NewSeq = ack.Sequence
 		}
@@ -243,16 +263,16 @@ func scanStream(ctx context.Context, js jetstream.JetStream, stream, filter stri
 	cfg.FilterSubjects = []string{filter}
 	cons, err := js.OrderedConsumer(ctx, stream, cfg)
 	if err != nil {
-		return fmt.Errorf("jobs: read %s: %w", stream, err)
+		return fmt.Errorf("operate: read %s: %w", stream, err)
 	}
 	info, err := cons.Info(ctx)
 	if err != nil {
-		return fmt.Errorf("jobs: read %s: %w", stream, err)
+		return fmt.Errorf("operate: read %s: %w", stream, err)
 	}
 	for left := info.NumPending; left > 0; {
 		batch, err := cons.Fetch(int(min(left, 256)), jetstream.FetchMaxWait(5*time.Second))
 		if err != nil {
-			return fmt.Errorf("jobs: read %s: %w", stream, err)
+			return fmt.Errorf("operate: read %s: %w", stream, err)
 		}
 		got := 0
 		for m := range batch.Messages() {
@@ -264,10 +284,10 @@ func scanStream(ctx context.Context, js jetstream.JetStream, stream, filter stri
 			}
 		}
 		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
-			return fmt.Errorf("jobs: read %s: %w", stream, err)
+			return fmt.Errorf("operate: read %s: %w", stream, err)
 		}
 		if got == 0 {
-			return fmt.Errorf("jobs: read %s: stopped with %d message(s) unread", stream, left)
+			return fmt.Errorf("operate: read %s: stopped with %d message(s) unread", stream, left)
 		}
 	}
 	return nil

@@ -1,4 +1,4 @@
-package jobs_test
+package operate_test
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 
 	"github.com/toolq/toolq/internal/testenv"
 	"github.com/toolq/toolq/jobs"
+	"github.com/toolq/toolq/operate"
 )
 
 func TestReplay(t *testing.T) {
@@ -29,11 +30,11 @@ func TestReplay(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	dry, err := jobs.Replay(ctx, js, jobs.ReplayRange{Subject: jobs.JobSubject("send_payment"), FromSeq: 1}, true)
+	dry, err := operate.Replay(ctx, js, operate.ReplayRange{Subject: jobs.JobSubject("send_payment"), FromSeq: 1}, true)
 	if err != nil || len(dry) != 2 || dry[0].Seq != 1 || dry[1].Seq != 3 || dry[0].NewSeq != 0 || dry[0].ToolUseID != "toolu_0" || dry[0].Key == "" {
 		t.Fatalf("dry run: %+v %v", dry, err)
 	}
-	done, err := jobs.Replay(ctx, js, jobs.ReplayRange{Subject: jobs.JobsSubjects, Since: start.Add(-time.Minute)}, false)
+	done, err := operate.Replay(ctx, js, operate.ReplayRange{Subject: jobs.JobsSubjects, Since: start.Add(-time.Minute)}, false)
 	if err != nil || len(done) != 3 || done[0].NewSeq != 4 {
 		t.Fatalf("replay: %+v %v", done, err)
 	}
@@ -43,22 +44,22 @@ func TestReplay(t *testing.T) {
 		t.Fatalf("replayed message %+v %v", m, err)
 	}
 	// Replaying the same range again skips the replays: it does not grow.
-	again, err := jobs.Replay(ctx, js, jobs.ReplayRange{Subject: jobs.JobsSubjects, FromSeq: 1}, false)
+	again, err := operate.Replay(ctx, js, operate.ReplayRange{Subject: jobs.JobsSubjects, FromSeq: 1}, false)
 	if err != nil || len(again) != 3 {
 		t.Fatalf("second replay: %+v %v", again, err)
 	}
 	// A sequence range stops where it is told.
-	part, err := jobs.Replay(ctx, js, jobs.ReplayRange{Subject: jobs.JobsSubjects, FromSeq: 2, ToSeq: 2}, true)
+	part, err := operate.Replay(ctx, js, operate.ReplayRange{Subject: jobs.JobsSubjects, FromSeq: 2, ToSeq: 2}, true)
 	if err != nil || len(part) != 1 || part[0].Seq != 2 {
 		t.Fatalf("range: %+v %v", part, err)
 	}
-	for _, bad := range []jobs.ReplayRange{
+	for _, bad := range []operate.ReplayRange{
 		{Subject: "other.subject", FromSeq: 1},
 		{Subject: jobs.JobsSubjects},
 		{Subject: jobs.JobsSubjects, FromSeq: 1, Since: start},
 		{Subject: jobs.JobsSubjects, FromSeq: 5, ToSeq: 2},
 	} {
-		if _, err := jobs.Replay(ctx, js, bad, true); err == nil {
+		if _, err := operate.Replay(ctx, js, bad, true); err == nil {
 			t.Errorf("%+v accepted", bad)
 		}
 	}
@@ -86,7 +87,7 @@ func TestDeadLetters(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	all, err := jobs.ListDeadLetters(ctx, js, "")
+	all, err := operate.ListDeadLetters(ctx, js, "")
 	if err != nil || len(all) != 2 {
 		t.Fatalf("list: %+v %v", all, err)
 	}
@@ -95,10 +96,10 @@ func TestDeadLetters(t *testing.T) {
 		d.Header.Get("X-Agent") != "a1" || d.Header.Get(jobs.HeaderDLQReason) != "" || d.Body != body {
 		t.Fatalf("dead letter %+v", d)
 	}
-	if only, _ := jobs.ListDeadLetters(ctx, js, jobs.DLQInvalid); len(only) != 1 || only[0].Seq != 2 {
+	if only, _ := operate.ListDeadLetters(ctx, js, jobs.DLQInvalid); len(only) != 1 || only[0].Seq != 2 {
 		t.Fatalf("by reason: %+v", only)
 	}
-	newSeq, err := jobs.Requeue(ctx, js, 1)
+	newSeq, err := operate.Requeue(ctx, js, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,16 +108,16 @@ func TestDeadLetters(t *testing.T) {
 	if err != nil || string(m.Data) != body || m.Header.Get(jobs.HeaderReplayOf) != "dlq:1" || m.Header.Get("X-Agent") != "a1" || m.Subject != "toolq.jobs.send_payment" {
 		t.Fatalf("requeued %+v %v", m, err)
 	}
-	if _, err := jobs.GetDeadLetter(ctx, js, 1); err == nil {
+	if _, err := operate.GetDeadLetter(ctx, js, 1); err == nil {
 		t.Fatal("a requeued dead letter stayed in the DLQ")
 	}
-	if _, err := jobs.Requeue(ctx, js, 1); err == nil {
+	if _, err := operate.Requeue(ctx, js, 1); err == nil {
 		t.Fatal("requeued twice")
 	}
-	if n, err := jobs.PurgeDeadLetters(ctx, js, ""); err != nil || n != 1 {
+	if n, err := operate.PurgeDeadLetters(ctx, js, ""); err != nil || n != 1 {
 		t.Fatalf("purge: %d %v", n, err)
 	}
-	if left, _ := jobs.ListDeadLetters(ctx, js, ""); len(left) != 0 {
+	if left, _ := operate.ListDeadLetters(ctx, js, ""); len(left) != 0 {
 		t.Fatalf("after purge: %+v", left)
 	}
 }

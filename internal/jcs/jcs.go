@@ -1,4 +1,11 @@
-package jobs
+// Package jcs parses JSON strictly and writes its RFC 8785 (JSON
+// Canonicalization Scheme) form, the canonical(args) of toolq's idempotency
+// key. It rejects, never coerces, what could make two implementations disagree
+// on the canonical form: duplicate member names, invalid UTF-8, lone surrogate
+// escapes, numbers outside the double range, integer literals beyond ±2^53 and
+// nesting deeper than MaxDepth. Each rule has a sentinel error; the errors that
+// come back are *SyntaxError values that match it with errors.Is.
+package jcs
 
 import (
 	"bytes"
@@ -19,28 +26,29 @@ const MaxDepth = 64
 // integer still has its own double.
 const maxSafeInteger = "9007199254740992"
 
-// Errors returned by Canonicalize and ParseStrict. Each names one rule of the
-// wire contract; the error that comes back wraps one of these together with the
-// byte offset where the input broke it.
+// Errors returned by Canonicalize, CanonicalizeObject and ParseStrict. Each
+// names one rule; the error that comes back is a *SyntaxError that wraps one of
+// these together with the byte offset where the input broke it.
 var (
-	ErrSyntax        = errors.New("jobs: invalid JSON")
-	ErrNotObject     = errors.New("jobs: args must be a JSON object")
-	ErrDuplicateName = errors.New("jobs: duplicate member name")
-	ErrInvalidUTF8   = errors.New("jobs: invalid UTF-8")
-	ErrLoneSurrogate = errors.New("jobs: lone surrogate escape")
-	ErrNumberRange   = errors.New("jobs: number outside the double range")
-	ErrUnsafeInteger = errors.New("jobs: integer beyond ±2^53 (send it as a string)")
-	ErrTooDeep       = errors.New("jobs: nesting deeper than the limit")
+	ErrSyntax        = errors.New("jcs: invalid JSON")
+	ErrNotObject     = errors.New("jcs: not a JSON object")
+	ErrDuplicateName = errors.New("jcs: duplicate member name")
+	ErrInvalidUTF8   = errors.New("jcs: invalid UTF-8")
+	ErrLoneSurrogate = errors.New("jcs: lone surrogate escape")
+	ErrNumberRange   = errors.New("jcs: number outside the double range")
+	ErrUnsafeInteger = errors.New("jcs: integer beyond ±2^53 (send it as a string)")
+	ErrTooDeep       = errors.New("jcs: nesting deeper than the limit")
 )
 
-// A SyntaxError reports where a document broke a rule. Is matches the sentinel
-// error of the rule, so errors.Is(err, ErrDuplicateName) works.
+// A SyntaxError reports where a document broke a rule. It unwraps to the
+// sentinel error of the rule, so errors.Is(err, ErrDuplicateName) works.
 type SyntaxError struct {
 	Offset int    // byte offset into the input
 	Detail string // what was found, for the human reading the message
 	rule   error
 }
 
+// Error returns the rule, the offset and the detail on one line.
 func (e *SyntaxError) Error() string {
 	if e.Detail == "" {
 		return fmt.Sprintf("%v at offset %d", e.rule, e.Offset)
@@ -48,13 +56,14 @@ func (e *SyntaxError) Error() string {
 	return fmt.Sprintf("%v at offset %d: %s", e.rule, e.Offset, e.Detail)
 }
 
+// Unwrap returns the sentinel error of the rule the input broke.
 func (e *SyntaxError) Unwrap() error { return e.rule }
 
 // Canonicalize returns the RFC 8785 (JSON Canonicalization Scheme) form of a
 // JSON document: members sorted by the UTF-16 code units of their names, no
 // insignificant whitespace, numbers in their shortest ECMAScript form, strings
 // with the minimal escapes. It rejects, never coerces, a document that is not
-// valid JSON or that breaks a rule of the contract: duplicate member names,
+// valid JSON or that breaks one of its rules: duplicate member names,
 // invalid UTF-8, lone surrogate escapes, numbers outside the double range,
 // integer literals beyond ±2^53 and nesting deeper than MaxDepth. The error
 // wraps one of the Err* sentinels.
@@ -98,6 +107,8 @@ const (
 	KindObject
 )
 
+// String returns the JSON name of the kind: "null", "boolean", "number",
+// "string", "array" or "object".
 func (k Kind) String() string {
 	return [...]string{"null", "boolean", "number", "string", "array", "object"}[k]
 }
@@ -118,9 +129,9 @@ type Member struct {
 	Value Value
 }
 
-// ParseStrict parses one JSON document under the rules of Canonicalize. It is
-// exported so that callers can validate a whole message body with the same
-// rules that protect the key.
+// ParseStrict parses one JSON document under the rules of Canonicalize, so
+// that callers can validate a whole message body with the same rules that
+// protect the key. Errors are *SyntaxError values, as for Canonicalize.
 func ParseStrict(doc []byte) (Value, error) {
 	p := parser{in: doc}
 	p.skipSpace()
