@@ -14,13 +14,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/toolq/toolq/examples"
+	"github.com/toolq/toolq/demo"
 	"github.com/toolq/toolq/tools"
 )
 
 func TestDemoRegistry(t *testing.T) {
 	t.Parallel()
-	reg, err := examples.DemoRegistry("http://127.0.0.1:1")
+	reg, err := demo.DemoRegistry("http://127.0.0.1:1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,7 +42,7 @@ func TestDemoRegistry(t *testing.T) {
 		}
 	}
 	// The file also loads on its own, reading SANDBOX_URL.
-	path := filepath.Join("..", "examples", "tools.yaml")
+	path := filepath.Join("..", "demo", "tools.yaml")
 	reg, err = tools.Load(path, tools.WithGetenv(func(string) string { return "" }))
 	if err != nil {
 		t.Fatal(err)
@@ -59,7 +59,7 @@ func TestBadArgsNeverReachTheExecutor(t *testing.T) {
 	var hits atomic.Int32
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { hits.Add(1); fmt.Fprint(w, `{}`) }))
 	defer srv.Close()
-	reg, err := examples.DemoRegistry(srv.URL)
+	reg, err := demo.DemoRegistry(srv.URL)
 	if err != nil {
 		t.Fatal(err)
 	}

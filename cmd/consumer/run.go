@@ -15,11 +15,11 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
+	"github.com/toolq/toolq/demo/sandbox"
 	"github.com/toolq/toolq/internal/cli"
 	"github.com/toolq/toolq/jobs"
 	"github.com/toolq/toolq/ledger"
 	"github.com/toolq/toolq/tools"
-	"github.com/toolq/toolq/tools/sandbox"
 	"github.com/toolq/toolq/tracing"
 	"github.com/toolq/toolq/worker"
 )

@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"text/tabwriter"
 
-	"github.com/toolq/toolq/examples"
+	"github.com/toolq/toolq/demo"
 	"github.com/toolq/toolq/internal/cli"
 	"github.com/toolq/toolq/tools"
 )
@@ -14,7 +14,7 @@ import (
 // loadRegistry loads --tools, or the demo registry pointed at sandboxURL.
 func loadRegistry(path, sandboxURL string, getenv func(string) string, opts ...tools.Option) (*tools.Registry, error) {
 	if path == "" {
-		return examples.DemoRegistry(sandboxURL, tools.WithRegistryOptions(opts...))
+		return demo.DemoRegistry(sandboxURL, tools.WithRegistryOptions(opts...))
 	}
 	return tools.Load(path, tools.WithGetenv(getenv), tools.WithRegistryOptions(opts...))
 }

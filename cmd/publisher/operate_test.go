@@ -13,11 +13,11 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/toolq/toolq/examples"
+	"github.com/toolq/toolq/demo"
+	"github.com/toolq/toolq/demo/sandbox"
 	"github.com/toolq/toolq/internal/testenv"
 	"github.com/toolq/toolq/jobs"
 	"github.com/toolq/toolq/ledger"
-	"github.com/toolq/toolq/tools/sandbox"
 	"github.com/toolq/toolq/worker"
 )
 
@@ -32,7 +32,7 @@ func TestOperatorWorksTheDeadLetters(t *testing.T) {
 	sb, _ := sandbox.New(sandbox.Config{Faults: sandbox.Faults{ServerErrorRate: 1}})
 	srv := httptest.NewServer(sb)
 	defer srv.Close()
-	reg, _ := examples.DemoRegistry(srv.URL)
+	reg, _ := demo.DemoRegistry(srv.URL)
 	ctx, cancel := context.WithCancel(context.Background())
 	store, err := ledger.OpenSQLite(ctx, filepath.Join(t.TempDir(), "ledger.db"))
 	if err != nil {

@@ -13,11 +13,11 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/toolq/toolq/examples"
+	"github.com/toolq/toolq/demo"
+	"github.com/toolq/toolq/demo/sandbox"
 	"github.com/toolq/toolq/internal/testenv"
 	"github.com/toolq/toolq/jobs"
 	"github.com/toolq/toolq/ledger"
-	"github.com/toolq/toolq/tools/sandbox"
 	"github.com/toolq/toolq/worker"
 )
 
@@ -31,7 +31,7 @@ func TestPublish(t *testing.T) {
 	sb, _ := sandbox.New(sandbox.Config{})
 	srv := httptest.NewServer(sb)
 	defer srv.Close()
-	reg, err := examples.DemoRegistry(srv.URL)
+	reg, err := demo.DemoRegistry(srv.URL)
 	if err != nil {
 		t.Fatal(err)
 	}

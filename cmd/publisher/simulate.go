@@ -16,12 +16,12 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/toolq/toolq/examples"
+	"github.com/toolq/toolq/demo"
+	"github.com/toolq/toolq/demo/sandbox"
+	"github.com/toolq/toolq/demo/simulate"
 	"github.com/toolq/toolq/internal/cli"
 	"github.com/toolq/toolq/jobs"
 	"github.com/toolq/toolq/ledger"
-	"github.com/toolq/toolq/simulate"
-	"github.com/toolq/toolq/tools/sandbox"
 	"github.com/toolq/toolq/worker"
 )
 
@@ -192,7 +192,7 @@ func startSimulation(ctx context.Context) (*simulation, error) {
 		return fail(err)
 	}
 	s.naiveURL = naiveURL
-	reg, err := examples.DemoRegistry(toolqURL)
+	reg, err := demo.DemoRegistry(toolqURL)
 	if err != nil {
 		return fail(err)
 	}

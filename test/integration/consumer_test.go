@@ -12,9 +12,9 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/toolq/toolq/demo/sandbox"
 	"github.com/toolq/toolq/jobs"
 	"github.com/toolq/toolq/ledger"
-	"github.com/toolq/toolq/tools/sandbox"
 	"github.com/toolq/toolq/worker"
 )
 

@@ -1,6 +1,6 @@
-// Package examples carries the demo tool registry, examples/tools.yaml, so
+// Package demo carries the demo tool registry, demo/tools.yaml, so
 // that the consumer can run it without a file on disk.
-package examples
+package demo
 
 import (
 	_ "embed"
@@ -8,7 +8,7 @@ import (
 	"github.com/toolq/toolq/tools"
 )
 
-// ToolsYAML is examples/tools.yaml.
+// ToolsYAML is demo/tools.yaml.
 //
 //go:embed tools.yaml
 var ToolsYAML []byte
@@ -21,5 +21,5 @@ func DemoRegistry(sandboxURL string, opts ...tools.LoadOption) (*tools.Registry,
 		}
 		return ""
 	}
-	return tools.Parse(ToolsYAML, "examples/tools.yaml", append([]tools.LoadOption{tools.WithGetenv(getenv)}, opts...)...)
+	return tools.Parse(ToolsYAML, "demo/tools.yaml", append([]tools.LoadOption{tools.WithGetenv(getenv)}, opts...)...)
 }
