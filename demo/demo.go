@@ -1,5 +1,9 @@
-// Package demo carries the demo tool registry, demo/tools.yaml, so
-// that the consumer can run it without a file on disk.
+// Package demo is toolq's demonstration material: the demo tool registry
+// (demo/tools.yaml, embedded here so that the consumer runs it without a
+// file on disk), in demo/sandbox the payments and tickets API its tools call,
+// and in demo/simulate the streaming-agent scenario of `publisher simulate`.
+// The demo, the tests and the benchmarks use them; nothing in the worker's
+// path does.
 package demo
 
 import (
@@ -13,13 +17,15 @@ import (
 //go:embed tools.yaml
 var ToolsYAML []byte
 
-// DemoRegistry loads the demo registry with its tools pointed at sandboxURL.
-func DemoRegistry(sandboxURL string, opts ...tools.LoadOption) (*tools.Registry, error) {
-	getenv := func(name string) string {
+// Registry loads the demo registry with its tools pointed at sandboxURL.
+// cfg's Getenv is not used: ${SANDBOX_URL} is sandboxURL and every other
+// variable is unset. Errors are those of tools.Parse.
+func Registry(sandboxURL string, cfg tools.Config) (*tools.Registry, error) {
+	cfg.Getenv = func(name string) string {
 		if name == "SANDBOX_URL" {
 			return sandboxURL
 		}
 		return ""
 	}
-	return tools.Parse(ToolsYAML, "demo/tools.yaml", append([]tools.LoadOption{tools.WithGetenv(getenv)}, opts...)...)
+	return tools.Parse(ToolsYAML, "demo/tools.yaml", cfg)
 }

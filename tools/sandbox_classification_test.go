@@ -19,7 +19,7 @@ func TestClassificationAgainstTheSandbox(t *testing.T) {
 	sb, _ := sandbox.New(sandbox.Config{})
 	srv := httptest.NewServer(sb)
 	defer srv.Close()
-	reg, err := demo.DemoRegistry(srv.URL)
+	reg, err := demo.Registry(srv.URL, tools.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
