@@ -8,6 +8,6 @@ RUN CGO_ENABLED=0 go build -trimpath -o /out/ ./cmd/...
 
 FROM gcr.io/distroless/static-debian12
 COPY --from=build /out/ /usr/local/bin/
-COPY examples/tools.yaml /etc/toolq/tools.yaml
+COPY demo/tools.yaml /etc/toolq/tools.yaml
 USER nonroot
 ENTRYPOINT ["/usr/local/bin/consumer"]

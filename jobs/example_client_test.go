@@ -45,7 +45,7 @@ func ExampleClient_RunTurn() {
 		return json.RawMessage(fmt.Sprintf(`{"payment":"pay_%d"}`, effects.Add(1))), nil
 	})
 	reg, _ := tools.NewRegistry([]tools.Definition{{Name: "send_payment", Class: tools.KeyedWrite,
-		Schema: json.RawMessage(`{"type":"object","required":["amount_cents"]}`), Executor: pay}})
+		Schema: json.RawMessage(`{"type":"object","required":["amount_cents"]}`), Executor: pay}}, tools.Config{})
 	wctx, stop := context.WithCancel(ctx)
 	w, _ := worker.New(wctx, worker.Config{JS: js, Ledger: store, Tools: reg, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	done := make(chan error)

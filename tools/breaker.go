@@ -12,17 +12,6 @@ import (
 	"github.com/sony/gobreaker/v2"
 )
 
-// Option adjusts a Registry.
-type Option func(*options)
-
-type options struct {
-	logger *slog.Logger
-}
-
-// WithLogger sets the logger breaker state changes are logged to (default:
-// slog.Default()).
-func WithLogger(l *slog.Logger) Option { return func(o *options) { o.logger = l } }
-
 func (b Breaker) withDefaults() Breaker {
 	if b.Failures == 0 {
 		b.Failures = DefaultFailures

@@ -38,8 +38,13 @@ type HTTP struct {
 	Client            *http.Client // default: one with redirects limited to the same origin
 }
 
-// HTTPExecutor checks the configuration and returns the executor together
-// with its downstream name (scheme://host) and whether it forwards the key.
+// HTTPExecutor checks h and returns a copy with its defaults filled: the
+// method upper-cased (empty: POST), the Idempotency-Key header, the 1 MiB
+// response limit and a client that follows redirects only within the same
+// origin. It fails for a method other than GET, POST, PUT, PATCH or DELETE,
+// and for a URL that is not absolute http(s) or carries a query or fragment.
+// The downstream name and whether the key is forwarded come from the
+// executor's Downstream and ForwardsKey methods.
 func HTTPExecutor(h HTTP) (*HTTP, error) {
 	h.Method = strings.ToUpper(h.Method)
 	switch h.Method {

@@ -29,7 +29,7 @@ func httpTool(t *testing.T, class tools.Class, method, url string, timeout time.
 	fwd := exec.ForwardsKey()
 	reg, err := tools.NewRegistry([]tools.Definition{{Name: "t", Class: class, Schema: json.RawMessage(anySchema),
 		Executor: exec, Downstream: exec.Downstream(), ForwardsKey: &fwd, Timeout: timeout,
-		Breaker: tools.Breaker{Failures: 1000}}})
+		Breaker: tools.Breaker{Failures: 1000}}}, tools.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -258,7 +258,7 @@ func TestBreaker(t *testing.T) {
 	exec, _ := tools.HTTPExecutor(tools.HTTP{URL: srv.URL})
 	reg, err := tools.NewRegistry([]tools.Definition{{Name: "pay", Class: tools.KeyedWrite, Schema: json.RawMessage(anySchema),
 		Executor: exec, Downstream: exec.Downstream(), Timeout: time.Second,
-		Breaker: tools.Breaker{Failures: 3, OpenFor: 300 * time.Millisecond}}})
+		Breaker: tools.Breaker{Failures: 3, OpenFor: 300 * time.Millisecond}}}, tools.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -32,7 +32,7 @@ import (
 //	      max_response_bytes: 1048576
 //	  - name: echo
 //	    class: read
-//	    builtin: echo               # a Go function registered with WithBuiltin
+//	    builtin: echo               # a Go function given in Config.Builtins
 //
 // ${VAR} takes an environment variable (unset: an error naming it);
 // ${VAR:-default} falls back to the default. Both work in url and headers.
@@ -66,46 +66,24 @@ type httpSpec struct {
 	MaxResponseBytes  int64             `yaml:"max_response_bytes"`
 }
 
-// LoadOption adjusts Load and Parse.
-type LoadOption func(*loadOptions)
-
-type loadOptions struct {
-	getenv   func(string) string
-	builtins map[string]Executor
-	registry []Option
-}
-
-// WithGetenv sets where ${VAR} references are looked up (default os.Getenv).
-func WithGetenv(getenv func(string) string) LoadOption {
-	return func(o *loadOptions) { o.getenv = getenv }
-}
-
-// WithBuiltin makes a Go function available to the file as `builtin: name`.
-func WithBuiltin(name string, e Executor) LoadOption {
-	return func(o *loadOptions) { o.builtins[name] = e }
-}
-
-// WithRegistryOptions passes options to NewRegistry.
-func WithRegistryOptions(opts ...Option) LoadOption {
-	return func(o *loadOptions) { o.registry = append(o.registry, opts...) }
-}
-
-// Load reads the registry file at path. Errors name the file, and the tool
-// and field where one is at fault (a *DefinitionError).
-func Load(path string, opts ...LoadOption) (*Registry, error) {
+// Load reads the registry file at path with cfg (see Parse). Errors name
+// the file, and the tool and field where one is at fault (a
+// *DefinitionError); a file that cannot be read gives the *fs.PathError,
+// wrapped.
+func Load(path string, cfg Config) (*Registry, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("tools: %w", err)
 	}
-	return Parse(data, path, opts...)
+	return Parse(data, path, cfg)
 }
 
-// Parse reads a registry from YAML; name is used in errors.
-func Parse(data []byte, name string, opts ...LoadOption) (*Registry, error) {
-	o := loadOptions{getenv: os.Getenv, builtins: map[string]Executor{}}
-	for _, opt := range opts {
-		opt(&o)
-	}
+// Parse reads a registry from YAML and builds it with NewRegistry; name is
+// used in errors. ${VAR} references are looked up with cfg.Getenv and
+// `builtin: name` in cfg.Builtins. Errors are *DefinitionError values naming
+// name, and the tool and field at fault.
+func Parse(data []byte, name string, cfg Config) (*Registry, error) {
+	cfg = cfg.withDefaults()
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
 	var f fileSpec
@@ -117,7 +95,7 @@ func Parse(data []byte, name string, opts ...LoadOption) (*Registry, error) {
 	}
 	defs := make([]Definition, 0, len(f.Tools))
 	for i := range f.Tools {
-		d, err := f.Tools[i].definition(&o)
+		d, err := f.Tools[i].definition(cfg)
 		if err != nil {
 			var de *DefinitionError
 			if errors.As(err, &de) {
@@ -131,7 +109,7 @@ func Parse(data []byte, name string, opts ...LoadOption) (*Registry, error) {
 		}
 		defs = append(defs, d)
 	}
-	r, err := NewRegistry(defs, o.registry...)
+	r, err := NewRegistry(defs, cfg)
 	if err != nil {
 		var de *DefinitionError
 		if errors.As(err, &de) {
@@ -142,7 +120,7 @@ func Parse(data []byte, name string, opts ...LoadOption) (*Registry, error) {
 	return r, nil
 }
 
-func (s *toolSpec) definition(o *loadOptions) (Definition, error) {
+func (s *toolSpec) definition(cfg Config) (Definition, error) {
 	bad := func(field, format string, args ...any) error {
 		return &DefinitionError{Tool: s.Name, Field: field, Msg: fmt.Sprintf(format, args...)}
 	}
@@ -177,12 +155,12 @@ func (s *toolSpec) definition(o *loadOptions) (Definition, error) {
 		return d, bad("http", "a tool has one executor: http or builtin, not both")
 	case s.HTTP != nil:
 		h := HTTP{Method: s.HTTP.Method, IdempotencyHeader: s.HTTP.IdempotencyHeader, MaxResponseBytes: s.HTTP.MaxResponseBytes}
-		if h.URL, err = expandEnv(s.HTTP.URL, o.getenv); err != nil {
+		if h.URL, err = expandEnv(s.HTTP.URL, cfg.Getenv); err != nil {
 			return d, bad("http.url", "%v", err)
 		}
 		h.Headers = map[string]string{}
 		for k, v := range s.HTTP.Headers {
-			if h.Headers[k], err = expandEnv(v, o.getenv); err != nil {
+			if h.Headers[k], err = expandEnv(v, cfg.Getenv); err != nil {
 				return d, bad("http.headers."+k, "%v", err)
 			}
 		}
@@ -193,7 +171,7 @@ func (s *toolSpec) definition(o *loadOptions) (Definition, error) {
 		forwards := exec.ForwardsKey()
 		d.Executor, d.Downstream, d.ForwardsKey = exec, exec.Downstream(), &forwards
 	case s.Builtin != "":
-		e, ok := o.builtins[s.Builtin]
+		e, ok := cfg.Builtins[s.Builtin]
 		if !ok {
 			return d, bad("builtin", "no built-in executor called %q", s.Builtin)
 		}

@@ -8,7 +8,7 @@ import (
 )
 
 // Outcome is what the consumer needs to know of a tool call that returned:
-// DESIGN.md's step 5 in four kinds. Every executor's errors map onto them
+// docs/design.md's step 5 in four kinds. Every executor's errors map onto them
 // through Classify.
 type Outcome int
 
@@ -79,8 +79,12 @@ func AmbiguousError(code, message string, retryAfter time.Duration, cause error)
 }
 
 // Classify maps the error of a tool call to its Outcome and returns it as an
-// *Error (nil for Success). Errors that are not *Error are Ambiguous, except
-// a context cancelled before the executor started, which is NotSent.
+// *Error (nil for Success). An *Error anywhere in the chain keeps its
+// Outcome. Every other error is Ambiguous, a context's error included:
+// context.Canceled gives code "cancelled" and context.DeadlineExceeded code
+// "timeout", because Classify cannot know whether the call had started.
+// (Tool.Run itself returns NotSent when its ctx ends before the executor
+// starts.)
 func Classify(err error) (Outcome, *Error) {
 	if err == nil {
 		return Success, nil

@@ -14,13 +14,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/toolq/toolq/examples"
+	"github.com/toolq/toolq/demo"
 	"github.com/toolq/toolq/tools"
 )
 
 func TestDemoRegistry(t *testing.T) {
 	t.Parallel()
-	reg, err := examples.DemoRegistry("http://127.0.0.1:1")
+	reg, err := demo.Registry("http://127.0.0.1:1", tools.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,8 +42,8 @@ func TestDemoRegistry(t *testing.T) {
 		}
 	}
 	// The file also loads on its own, reading SANDBOX_URL.
-	path := filepath.Join("..", "examples", "tools.yaml")
-	reg, err = tools.Load(path, tools.WithGetenv(func(string) string { return "" }))
+	path := filepath.Join("..", "demo", "tools.yaml")
+	reg, err = tools.Load(path, tools.Config{Getenv: func(string) string { return "" }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,13 +53,14 @@ func TestDemoRegistry(t *testing.T) {
 }
 
 // TestBadArgsNeverReachTheExecutor: the demo schemas reject a corpus of bad
-// args with the schema's reason, and the downstream sees no request.
+// args with the schema's reason, so that a caller that validates before Run
+// (as the worker does) sends the downstream no request.
 func TestBadArgsNeverReachTheExecutor(t *testing.T) {
 	t.Parallel()
 	var hits atomic.Int32
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { hits.Add(1); fmt.Fprint(w, `{}`) }))
 	defer srv.Close()
-	reg, err := examples.DemoRegistry(srv.URL)
+	reg, err := demo.Registry(srv.URL, tools.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,7 +89,10 @@ func TestBadArgsNeverReachTheExecutor(t *testing.T) {
 		{"nested object where a string goes", ticket, `{"title":"t","body":{"a":{"b":1}}}`, "/body"},
 		{"null query", search, `{"query":null}`, "/query"},
 	} {
-		_, err := tc.tool.Run(context.Background(), tools.Request{Tool: tc.tool.Name, Key: "k", Args: json.RawMessage(tc.args)})
+		err := tc.tool.Validate(json.RawMessage(tc.args))
+		if err == nil {
+			tc.tool.Run(context.Background(), tools.Request{Tool: tc.tool.Name, Key: "k", Args: json.RawMessage(tc.args)})
+		}
 		if !errors.Is(err, tools.ErrInvalidArgs) {
 			t.Errorf("%s: err = %v", tc.name, err)
 			continue
@@ -113,8 +117,8 @@ func TestLoadErrorsNameFileToolAndField(t *testing.T) {
     schema: {type: object}
     builtin: echo
 `
-	echo := tools.WithBuiltin("echo", tools.ExecutorFunc(func(ctx context.Context, r tools.Request) (json.RawMessage, error) { return r.Args, nil }))
-	env := tools.WithGetenv(func(k string) string { return map[string]string{"SET": "http://h"}[k] })
+	echo := map[string]tools.Executor{"echo": tools.ExecutorFunc(func(ctx context.Context, r tools.Request) (json.RawMessage, error) { return r.Args, nil })}
+	env := func(k string) string { return map[string]string{"SET": "http://h"}[k] }
 	for _, tc := range []struct {
 		name, yaml string
 		want       []string
@@ -199,7 +203,7 @@ func TestLoadErrorsNameFileToolAndField(t *testing.T) {
 			if err := os.WriteFile(path, []byte("tools:"+tc.yaml+"\n"), 0o600); err != nil {
 				t.Fatal(err)
 			}
-			_, err := tools.Load(path, echo, env)
+			_, err := tools.Load(path, tools.Config{Builtins: echo, Getenv: env})
 			if err == nil {
 				t.Fatal("loaded")
 			}
@@ -215,7 +219,7 @@ func TestLoadErrorsNameFileToolAndField(t *testing.T) {
 		})
 	}
 	// The same file without the fault loads, and the lease defaults above the timeout.
-	reg, err := tools.Parse([]byte("tools:"+good), "x.yaml", echo)
+	reg, err := tools.Parse([]byte("tools:"+good), "x.yaml", tools.Config{Builtins: echo})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -240,7 +244,7 @@ func TestConcurrencyLimit(t *testing.T) {
 		running.Add(-1)
 		return json.RawMessage(`{}`), nil
 	})
-	reg, err := tools.NewRegistry([]tools.Definition{{Name: "slow", Class: tools.Read, Schema: json.RawMessage(anySchema), Executor: slow, Concurrency: 2}})
+	reg, err := tools.NewRegistry([]tools.Definition{{Name: "slow", Class: tools.Read, Schema: json.RawMessage(anySchema), Executor: slow, Concurrency: 2}}, tools.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,9 +7,9 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/toolq/toolq/examples"
+	"github.com/toolq/toolq/demo"
+	"github.com/toolq/toolq/demo/sandbox"
 	"github.com/toolq/toolq/tools"
-	"github.com/toolq/toolq/tools/sandbox"
 )
 
 // TestClassificationAgainstTheSandbox: the demo tools against the sandbox
@@ -19,7 +19,7 @@ func TestClassificationAgainstTheSandbox(t *testing.T) {
 	sb, _ := sandbox.New(sandbox.Config{})
 	srv := httptest.NewServer(sb)
 	defer srv.Close()
-	reg, err := examples.DemoRegistry(srv.URL)
+	reg, err := demo.Registry(srv.URL, tools.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}

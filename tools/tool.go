@@ -1,9 +1,9 @@
 // Package tools is toolq's tool registry: for each tool its class, JSON
 // Schema, executor, timeout, lease, concurrency limit and circuit breaker,
 // loaded from one YAML file or built in Go. It also holds the executors (HTTP
-// and built-in Go functions), the classification of their outcomes into the
-// four kinds the consumer acts on, and, in tools/sandbox, the payments API
-// used by the demo, the tests and the benchmarks.
+// and built-in Go functions) and the classification of their outcomes into
+// the four kinds the consumer acts on. Registries are built with one Config
+// (logger, environment, built-in executors) by NewRegistry, Parse and Load.
 package tools
 
 import (
@@ -50,8 +50,8 @@ const (
 	DefaultNotSentDelay = time.Second
 )
 
-// ErrInvalidArgs is wrapped by the error of a call whose arguments fail the
-// tool's schema (or are not a canonical JSON object). Nothing ran.
+// ErrInvalidArgs is wrapped by the error of Tool.Validate when the arguments
+// fail the tool's schema (or are not a canonical JSON object).
 var ErrInvalidArgs = errors.New("tools: invalid arguments")
 
 // Request is one call handed to an executor.
@@ -165,11 +165,9 @@ func (e *DefinitionError) Error() string {
 // the tool and field: a bad or duplicate name, an unknown class, a ledger
 // setting the class forbids, an invalid schema, a lease not above the
 // timeout, a missing executor, breakers that disagree on one downstream.
-func NewRegistry(defs []Definition, opts ...Option) (*Registry, error) {
-	var o options
-	for _, opt := range opts {
-		opt(&o)
-	}
+// Of cfg it uses the Logger.
+func NewRegistry(defs []Definition, cfg Config) (*Registry, error) {
+	cfg = cfg.withDefaults()
 	r := &Registry{tools: map[string]*Tool{}, breakers: map[string]*breaker{}}
 	breakerOwner := map[string]string{}
 	for i := range defs {
@@ -250,7 +248,7 @@ func NewRegistry(defs []Definition, opts ...Option) (*Registry, error) {
 			}
 			t.breaker = b
 		} else {
-			t.breaker = newBreaker(t.Downstream, bs, o.logger)
+			t.breaker = newBreaker(t.Downstream, bs, cfg.Logger)
 			r.breakers[t.Downstream] = t.breaker
 			breakerOwner[t.Downstream] = d.Name
 		}
@@ -277,8 +275,10 @@ func (r *Registry) Tools() []*Tool {
 }
 
 // Validate checks args against the tool's schema after the contract's own
-// rules (a canonicalizable JSON object). The error wraps ErrInvalidArgs and
-// says, in one line, where and why.
+// rules (a canonicalizable JSON object). It is the one place args are
+// checked: call it before Run (the worker does, before it claims the key, so
+// that invalid args are rejected without a ledger row). The error wraps
+// ErrInvalidArgs and says, in one line, where and why.
 func (t *Tool) Validate(args json.RawMessage) error {
 	if _, err := jcs.CanonicalizeObject(args); err != nil {
 		return fmt.Errorf("%w: %v", ErrInvalidArgs, err)
@@ -293,17 +293,15 @@ func (t *Tool) Validate(args json.RawMessage) error {
 	return nil
 }
 
-// Run validates the args, waits for one of the tool's concurrency slots,
-// and runs the executor under the tool's timeout and circuit breaker. ctx
-// governs the wait to start: once the call has started it runs to its end
-// or its timeout, whatever becomes of ctx, because a write cut off halfway
-// has an unknown outcome. The error, if any, is an *Error (see Classify) or
-// wraps ErrInvalidArgs; ending ctx before the start gives NotSent, and an open
-// breaker gives NotSent with its remaining open time as RetryAfter.
+// Run waits for one of the tool's concurrency slots and runs the executor
+// under the tool's timeout and circuit breaker. req.Args must have passed
+// Validate: Run does not check them again. ctx governs the wait to start:
+// once the call has started it runs to its end or its timeout, whatever
+// becomes of ctx, because a write cut off halfway has an unknown outcome.
+// The error, if any, is an *Error (see Classify); ending ctx before the
+// start gives NotSent, and an open breaker gives NotSent with its remaining
+// open time as RetryAfter.
 func (t *Tool) Run(ctx context.Context, req Request) (json.RawMessage, error) {
-	if err := t.Validate(req.Args); err != nil {
-		return nil, err
-	}
 	if !t.ForwardsKey {
 		req.Key = ""
 	}

@@ -86,7 +86,7 @@ func BenchmarkWorker(b *testing.B) {
 			noop := tools.ExecutorFunc(func(ctx context.Context, r tools.Request) (json.RawMessage, error) {
 				return json.RawMessage(`{"ok":true}`), nil
 			})
-			reg, _ := tools.NewRegistry([]tools.Definition{{Name: "noop", Class: tools.KeyedWrite, Schema: json.RawMessage(`{"type":"object"}`), Executor: noop, Concurrency: 256}})
+			reg, _ := tools.NewRegistry([]tools.Definition{{Name: "noop", Class: tools.KeyedWrite, Schema: json.RawMessage(`{"type":"object"}`), Executor: noop, Concurrency: 256}}, tools.Config{})
 			w, err := worker.New(ctx, worker.Config{JS: js, Ledger: store, Tools: reg, UntilEmpty: true, MaxInFlight: 256, BatchSize: 64,
 				Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 			if err != nil {

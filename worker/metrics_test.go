@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"testing"
+	"time"
 
 	"go.opentelemetry.io/otel/attribute"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
@@ -20,7 +21,7 @@ func TestMetrics(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	reg, _ := tools.NewRegistry([]tools.Definition{{Name: "pay", Class: tools.KeyedWrite, Schema: json.RawMessage(`{"type":"object"}`),
-		Executor: tools.ExecutorFunc(func(ctx context.Context, r tools.Request) (json.RawMessage, error) { return json.RawMessage(`{}`), nil })}})
+		Executor: tools.ExecutorFunc(func(ctx context.Context, r tools.Request) (json.RawMessage, error) { return json.RawMessage(`{}`), nil })}}, tools.Config{})
 	reader := sdkmetric.NewManualReader()
 	js, _ := startWorker(t, reg, worker.Config{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))})
 	client := jobs.NewClient(js)
@@ -29,9 +30,16 @@ func TestMetrics(t *testing.T) {
 			t.Fatalf("%+v %v", r, err)
 		}
 	}
+	// A delivery is counted once JetStream is answered, just after its
+	// result is published: wait for the second one's count.
 	var rm metricdata.ResourceMetrics
-	if err := reader.Collect(ctx, &rm); err != nil {
-		t.Fatal(err)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if err := reader.Collect(ctx, &rm); err != nil {
+			t.Fatal(err)
+		}
+		if hasMetric(rm, "toolq.duplicates.suppressed") || time.Now().After(deadline) {
+			break
+		}
 	}
 	seen := map[string]bool{}
 	for _, sm := range rm.ScopeMetrics {
@@ -67,4 +75,15 @@ func TestMetrics(t *testing.T) {
 			t.Errorf("no %s metric", name)
 		}
 	}
+}
+
+func hasMetric(rm metricdata.ResourceMetrics, name string) bool {
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if m.Name == name {
+				return true
+			}
+		}
+	}
+	return false
 }

@@ -39,7 +39,7 @@ func TestExecutorPanicIsAmbiguous(t *testing.T) {
 		{Name: "ticket", Class: tools.UnkeyedWrite, Schema: schema, Executor: panicky},
 		{Name: "pay", Class: tools.KeyedWrite, Schema: schema, Executor: panicOnce},
 		{Name: "lookup", Class: tools.Read, Schema: schema, Executor: ok},
-	})
+	}, tools.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -29,7 +29,7 @@ func TestTracing(t *testing.T) {
 				return nil, tools.DefiniteError("no_trace", "the executor got no span")
 			}
 			return json.RawMessage(`{"paid":true}`), nil
-		})}})
+		})}}, tools.Config{})
 	rec := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
 	prop := tracing.Propagator()

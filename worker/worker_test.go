@@ -59,7 +59,7 @@ func TestRunLeavesNoGoroutines(t *testing.T) {
 		return json.RawMessage(`{"ok":true}`), nil
 	})
 	reg, err := tools.NewRegistry([]tools.Definition{{Name: "slow", Class: tools.KeyedWrite, Schema: json.RawMessage(`{"type":"object"}`),
-		Executor: slow, Timeout: 200 * time.Millisecond, Lease: 300 * time.Millisecond}})
+		Executor: slow, Timeout: 200 * time.Millisecond, Lease: 300 * time.Millisecond}}, tools.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -159,7 +159,7 @@ func TestNewProvisionsIdempotently(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer store.Close()
-	reg, err := tools.NewRegistry(nil)
+	reg, err := tools.NewRegistry(nil, tools.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}

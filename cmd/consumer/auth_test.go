@@ -12,10 +12,10 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/toolq/toolq/examples"
+	"github.com/toolq/toolq/demo"
+	"github.com/toolq/toolq/demo/sandbox"
 	"github.com/toolq/toolq/internal/testenv"
 	"github.com/toolq/toolq/jobs"
-	"github.com/toolq/toolq/tools/sandbox"
 )
 
 // TestAuthorization: against a server with users and permissions, the
@@ -73,7 +73,7 @@ func TestAuthorization(t *testing.T) {
 	srv := httptest.NewServer(sb)
 	defer srv.Close()
 	toolsFile := t.TempDir() + "/tools.yaml"
-	os.WriteFile(toolsFile, examples.ToolsYAML, 0o600)
+	os.WriteFile(toolsFile, demo.ToolsYAML, 0o600)
 	env := map[string]string{"NATS_URL": n.URL, "NATS_USER": "toolq", "NATS_PASSWORD": "consumer-secret",
 		"DATABASE_URL": testenv.Postgres(t), "SANDBOX_URL": srv.URL}
 	if _, err := runConsumer(t, env, "--tools", toolsFile, "--until-empty"); err != nil {

@@ -12,14 +12,13 @@ import (
 	"strings"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
+	"github.com/toolq/toolq/embedded"
 	"github.com/toolq/toolq/internal/cli"
 	"github.com/toolq/toolq/jobs"
 	"github.com/toolq/toolq/ledger"
 	"github.com/toolq/toolq/tools"
-	"github.com/toolq/toolq/tools/sandbox"
 	"github.com/toolq/toolq/tracing"
 	"github.com/toolq/toolq/worker"
 )
@@ -74,54 +73,36 @@ func runWorker(ctx context.Context, args []string, stdio cli.IO, getenv func(str
 	}()
 	banner := []string{"toolq consumer"}
 
-	natsDesc := nf.URL
-	if nf.URL == "" {
-		srv, err := startEmbeddedNATS(*natsListen, filepath.Join(sf.dataDir, "jetstream"))
-		if err != nil {
+	natsOpts, err := nf.Options("toolq consumer")
+	if err != nil {
+		return err
+	}
+	ec := embedded.Config{Dir: sf.dataDir, NATSURL: nf.URL, NATSOptions: natsOpts, NATSListen: *natsListen,
+		DatabaseURL: sf.databaseURL, SandboxListen: *sandboxListen, Logger: logger}
+	if *toolsFile != "" {
+		if ec.Tools, err = tools.Load(*toolsFile, tools.Config{Getenv: getenv, Logger: logger}); err != nil {
 			return err
 		}
-		cleanups = append(cleanups, func() { srv.Shutdown(); srv.WaitForShutdown() })
-		nf.URL = srv.ClientURL()
+	}
+	st, err := embedded.Start(ctx, ec)
+	if err != nil {
+		return flagHint(err)
+	}
+	cleanups = append(cleanups, st.Close)
+	nf.URL = st.NATSURL
+	natsDesc := nf.URL
+	if st.Server != nil {
 		natsDesc = fmt.Sprintf("embedded, %s (JetStream store %s, fsync on every write)", nf.URL, filepath.Join(sf.dataDir, "jetstream"))
 	}
-	nc, js, err := nf.JetStream("toolq consumer")
-	if err != nil {
-		return err
-	}
-	// The last acks are fire-and-forget publishes: flush them before closing.
-	cleanups = append(cleanups, func() { nc.FlushTimeout(5 * time.Second); nc.Close() })
 	banner = append(banner, "  NATS     "+natsDesc)
+	banner = append(banner, "  ledger   "+ledgerDesc(st.Store, sf))
 
-	store, err := sf.open(ctx)
-	if err != nil {
-		return err
-	}
-	cleanups = append(cleanups, store.Close)
-	banner = append(banner, "  ledger   "+ledgerDesc(store, sf))
-
-	sandboxURL := ""
-	if *toolsFile == "" {
-		sb, err := sandbox.New(sandbox.Config{StatePath: filepath.Join(sf.dataDir, "sandbox.json")})
-		if err != nil {
-			return err
-		}
-		url, shutdown, err := sb.Listen(*sandboxListen)
-		if err != nil {
-			return fmt.Errorf("%w (choose another address with --sandbox-listen)", err)
-		}
-		cleanups = append(cleanups, func() { shutdown(context.Background()) })
-		sandboxURL = url
-	}
-	reg, err := loadRegistry(*toolsFile, sandboxURL, getenv, tools.WithLogger(logger))
-	if err != nil {
-		return err
-	}
 	var names []string
-	for _, t := range reg.Tools() {
+	for _, t := range st.Tools.Tools() {
 		names = append(names, t.Name+" ("+string(t.Class)+")")
 	}
 	if *toolsFile == "" {
-		banner = append(banner, "  tools    demo registry: "+strings.Join(names, ", "), "  sandbox  "+sandboxURL+" (GET /v1/payments lists every payment)")
+		banner = append(banner, "  tools    demo registry: "+strings.Join(names, ", "), "  sandbox  "+st.SandboxURL+" (GET /v1/payments lists every payment)")
 	} else {
 		banner = append(banner, "  tools    "+*toolsFile+": "+strings.Join(names, ", "))
 	}
@@ -131,19 +112,18 @@ func runWorker(ctx context.Context, args []string, stdio cli.IO, getenv func(str
 		return err
 	}
 	cleanups = append(cleanups, func() { meters.Shutdown(context.Background()) })
-	w, err := worker.New(ctx, worker.Config{
+	w, err := st.NewWorker(ctx, worker.Config{
 		MeterProvider: meters,
-		JS:            js, Ledger: store, Tools: reg,
-		Streams:   jobs.Streams{Replicas: *replicas},
-		Consumer:  worker.Consumer{Durable: *durable, FilterSubject: *filter, AckWait: *ackWait, MaxDeliver: *maxDeliver, MaxAckPending: *maxAckPending, BackOff: backoffs},
-		BatchSize: *batch, MaxInFlight: *workers, MaxBodySize: *maxBody,
+		Streams:       jobs.Streams{Replicas: *replicas},
+		Consumer:      worker.Consumer{Durable: *durable, FilterSubject: *filter, AckWait: *ackWait, MaxDeliver: *maxDeliver, MaxAckPending: *maxAckPending, BackOff: backoffs},
+		BatchSize:     *batch, MaxInFlight: *workers, MaxBodySize: *maxBody,
 		ShutdownTimeout: *shutdownTimeout, UntilEmpty: *untilEmpty, Logger: logger,
 	})
 	if err != nil {
 		return err
 	}
 	if *healthAddr != "" {
-		addr, stop, err := serveHealth(*healthAddr, nc, store, metricsHandler)
+		addr, stop, err := serveHealth(*healthAddr, st.Conn, st.Store, metricsHandler)
 		if err != nil {
 			return err
 		}
@@ -171,32 +151,20 @@ func ledgerDesc(store *ledger.Store, sf storeFlags) string {
 	return "postgres"
 }
 
-// startEmbeddedNATS starts an in-process server with JetStream on addr,
-// storing under dir and syncing every write to disk.
-func startEmbeddedNATS(addr, dir string) (*server.Server, error) {
-	host, _, err := net.SplitHostPort(addr)
-	if err != nil {
-		return nil, fmt.Errorf("--nats-listen %q: %w", addr, err)
+// flagHint adds to an address that cannot be listened on the flag that
+// chooses another.
+func flagHint(err error) error {
+	var le *embedded.ListenError
+	if !errors.As(err, &le) {
+		return err
 	}
-	l, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("cannot start the embedded NATS server: %s is in use (choose another with --nats-listen, or connect to a running server with --nats-url)", addr)
+	switch le.Part {
+	case embedded.PartNATS:
+		return fmt.Errorf("cannot start the embedded NATS server: %w (choose another address with --nats-listen, or connect to a running server with --nats-url)", err)
+	case embedded.PartSandbox:
+		return fmt.Errorf("%w (choose another address with --sandbox-listen)", err)
 	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
-	srv, err := server.NewServer(&server.Options{
-		ServerName: "toolq-embedded", Host: host, Port: port, JetStream: true, StoreDir: dir,
-		SyncAlways: true, NoSigs: true, NoLog: true, MaxPayload: 1 << 20,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("embedded NATS server: %w", err)
-	}
-	go srv.Start()
-	if !srv.ReadyForConnections(15 * time.Second) {
-		srv.Shutdown()
-		return nil, fmt.Errorf("embedded NATS server did not start on %s (choose another address with --nats-listen)", addr)
-	}
-	return srv, nil
+	return err
 }
 
 // serveHealth serves liveness, readiness and metrics.

@@ -18,11 +18,11 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/toolq/toolq/examples"
+	"github.com/toolq/toolq/demo"
+	"github.com/toolq/toolq/demo/sandbox"
 	"github.com/toolq/toolq/internal/cli"
 	"github.com/toolq/toolq/internal/testenv"
 	"github.com/toolq/toolq/jobs"
-	"github.com/toolq/toolq/tools/sandbox"
 )
 
 type lockedBuffer struct {
@@ -165,7 +165,7 @@ func TestUntilEmpty(t *testing.T) {
 	srv := httptest.NewServer(sb)
 	defer srv.Close()
 	toolsFile := t.TempDir() + "/tools.yaml"
-	os.WriteFile(toolsFile, examples.ToolsYAML, 0o600)
+	os.WriteFile(toolsFile, demo.ToolsYAML, 0o600)
 	client := jobs.NewClient(js)
 	for i := range 3 {
 		j := &jobs.Job{ConversationID: "batch", Tool: "send_payment", ToolUseID: fmt.Sprintf("toolu_%d", i),

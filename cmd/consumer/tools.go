@@ -6,17 +6,17 @@ import (
 	"fmt"
 	"text/tabwriter"
 
-	"github.com/toolq/toolq/examples"
+	"github.com/toolq/toolq/demo"
 	"github.com/toolq/toolq/internal/cli"
 	"github.com/toolq/toolq/tools"
 )
 
 // loadRegistry loads --tools, or the demo registry pointed at sandboxURL.
-func loadRegistry(path, sandboxURL string, getenv func(string) string, opts ...tools.Option) (*tools.Registry, error) {
+func loadRegistry(path, sandboxURL string, getenv func(string) string) (*tools.Registry, error) {
 	if path == "" {
-		return examples.DemoRegistry(sandboxURL, tools.WithRegistryOptions(opts...))
+		return demo.Registry(sandboxURL, tools.Config{})
 	}
-	return tools.Load(path, tools.WithGetenv(getenv), tools.WithRegistryOptions(opts...))
+	return tools.Load(path, tools.Config{Getenv: getenv})
 }
 
 func runTools(ctx context.Context, args []string, stdio cli.IO, getenv func(string) string) error {

@@ -5,20 +5,14 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
-	"net/http/httptest"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
-	"github.com/toolq/toolq/examples"
-	"github.com/toolq/toolq/internal/testenv"
+	"github.com/toolq/toolq/demo/sandbox"
+	"github.com/toolq/toolq/embedded"
 	"github.com/toolq/toolq/jobs"
-	"github.com/toolq/toolq/ledger"
 	"github.com/toolq/toolq/operate"
-	"github.com/toolq/toolq/tools/sandbox"
 	"github.com/toolq/toolq/worker"
 )
 
@@ -28,29 +22,20 @@ import (
 // pays nothing again.
 func TestOperatorWorksTheDeadLetters(t *testing.T) {
 	t.Parallel()
-	n := testenv.StartNATS(t)
-	js, _ := jetstream.New(n.Connect())
-	sb, _ := sandbox.New(sandbox.Config{Faults: sandbox.Faults{ServerErrorRate: 1}})
-	srv := httptest.NewServer(sb)
-	defer srv.Close()
-	reg, _ := examples.DemoRegistry(srv.URL)
-	ctx, cancel := context.WithCancel(context.Background())
-	store, err := ledger.OpenSQLite(ctx, filepath.Join(t.TempDir(), "ledger.db"))
+	ctx := context.Background()
+	st, err := embedded.Start(ctx, embedded.Config{SandboxFaults: sandbox.Faults{ServerErrorRate: 1}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer store.Close()
-	store.Migrate(ctx)
-	w, err := worker.New(ctx, worker.Config{JS: js, Ledger: store, Tools: reg, Consumer: worker.Consumer{MaxDeliver: 2},
+	defer st.Close()
+	sb, js := st.Sandbox, st.JS
+	w, err := st.StartWorker(ctx, worker.Config{Consumer: worker.Consumer{MaxDeliver: 2},
 		RetryDelay: 50 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
-	defer func() { cancel(); <-done }()
 
-	nats := []string{"--nats-url", n.URL}
+	nats := []string{"--nats-url", st.NATSURL}
 	run := func(args ...string) (string, error) { return runPublisher(t, "", append(args, nats...)...) }
 	if _, err := run("publish", "--conversation", "ops", "--turn", "1", "--tool", "send_payment", "--tool-use-id", "toolu_ops",
 		"--args", `{"invoice_id":"inv_ops","amount_cents":900,"currency":"EUR"}`); err != nil {

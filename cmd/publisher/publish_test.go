@@ -5,19 +5,12 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
-	"net/http/httptest"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
-	"github.com/toolq/toolq/examples"
-	"github.com/toolq/toolq/internal/testenv"
+	"github.com/toolq/toolq/embedded"
 	"github.com/toolq/toolq/jobs"
-	"github.com/toolq/toolq/ledger"
-	"github.com/toolq/toolq/tools/sandbox"
 	"github.com/toolq/toolq/worker"
 )
 
@@ -26,24 +19,14 @@ import (
 // prints where the job was stored.
 func TestPublish(t *testing.T) {
 	t.Parallel()
-	n := testenv.StartNATS(t)
-	js, _ := jetstream.New(n.Connect())
-	sb, _ := sandbox.New(sandbox.Config{})
-	srv := httptest.NewServer(sb)
-	defer srv.Close()
-	reg, err := examples.DemoRegistry(srv.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithCancel(context.Background())
-	dataDir := t.TempDir()
-	store, err := ledger.OpenSQLite(ctx, filepath.Join(dataDir, "ledger.db"))
+	stack, err := embedded.Start(ctx, embedded.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer store.Close()
-	store.Migrate(ctx)
-	w, err := worker.New(ctx, worker.Config{JS: js, Ledger: store, Tools: reg, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	defer stack.Close()
+	n, sb, dataDir := stack, stack.Sandbox, stack.Dir
+	w, err := stack.NewWorker(ctx, worker.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -51,7 +34,7 @@ func TestPublish(t *testing.T) {
 	go func() { done <- w.Run(ctx) }()
 	defer func() { cancel(); <-done }()
 
-	env := []string{"--nats-url", n.URL, "--conversation", "cli", "--turn", "1"}
+	env := []string{"--nats-url", n.NATSURL, "--conversation", "cli", "--turn", "1"}
 	out, err := runPublisher(t, "", append([]string{"publish", "--tool", "send_payment", "--wait",
 		"--args", `{"invoice_id":"inv_cli","amount_cents":700,"currency":"EUR"}`}, env...)...)
 	var r jobs.Result
@@ -73,7 +56,7 @@ func TestPublish(t *testing.T) {
 		{"publish", "--tool", "send_payment", "--conversation", "c"},
 		{"publish", "--tool", "send payment", "--conversation", "c", "--args", "{}"},
 	} {
-		if _, err := runPublisher(t, "", append(bad, "--nats-url", n.URL)...); err == nil || strings.Contains(err.Error(), "\n") {
+		if _, err := runPublisher(t, "", append(bad, "--nats-url", n.NATSURL)...); err == nil || strings.Contains(err.Error(), "\n") {
 			t.Errorf("%v: %v", bad, err)
 		}
 	}
@@ -92,7 +75,7 @@ func TestPublish(t *testing.T) {
 	}
 	eventually := time.Now().Add(10 * time.Second)
 	for {
-		out, err = runPublisher(t, "", "status", "--json", "--nats-url", n.URL, "--data-dir", dataDir)
+		out, err = runPublisher(t, "", "status", "--json", "--nats-url", n.NATSURL, "--data-dir", dataDir)
 		if err != nil || json.Unmarshal([]byte(out), &st) != nil {
 			t.Fatalf("status: %q %v", out, err)
 		}
@@ -104,7 +87,7 @@ func TestPublish(t *testing.T) {
 	if len(st.Streams) != 3 || st.Consumers[0].Name != "toolq" || st.Consumers[0].Pending != 0 || st.Ledger["completed"] != 1 {
 		t.Fatalf("status %+v", st)
 	}
-	if out, err := runPublisher(t, "", "status", "--nats-url", n.URL, "--data-dir", t.TempDir()); err != nil || !strings.Contains(out, "no ledger at") || !strings.Contains(out, "TOOLQ_JOBS") {
+	if out, err := runPublisher(t, "", "status", "--nats-url", n.NATSURL, "--data-dir", t.TempDir()); err != nil || !strings.Contains(out, "no ledger at") || !strings.Contains(out, "TOOLQ_JOBS") {
 		t.Fatalf("status without a ledger: %q %v", out, err)
 	}
 	// Nobody answers a conversation whose consumer is gone: --wait gives up with a reason.

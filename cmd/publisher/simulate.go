@@ -6,22 +6,17 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strings"
 	"text/tabwriter"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/toolq/toolq/examples"
+	"github.com/toolq/toolq/demo/sandbox"
+	"github.com/toolq/toolq/demo/simulate"
+	"github.com/toolq/toolq/embedded"
 	"github.com/toolq/toolq/internal/cli"
 	"github.com/toolq/toolq/jobs"
-	"github.com/toolq/toolq/ledger"
-	"github.com/toolq/toolq/simulate"
-	"github.com/toolq/toolq/tools/sandbox"
 	"github.com/toolq/toolq/worker"
 )
 
@@ -32,7 +27,7 @@ func runSimulate(ctx context.Context, args []string, stdio cli.IO, getenv func(s
 		"may still fail; the agent retries the turn and the model sends the same call with a new\n"+
 		"tool_use_id. A naive dispatcher posts every dispatched call to a payments API; toolq runs it\n"+
 		"through JetStream and the ledger. Everything runs in-process (NATS, SQLite, two sandbox APIs).\n"+
-		"The deployment in DESIGN.md measured a failure rate of 0.006 with 0.11 after dispatch; the\n"+
+		"The deployment in docs/design.md measured a failure rate of 0.006 with 0.11 after dispatch; the\n"+
 		"defaults are higher so that a short run shows the difference.", stdio)
 	var cfg simulate.Config
 	fs.IntVar(&cfg.Turns, "turns", 200, "turns, each with one payment call")
@@ -56,7 +51,7 @@ func runSimulate(ctx context.Context, args []string, stdio cli.IO, getenv func(s
 	if err != nil {
 		return err
 	}
-	viaToolq, err := simulate.Run(ctx, cfg, "toolq", toolqDispatcher{client: jobs.NewClient(env.js)})
+	viaToolq, err := simulate.Run(ctx, cfg, "toolq", toolqDispatcher{client: jobs.NewClient(env.JS)})
 	if err != nil {
 		return err
 	}
@@ -71,7 +66,7 @@ func runSimulate(ctx context.Context, args []string, stdio cli.IO, getenv func(s
 	}
 	rows := []simRow{
 		tally("naive dispatcher", naive, env.naive.Payments()),
-		tally("toolq", viaToolq, env.toolq.Payments()),
+		tally("toolq", viaToolq, env.Sandbox.Payments()),
 	}
 	if *asJSON {
 		return printJSON(stdio, rows)
@@ -142,71 +137,33 @@ func (d toolqDispatcher) Dispatch(ctx context.Context, c simulate.Call, wait boo
 	return err
 }
 
-// simulation is the in-process stack: NATS, a SQLite ledger, a worker, and
-// two sandboxes (toolq's downstream and the naive dispatcher's).
+// simulation is the in-process stack (NATS, a SQLite ledger, a worker and
+// toolq's sandbox) and the naive dispatcher's own sandbox.
 type simulation struct {
-	dir          string
-	srv          *server.Server
-	nc           *nats.Conn
-	js           jetstream.JetStream
-	store        *ledger.Store
-	toolq, naive *sandbox.Server
-	naiveURL     string
-	cons         jetstream.Consumer
-	stop         func()
+	*embedded.Stack
+	naive    *sandbox.Server
+	naiveURL string
+	cons     jetstream.Consumer
+	stop     func(context.Context) error
 }
 
 func startSimulation(ctx context.Context) (*simulation, error) {
-	s := &simulation{}
-	var err error
-	if s.dir, err = os.MkdirTemp("", "toolq-simulate-"); err != nil {
+	st, err := embedded.Start(ctx, embedded.Config{})
+	if err != nil {
 		return nil, err
 	}
+	s := &simulation{Stack: st}
 	fail := func(err error) (*simulation, error) { s.close(); return nil, err }
-	if s.srv, err = server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: s.dir, NoLog: true, NoSigs: true}); err != nil {
-		return fail(err)
-	}
-	go s.srv.Start()
-	if !s.srv.ReadyForConnections(10 * time.Second) {
-		return fail(fmt.Errorf("embedded NATS server did not start"))
-	}
-	if s.nc, err = nats.Connect(s.srv.ClientURL()); err != nil {
-		return fail(err)
-	}
-	s.js, _ = jetstream.New(s.nc)
-	if s.store, err = ledger.OpenSQLite(ctx, filepath.Join(s.dir, "ledger.db")); err != nil {
-		return fail(err)
-	}
-	if err := s.store.Migrate(ctx); err != nil {
-		return fail(err)
-	}
-	s.toolq, _ = sandbox.New(sandbox.Config{})
 	s.naive, _ = sandbox.New(sandbox.Config{})
-	toolqURL, stopA, err := s.toolq.Listen("127.0.0.1:0")
-	if err != nil {
+	if s.naiveURL, s.stop, err = s.naive.Listen("127.0.0.1:0"); err != nil {
 		return fail(err)
 	}
-	naiveURL, stopB, err := s.naive.Listen("127.0.0.1:0")
-	if err != nil {
-		stopA(ctx)
+	if _, err := st.StartWorker(ctx, worker.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}); err != nil {
 		return fail(err)
 	}
-	s.naiveURL = naiveURL
-	reg, err := examples.DemoRegistry(toolqURL)
-	if err != nil {
+	if s.cons, err = st.JS.Consumer(ctx, jobs.JobsStream, "toolq"); err != nil {
 		return fail(err)
 	}
-	w, err := worker.New(ctx, worker.Config{JS: s.js, Ledger: s.store, Tools: reg, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		return fail(err)
-	}
-	if s.cons, err = s.js.Consumer(ctx, jobs.JobsStream, "toolq"); err != nil {
-		return fail(err)
-	}
-	wctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	done := make(chan struct{})
-	go func() { w.Run(wctx); close(done) }()
-	s.stop = func() { cancel(); <-done; stopA(context.Background()); stopB(context.Background()) }
 	return s, nil
 }
 
@@ -217,18 +174,8 @@ func (s *simulation) settled(ctx context.Context) bool {
 }
 
 func (s *simulation) close() {
+	s.Stack.Close()
 	if s.stop != nil {
-		s.stop()
+		s.stop(context.Background())
 	}
-	if s.store != nil {
-		s.store.Close()
-	}
-	if s.nc != nil {
-		s.nc.Close()
-	}
-	if s.srv != nil {
-		s.srv.Shutdown()
-		s.srv.WaitForShutdown()
-	}
-	os.RemoveAll(s.dir)
 }

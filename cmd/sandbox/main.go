@@ -1,6 +1,6 @@
 // Command sandbox serves toolq's Stripe-like payments and tickets API, with
 // fault knobs, for demos, tests and benchmarks. See package
-// github.com/toolq/toolq/tools/sandbox for the endpoints.
+// github.com/toolq/toolq/demo/sandbox for the endpoints.
 package main
 
 import (
@@ -11,8 +11,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/toolq/toolq/demo/sandbox"
 	"github.com/toolq/toolq/internal/cli"
-	"github.com/toolq/toolq/tools/sandbox"
 )
 
 func main() {

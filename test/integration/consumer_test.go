@@ -12,9 +12,9 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/toolq/toolq/demo/sandbox"
 	"github.com/toolq/toolq/jobs"
 	"github.com/toolq/toolq/ledger"
-	"github.com/toolq/toolq/tools/sandbox"
 	"github.com/toolq/toolq/worker"
 )
 
@@ -247,6 +247,7 @@ func TestInFlightDuplicateWaitsForTheFirstAttempt(t *testing.T) {
 	if !r.Duplicate || r.Status != jobs.StatusOK || len(e.sandbox.Payments()) != 1 {
 		t.Fatalf("duplicate: %+v, %d payments", r, len(e.sandbox.Payments()))
 	}
+	statsWhen(t, rw, "the duplicate did not wait in process", func(s map[string]int64) bool { return s["duplicate"] == 1 })
 	if s := rw.w.Stats().Snapshot(); s["retry"] != 0 || s["duplicate"] != 1 {
 		t.Fatalf("the duplicate did not wait in process: %v", s)
 	}
@@ -362,6 +363,7 @@ func TestNotSentReleasesAndDeadLettersAfterTheLimit(t *testing.T) {
 	if _, err := e.store.Get(context.Background(), p.Key); !errors.Is(err, ledger.ErrNotFound) {
 		t.Fatalf("the claim of a call that was never sent was kept: %v", err)
 	}
+	statsWhen(t, rw, "two retries, then the dead letter", func(s map[string]int64) bool { return s["dead_letter"] == 1 })
 	if s := rw.w.Stats().Snapshot(); s["retry"] != 2 || s["dead_letter"] != 1 {
 		t.Fatalf("stats %v", s)
 	}
@@ -417,6 +419,7 @@ func TestAmbiguousKeyedWriteRetriesWithTheSameKey(t *testing.T) {
 		t.Fatalf("row %+v", row)
 	}
 	e.settled()
+	statsWhen(t, rw, "the job was not nak'ed once, then acked", func(s map[string]int64) bool { return s["ok"] == 1 })
 	if s := rw.w.Stats().Snapshot(); s["retry"] != 1 || s["ok"] != 1 {
 		t.Fatalf("the job was not nak'ed once, then acked: %v", s)
 	}
@@ -588,6 +591,8 @@ func TestDurablesSplitTools(t *testing.T) {
 	if r := e.await(tk); r.Status != jobs.StatusOK {
 		t.Fatalf("ticket %+v", r)
 	}
+	statsWhen(t, a, "payments", func(s map[string]int64) bool { return s["ok"] == 1 })
+	statsWhen(t, b, "tickets", func(s map[string]int64) bool { return s["ok"] == 1 })
 	if sa, sb := a.w.Stats().Snapshot(), b.w.Stats().Snapshot(); sa["ok"] != 1 || sb["ok"] != 1 || sa["rejected"]+sb["rejected"] != 0 {
 		t.Fatalf("stats: payments %v, tickets %v", sa, sb)
 	}

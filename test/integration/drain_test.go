@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/toolq/toolq/demo/sandbox"
 	"github.com/toolq/toolq/jobs"
 	"github.com/toolq/toolq/ledger"
-	"github.com/toolq/toolq/tools/sandbox"
 )
 
 // TestSIGTERMDrains: a worker process gets SIGTERM while tools run. The

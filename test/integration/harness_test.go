@@ -20,11 +20,12 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/toolq/toolq/demo/sandbox"
+	"github.com/toolq/toolq/embedded"
 	"github.com/toolq/toolq/internal/testenv"
 	"github.com/toolq/toolq/jobs"
 	"github.com/toolq/toolq/ledger"
 	"github.com/toolq/toolq/tools"
-	"github.com/toolq/toolq/tools/sandbox"
 	"github.com/toolq/toolq/worker"
 )
 
@@ -105,6 +106,7 @@ type env struct {
 	nc       *nats.Conn
 	js       jetstream.JetStream
 	client   *jobs.Client
+	stack    *embedded.Stack // the connection and the ledger
 	store    *ledger.Store
 	dbURL    string // empty for SQLite
 	dataDir  string
@@ -133,12 +135,6 @@ func setup(t *testing.T, o options) *env {
 	t.Helper()
 	e := &env{t: t, logs: &logBuffer{}, dataDir: t.TempDir(), gate: make(chan struct{})}
 	e.nats = testenv.StartNATS(t)
-	e.nc = e.nats.Connect()
-	var err error
-	if e.js, err = jetstream.New(e.nc); err != nil {
-		t.Fatal(err)
-	}
-	e.client = jobs.NewClient(e.js)
 	switch {
 	case o.ownCluster:
 		e.cluster = testenv.OwnCluster(t)
@@ -146,7 +142,7 @@ func setup(t *testing.T, o options) *env {
 	case !o.sqlite:
 		e.dbURL = testenv.Postgres(t)
 	}
-	e.store = openStore(t, e.dbURL, e.dataDir)
+	var err error
 	if e.sandbox, err = sandbox.New(sandbox.Config{Faults: o.faults}); err != nil {
 		t.Fatal(err)
 	}
@@ -156,23 +152,21 @@ func setup(t *testing.T, o options) *env {
 	if e.registry, err = testRegistry(e.sbURL, slog.New(slog.NewTextHandler(e.logs, nil)), e.gate); err != nil {
 		t.Fatal(err)
 	}
+	// The connection keeps reconnecting across restarts of the server.
+	st, err := embedded.Start(context.Background(), embedded.Config{
+		NATSURL: e.nats.URL, NATSOptions: []nats.Option{nats.MaxReconnects(-1), nats.ReconnectWait(50 * time.Millisecond)},
+		DatabaseURL: e.dbURL, Dir: e.dataDir, Tools: e.registry,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(st.Close)
+	e.stack, e.nc, e.js, e.store = st, st.Conn, st.JS, st.Store
+	e.client = jobs.NewClient(e.js)
 	if err := jobs.ProvisionStreams(context.Background(), e.js, jobs.Streams{}); err != nil {
 		t.Fatal(err)
 	}
 	return e
-}
-
-func openStore(t *testing.T, dbURL, dataDir string) *ledger.Store {
-	t.Helper()
-	s, err := ledger.Open(context.Background(), dbURL, dataDir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(s.Close)
-	if err := s.Migrate(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	return s
 }
 
 func refusedURL() string {
@@ -196,9 +190,11 @@ func testRegistry(sandboxURL string, logger *slog.Logger, gate chan struct{}) (*
 		}
 		return json.RawMessage(`{"ran":true}`), nil
 	})
-	return tools.Parse([]byte(registryYAML), "test registry", tools.WithGetenv(func(k string) string {
-		return map[string]string{"SANDBOX_URL": sandboxURL, "REFUSED_URL": refused}[k]
-	}), tools.WithBuiltin("gated", gated), tools.WithRegistryOptions(tools.WithLogger(logger)))
+	return tools.Parse([]byte(registryYAML), "test registry", tools.Config{
+		Logger:   logger,
+		Getenv:   func(k string) string { return map[string]string{"SANDBOX_URL": sandboxURL, "REFUSED_URL": refused}[k] },
+		Builtins: map[string]tools.Executor{"gated": gated},
+	})
 }
 
 func (o options) consumer() worker.Consumer {
@@ -219,9 +215,9 @@ type runningWorker struct {
 func (e *env) startWorker(o options, hook func(worker.FaultPoint, *jobs.Job)) *runningWorker {
 	e.t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	w, err := worker.New(ctx, worker.Config{
-		JS: e.js, Ledger: e.store, Tools: e.registry, Consumer: o.consumer(),
-		Owner: fmt.Sprintf("test-worker-%d", len(e.workers)), BatchSize: 16, RetryDelay: 100 * time.Millisecond,
+	w, err := e.stack.NewWorker(ctx, worker.Config{
+		Consumer: o.consumer(),
+		Owner:    fmt.Sprintf("test-worker-%d", len(e.workers)), BatchSize: 16, RetryDelay: 100 * time.Millisecond,
 		MaxBodySize: o.maxBody, ShutdownTimeout: 10 * time.Second, InFlightWait: o.inFlight, Logger: slog.New(slog.NewTextHandler(e.logs, nil)), Test: worker.TestConfig{Hook: hook},
 	})
 	if err != nil {
@@ -398,4 +394,19 @@ func (l *logBuffer) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.String()
+}
+
+// statsWhen waits until the worker's counts satisfy cond and returns them,
+// failing with the counts it saw. A delivery is counted when settle has
+// answered JetStream, which can come just after its result or dead letter
+// is seen.
+func statsWhen(t *testing.T, rw *runningWorker, what string, cond func(s map[string]int64) bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for s := rw.w.Stats().Snapshot(); !cond(s); s = rw.w.Stats().Snapshot() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: stats %v", what, s)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }

@@ -15,11 +15,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-
+	"github.com/toolq/toolq/embedded"
 	"github.com/toolq/toolq/jobs"
-	"github.com/toolq/toolq/ledger"
 	"github.com/toolq/toolq/worker"
 )
 
@@ -57,18 +54,6 @@ func helperMain() bool {
 		fmt.Println("error:", err)
 		os.Exit(2)
 	}
-	nc, err := nats.Connect(spec.NATSURL)
-	if err != nil {
-		fail(err)
-	}
-	js, _ := jetstream.New(nc)
-	store, err := ledger.Open(ctx, spec.DBURL, spec.DataDir)
-	if err != nil {
-		fail(err)
-	}
-	if err := store.Migrate(ctx); err != nil {
-		fail(err)
-	}
 	logger := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	hook := func(p worker.FaultPoint, j *jobs.Job) {
 		if string(p) == spec.KillAt && j.Tool == spec.KillTool {
@@ -81,8 +66,11 @@ func helperMain() bool {
 	if err != nil {
 		fail(err)
 	}
-	w, err := worker.New(ctx, worker.Config{
-		JS: js, Ledger: store, Tools: reg,
+	st, err := embedded.Start(ctx, embedded.Config{NATSURL: spec.NATSURL, DatabaseURL: spec.DBURL, Dir: spec.DataDir, Tools: reg})
+	if err != nil {
+		fail(err)
+	}
+	w, err := st.NewWorker(ctx, worker.Config{
 		Consumer: worker.Consumer{AckWait: time.Duration(spec.AckWaitMS) * time.Millisecond},
 		Owner:    fmt.Sprintf("helper-%d", os.Getpid()), RetryDelay: 100 * time.Millisecond,
 		ShutdownTimeout: 20 * time.Second, Logger: logger, Test: worker.TestConfig{Hook: hook},
@@ -92,9 +80,7 @@ func helperMain() bool {
 	}
 	fmt.Println("ready")
 	err = w.Run(ctx)
-	store.Close()
-	nc.FlushTimeout(5 * time.Second)
-	nc.Close()
+	st.Close()
 	if err != nil {
 		fail(err)
 	}

@@ -6,9 +6,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/toolq/toolq/demo/sandbox"
 	"github.com/toolq/toolq/jobs"
 	"github.com/toolq/toolq/ledger"
-	"github.com/toolq/toolq/tools/sandbox"
 )
 
 // TestLedgerOutage: Postgres stops while a tool runs and while new jobs

@@ -10,7 +10,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/toolq/toolq/tools/sandbox"
+	"github.com/toolq/toolq/demo/sandbox"
 )
 
 func start(t *testing.T, cfg sandbox.Config) (*sandbox.Server, string) {

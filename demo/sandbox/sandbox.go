@@ -1,5 +1,6 @@
 // Package sandbox is a Stripe-like payments and tickets API with fault knobs,
-// for toolq's demo, tests and benchmarks. It records every effect with the
+// for toolq's demo, tests and benchmarks: it stands in for the downstream a
+// tool calls (it does not isolate tools). It records every effect with the
 // idempotency key it carried, so a test can count what really happened.
 //
 //	POST /v1/payments   honours Idempotency-Key: same key and body → the first
