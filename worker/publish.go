@@ -1,7 +1,9 @@
 package worker
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"encoding/json"
 	"fmt"
 	"strconv"
@@ -19,13 +21,12 @@ import (
 
 // publish is step 6: publish the result and wait for JetStream to have it.
 // The message id makes a second publication after a crash a no-op. The
-// delivery is then answered, as label; while the broker is out it waits, and
-// when the drain gives up it hands the job back uncounted.
+// delivery is then answered, as label. While the broker is out it waits,
+// and when the drain gives up it hands the job back uncounted; a result the
+// broker cannot carry is published in a smaller form (the call took effect:
+// its job must still be answered); any other refusal is a counted retry, so
+// the job ends in the DLQ rather than looping.
 func (d *delivery) publish(r *jobs.Result, label Outcome) outcome {
-	body, err := json.Marshal(r)
-	if err != nil {
-		return retryAfter(d.w.backoff(d), fmt.Errorf("encode result: %w", err))
-	}
 	subject, msgID := jobs.ResultSubject(d.job.ConversationID), jobs.ResultMsgID(d.key, d.job.ToolUseID)
 	ctx, span := d.child(d.runCtx, "publish toolq.results", trace.SpanKindProducer,
 		tracing.MessagingSystem.String("nats"), tracing.MessagingDestination.String(subject),
@@ -34,22 +35,89 @@ func (d *delivery) publish(r *jobs.Result, label Outcome) outcome {
 	defer span.End()
 	d.span.SetAttributes(tracing.KeyResultStatus.String(string(r.Status)), tracing.KeyDuplicate.Bool(r.Duplicate))
 	msg := nats.NewMsg(subject)
-	msg.Data = body
 	msg.Header.Set(jobs.HeaderKey, d.key)
 	d.w.propagator.Inject(ctx, jobs.HeaderCarrier(msg.Header))
-	err = d.durably(ctx, "publish result", func() error {
+	msg.Header.Set(jetstream.MsgIDHeader, msgID)
+	limit := d.w.payloadLimit(msg)
+	var err error
+	if msg.Data, err = encodeResult(r, limit); err != nil {
+		return retryAfter(d.w.backoff(d), fmt.Errorf("encode result: %w", err))
+	}
+	send := func() error {
 		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
-		if _, err := d.w.cfg.JS.PublishMsg(pctx, msg, jetstream.WithMsgID(msgID)); err != nil {
+		_, err := d.w.cfg.JS.PublishMsg(pctx, msg)
+		if err != nil && !tooLarge(err) && !refused(err) {
 			return &brokerError{err}
 		}
-		return nil
-	})
-	if err != nil {
+		return err
+	}
+	err = d.durably(ctx, "publish result", send)
+	if tooLarge(err) { // a limit lower than the server's (the stream's max message size): the smallest form
+		d.w.log.Warn("result too large for the results stream; publishing it without its output", d.attrs("bytes", len(msg.Data), "error", err)...)
+		msg.Data, _ = encodeResult(r, 0)
+		err = d.durably(ctx, "publish result", send)
+	}
+	switch {
+	case err == nil:
+	case transient(err):
 		return retryUncounted(d.w.backoff(d), fmt.Errorf("publish result: %w", err))
+	default:
+		return retryAfter(d.w.backoff(d), fmt.Errorf("publish result: %w", err))
 	}
 	d.hook(AfterPublish)
 	return answered(label)
+}
+
+// payloadLimit is how large a body the broker takes with msg's headers (and
+// the room the traffic around them needs).
+func (w *Worker) payloadLimit(msg *nats.Msg) int {
+	headers := msg.Size() - len(msg.Subject) - len(msg.Data)
+	return int(w.cfg.JS.Conn().MaxPayload()) - headers - 512
+}
+
+// encodeResult encodes r in at most limit bytes. HTML characters are not
+// escaped (a web page as output would grow sixfold). An output that does
+// not fit is replaced by {"response_too_large":true,"bytes":N}, and an
+// error message by its first KiB: the result still says what happened,
+// and the ledger keeps the whole output.
+func encodeResult(r *jobs.Result, limit int) ([]byte, error) {
+	body, err := marshal(r)
+	if err != nil || len(body) <= limit {
+		return body, err
+	}
+	small := *r
+	if len(r.Output) > 0 {
+		small.Output = json.RawMessage(fmt.Sprintf(`{"response_too_large":true,"bytes":%d}`, len(r.Output)))
+	}
+	if r.Error != nil && len(r.Error.Message) > 1024 {
+		small.Error = &jobs.ResultError{Code: r.Error.Code, Message: strings.ToValidUTF8(r.Error.Message[:1024], "") + "…"}
+	}
+	return marshal(&small)
+}
+
+func marshal(v any) ([]byte, error) {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return nil, err
+	}
+	return bytes.TrimSuffix(b.Bytes(), []byte("\n")), nil
+}
+
+// tooLarge reports a message the broker refused for its size: over the
+// server's max payload, or over the stream's max message size.
+func tooLarge(err error) bool {
+	var api *jetstream.APIError
+	return errors.Is(err, nats.ErrMaxPayload) || (errors.As(err, &api) && api.ErrorCode == jetstream.JSErrCodeStreamMessageExceedsMaximum)
+}
+
+// refused reports an answer of JetStream about the message (as opposed to
+// no answer): retrying it as an outage would loop forever.
+func refused(err error) bool {
+	var api *jetstream.APIError
+	return errors.As(err, &api) || errors.Is(err, nats.ErrBadSubject) || errors.Is(err, nats.ErrPermissionViolation)
 }
 
 // publishDeadLetter publishes the message to toolq.dlq.<reason> with its

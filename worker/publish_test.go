@@ -1,0 +1,71 @@
+package worker_test
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/toolq/toolq/jobs"
+	"github.com/toolq/toolq/ledger"
+	"github.com/toolq/toolq/tools"
+	"github.com/toolq/toolq/worker"
+)
+
+// TestResultLargerThanTheBrokerTakesIsStillAnswered: a tool whose output
+// is larger than the broker's max payload (1 MiB by default) has taken
+// effect; its job is answered with a result that says so, the ledger keeps
+// the whole output, and a duplicate is answered the same way. An HTML-like
+// output is carried whole: it is not escaped into six bytes a character.
+func TestResultLargerThanTheBrokerTakesIsStillAnswered(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	html := `{"page":"` + strings.Repeat("<p>&amp;</p>", 200<<10/12) + `"}`
+	huge := `{"blob":"` + strings.Repeat("x", 3<<19) + `"}`
+	out := map[string]string{"html": html, "huge": huge}
+	exec := tools.ExecutorFunc(func(ctx context.Context, r tools.Request) (json.RawMessage, error) {
+		var args struct{ Which string }
+		json.Unmarshal(r.Args, &args)
+		return json.RawMessage(out[args.Which]), nil
+	})
+	reg, err := tools.NewRegistry([]tools.Definition{{Name: "fetch", Class: tools.KeyedWrite, Schema: json.RawMessage(`{"type":"object"}`), Executor: exec}}, tools.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, store := startWorker(t, reg, worker.Config{})
+	client := jobs.NewClient(js)
+	actx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+
+	r, err := client.PublishAndAwait(actx, &jobs.Job{ConversationID: "c", Tool: "fetch", ToolUseID: "toolu_h", Args: json.RawMessage(`{"which":"html"}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Status != jobs.StatusOK || string(r.Output) != html {
+		t.Fatalf("an HTML-like output of %d bytes was not carried whole: status %s, %d bytes", len(html), r.Status, len(r.Output))
+	}
+
+	j := &jobs.Job{ConversationID: "c", Tool: "fetch", ToolUseID: "toolu_x", Args: json.RawMessage(`{"which":"huge"}`)}
+	for _, id := range []string{"toolu_x", "toolu_x2"} {
+		j.ToolUseID = id
+		r, err := client.PublishAndAwait(actx, j)
+		if err != nil {
+			t.Fatalf("%s: %v (a result over the max payload must not be retried forever)", id, err)
+		}
+		var marker struct {
+			TooLarge bool `json:"response_too_large"`
+			Bytes    int  `json:"bytes"`
+		}
+		if err := json.Unmarshal(r.Output, &marker); err != nil || r.Status != jobs.StatusOK || !marker.TooLarge || marker.Bytes != len(huge) {
+			t.Fatalf("%s: %+v, output %.200s", id, r, r.Output)
+		}
+		if (id == "toolu_x2") != r.Duplicate {
+			t.Fatalf("%s: duplicate = %v", id, r.Duplicate)
+		}
+	}
+	key, _ := j.Key()
+	if row, err := store.Get(ctx, key); err != nil || row.State != ledger.Completed || len(row.Result) != len(huge) {
+		t.Fatalf("the ledger does not keep the whole output: %v, %d bytes", err, len(row.Result))
+	}
+}
