@@ -63,6 +63,14 @@ func (e *Error) Error() string {
 
 func (e *Error) Unwrap() error { return e.Err }
 
+// Codes of the errors toolq itself gives a call (an executor's own codes,
+// such as "http_422", come from the downstream).
+const (
+	CodeBreakerOpen = "breaker_open" // NotSent: the downstream's circuit breaker refused the call
+	CodeCancelled   = "cancelled"    // NotSent before the call started; Ambiguous after
+	CodeTimeout     = "timeout"      // Ambiguous: the call outlived its timeout
+)
+
 // NotSentError says the request never reached the downstream.
 func NotSentError(code, message string, retryAfter time.Duration, cause error) *Error {
 	return &Error{Outcome: NotSent, Code: code, Message: message, RetryAfter: retryAfter, Err: cause}
@@ -94,10 +102,10 @@ func Classify(err error) (Outcome, *Error) {
 		return te.Outcome, te
 	}
 	if errors.Is(err, context.Canceled) {
-		return Ambiguous, AmbiguousError("cancelled", err.Error(), 0, err)
+		return Ambiguous, AmbiguousError(CodeCancelled, err.Error(), 0, err)
 	}
 	if errors.Is(err, context.DeadlineExceeded) {
-		return Ambiguous, AmbiguousError("timeout", err.Error(), 0, err)
+		return Ambiguous, AmbiguousError(CodeTimeout, err.Error(), 0, err)
 	}
 	return Ambiguous, AmbiguousError("error", err.Error(), 0, err)
 }

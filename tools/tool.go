@@ -308,11 +308,11 @@ func (t *Tool) Run(ctx context.Context, req Request) (json.RawMessage, error) {
 	select {
 	case t.slots <- struct{}{}:
 	case <-ctx.Done():
-		return nil, NotSentError("cancelled", "gave up waiting for a concurrency slot", 0, ctx.Err())
+		return nil, NotSentError(CodeCancelled, "gave up waiting for a concurrency slot", 0, ctx.Err())
 	}
 	defer func() { <-t.slots }()
 	if err := ctx.Err(); err != nil {
-		return nil, NotSentError("cancelled", "cancelled before sending", 0, err)
+		return nil, NotSentError(CodeCancelled, "cancelled before sending", 0, err)
 	}
 	return t.breaker.run(func() (json.RawMessage, error) {
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), t.Timeout)

@@ -249,7 +249,7 @@ func (d *delivery) execute(row ledger.Row) outcome {
 		if err := d.durably(ctx, "release", func() error { return store.Release(ctx, fence) }); err != nil {
 			return d.lostClaim(err)
 		}
-		return retryAfter(d.delay(te), te)
+		return d.notSent(te)
 
 	case tools.Definite: // the downstream said no: that is the result from now on
 		info := infoOf(te)
@@ -296,7 +296,9 @@ func (d *delivery) runUnclaimed() outcome {
 	r.Attempts = d.deliveries
 	label := OutcomeOK
 	switch result {
-	case tools.NotSent, tools.Ambiguous:
+	case tools.NotSent:
+		return d.notSent(te)
+	case tools.Ambiguous:
 		return retryAfter(d.delay(te), te)
 	case tools.Definite:
 		r.Status, r.Error, label = jobs.StatusError, &jobs.ResultError{Code: te.Code, Message: te.Message}, OutcomeError
@@ -360,6 +362,18 @@ func (d *delivery) resultOf(row ledger.Row) *jobs.Result {
 		r.Duplicate, r.OriginalToolUseID = true, row.FirstToolUseID
 	}
 	return r
+}
+
+// notSent hands back a call that never reached its downstream. It counts
+// toward the delivery limit only when the downstream refused it: a call
+// held back by an open circuit breaker (which other calls' failures
+// opened), or by the drain, did not fail. An open breaker's wait is what
+// remains of its open period.
+func (d *delivery) notSent(te *tools.Error) outcome {
+	if d.startCtx.Err() != nil || (te != nil && te.Code == tools.CodeBreakerOpen) {
+		return retryUncounted(d.delay(te), te)
+	}
+	return retryAfter(d.delay(te), te)
 }
 
 // lostClaim handles a refused write after the tool ran: another attempt
