@@ -34,8 +34,11 @@ type HTTP struct {
 	// IdempotencyHeader names the header the key is sent in for write tools
 	// ("Idempotency-Key" when empty; "-" sends no key).
 	IdempotencyHeader string
-	MaxResponseBytes  int64        // default 1 MiB
-	Client            *http.Client // default: one with redirects limited to the same origin
+	MaxResponseBytes  int64 // default 1 MiB
+	// Client sends the calls (default: one with redirects limited to the same
+	// origin). HTTPExecutor uses a copy whose transport never re-sends a call
+	// by itself.
+	Client *http.Client
 }
 
 // HTTPExecutor checks the configuration and returns the executor together
@@ -62,11 +65,65 @@ func HTTPExecutor(h HTTP) (*HTTP, error) {
 	if h.MaxResponseBytes <= 0 {
 		h.MaxResponseBytes = DefaultMaxResponse
 	}
-	if h.Client == nil {
-		h.Client = &http.Client{CheckRedirect: sameOrigin}
+	client := h.Client
+	if client == nil {
+		client = &http.Client{CheckRedirect: sameOrigin}
 	}
+	next := client.Transport
+	if next == nil {
+		next = http.DefaultTransport
+	}
+	c := *client
+	c.Transport = noReplay{next: next}
+	h.Client = &c
 	return &h, nil
 }
+
+// noReplay is the round tripper of every executor: it hands the transport
+// each request in a form the transport will not re-send by itself.
+//
+// net/http's Transport retries a request on a new connection when a reused
+// one breaks after the request was written, if the request is replayable
+// (Request.isReplayable): it has no body, or one it can rewind (GetBody),
+// and it is a GET, HEAD, OPTIONS or TRACE or carries Idempotency-Key or
+// X-Idempotency-Key. A write tool may well be a GET or a DELETE, and its
+// key is in that header: the retry would be a second effect on a downstream
+// that does not dedupe, and a retry toolq did not decide. Only toolq decides
+// retries, after classifying the outcome, so every call is given a body
+// that cannot be rewound: an empty one when it has none, which net/http
+// sends as no body at all (it probes an unknown-length body of a GET or
+// DELETE and finds it empty). Redirects are unaffected: http.Client follows
+// them above the round tripper, from the request Execute built. Reads lose
+// the transport's own retry too; they come back as NotSent or Ambiguous and
+// are retried as any read is.
+type noReplay struct{ next http.RoundTripper }
+
+func (n noReplay) RoundTrip(req *http.Request) (*http.Response, error) {
+	if req.GetBody == nil && req.Body != nil && req.Body != http.NoBody {
+		return n.next.RoundTrip(req) // a body that cannot be rewound already
+	}
+	r := *req // a RoundTripper must not modify the request it is given
+	r.GetBody = nil
+	if r.Body == nil || r.Body == http.NoBody {
+		r.Body, r.ContentLength = emptyBody{}, 0
+	}
+	return n.next.RoundTrip(&r)
+}
+
+// CloseIdleConnections closes the transport's idle connections, for
+// http.Client.CloseIdleConnections.
+func (n noReplay) CloseIdleConnections() {
+	if c, ok := n.next.(interface{ CloseIdleConnections() }); ok {
+		c.CloseIdleConnections()
+	}
+}
+
+// emptyBody is a body with nothing in it that net/http does not recognise
+// as empty (http.NoBody is), and so cannot replay.
+type emptyBody struct{}
+
+func (emptyBody) Read([]byte) (int, error) { return 0, io.EOF }
+func (emptyBody) Close() error             { return nil }
 
 // Downstream is the origin the executor calls, the unit of circuit breaking.
 func (h *HTTP) Downstream() string {
@@ -118,10 +175,9 @@ func (h *HTTP) Execute(ctx context.Context, req Request) (json.RawMessage, error
 	}
 	if body != nil {
 		hreq.Header.Set("Content-Type", "application/json")
-		// Without GetBody net/http never re-sends the request by itself. It
-		// would otherwise retry a request that carries Idempotency-Key when a
-		// reused connection breaks after writing it: a second effect on a
-		// downstream that does not dedupe, and a retry toolq did not decide.
+		// No GetBody: a 307 or 308 is not followed by re-sending the body,
+		// and the transport cannot replay it (see noReplay, which also
+		// covers calls without a body).
 		hreq.GetBody = nil
 	}
 	hreq.Header.Set("Accept", "application/json")

@@ -323,32 +323,51 @@ func TestClassifyUnknownErrorsAsAmbiguous(t *testing.T) {
 }
 
 // TestUnkeyedWriteIsNeverResentByTheHTTPClient: a downstream without dedupe
-// applies the effect and drops the connection. net/http would re-send a
-// request carrying Idempotency-Key on a reused connection; toolq's executor
-// must not: one call, one effect, an ambiguous outcome.
+// applies the effect and drops the connection. net/http re-sends a request
+// on a reused connection by itself when it deems it replayable: a GET, HEAD,
+// OPTIONS or TRACE without a body, or any request carrying Idempotency-Key.
+// toolq's executor must not let it, whatever the method: one call, one
+// effect, an ambiguous outcome.
 func TestUnkeyedWriteIsNeverResentByTheHTTPClient(t *testing.T) {
 	t.Parallel()
-	var effects atomic.Int32
-	var drop atomic.Bool
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		effects.Add(1)
-		if drop.Load() {
-			c, _, _ := w.(http.Hijacker).Hijack()
-			reset(c)
-			return
+	for _, class := range []tools.Class{tools.UnkeyedWrite, tools.KeyedWrite} {
+		for _, method := range []string{"POST", "GET", "DELETE"} {
+			t.Run(string(class)+"/"+method, func(t *testing.T) {
+				t.Parallel()
+				var effects atomic.Int32
+				var drop atomic.Bool
+				var framing atomic.Value
+				srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+					effects.Add(1)
+					if r.Method != method {
+						t.Errorf("method %s, want %s", r.Method, method)
+					}
+					if method != "POST" && (r.ContentLength != 0 || len(r.TransferEncoding) != 0) {
+						framing.Store(fmt.Sprintf("content-length %d, transfer-encoding %q", r.ContentLength, r.TransferEncoding))
+					}
+					if drop.Load() {
+						c, _, _ := w.(http.Hijacker).Hijack()
+						reset(c)
+						return
+					}
+					fmt.Fprint(w, `{"id":"tkt"}`)
+				}))
+				defer srv.Close()
+				tool := httpTool(t, class, method, srv.URL+"/v1/tickets", 2*time.Second)
+				if _, o, _ := call(t, tool, `{"a":1}`); o != tools.Success { // leaves a kept-alive connection to reuse
+					t.Fatalf("first call: %s", o)
+				}
+				drop.Store(true)
+				if _, o, te := call(t, tool, `{"a":1}`); o != tools.Ambiguous {
+					t.Fatalf("dropped call: %s %v", o, te)
+				}
+				if n := effects.Load(); n != 2 {
+					t.Fatalf("%d effects for 2 calls: the HTTP client re-sent a %s write", n, method)
+				}
+				if f := framing.Load(); f != nil {
+					t.Fatalf("a %s without args in its body was sent with %s", method, f)
+				}
+			})
 		}
-		fmt.Fprint(w, `{"id":"tkt"}`)
-	}))
-	defer srv.Close()
-	tool := httpTool(t, tools.UnkeyedWrite, "POST", srv.URL+"/v1/tickets", 2*time.Second)
-	if _, o, _ := call(t, tool, `{}`); o != tools.Success { // leaves a kept-alive connection to reuse
-		t.Fatalf("first call: %s", o)
-	}
-	drop.Store(true)
-	if _, o, te := call(t, tool, `{}`); o != tools.Ambiguous {
-		t.Fatalf("dropped call: %s %v", o, te)
-	}
-	if n := effects.Load(); n != 2 {
-		t.Fatalf("%d effects for 2 calls: the HTTP client re-sent a write", n)
 	}
 }
