@@ -17,6 +17,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+	"unicode/utf8"
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/propagation"
@@ -275,15 +276,38 @@ func retryAfter(resp *http.Response, def time.Duration) time.Duration {
 }
 
 // outputOf is the result output of a 2xx answer: the body when it is JSON,
-// else the status and the body as a string.
+// else the status and the body as a string. Either way it is valid UTF-8, as
+// the ledger requires: json.Valid accepts invalid bytes inside strings, so
+// those are replaced by U+FFFD one by one, as json.Marshal replaces them in
+// the body of a non-JSON answer. The replacement keeps the JSON valid, since
+// outside strings JSON allows only ASCII.
 func outputOf(status int, body []byte) json.RawMessage {
 	if len(body) > 0 && json.Valid(body) {
-		return json.RawMessage(body)
+		return json.RawMessage(validUTF8(body))
 	}
 	out, _ := json.Marshal(struct {
 		Status int    `json:"status"`
 		Body   string `json:"body"`
 	}{status, string(body)})
+	return out
+}
+
+// validUTF8 returns b with each byte that is not part of a valid UTF-8
+// sequence replaced by U+FFFD.
+func validUTF8(b []byte) []byte {
+	if utf8.Valid(b) {
+		return b
+	}
+	out := make([]byte, 0, len(b)+16)
+	for len(b) > 0 {
+		r, n := utf8.DecodeRune(b)
+		if r == utf8.RuneError && n == 1 {
+			out = utf8.AppendRune(out, utf8.RuneError)
+		} else {
+			out = append(out, b[:n]...)
+		}
+		b = b[n:]
+	}
 	return out
 }
 

@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/toolq/toolq/tools"
 )
@@ -178,6 +179,41 @@ func TestHTTPOutputAndHeaders(t *testing.T) {
 	out, outcome, _ = call(t, httpTool(t, tools.KeyedWrite, "POST", srv.URL+"/big", 5*time.Second), `{}`)
 	if outcome != tools.Success || !strings.Contains(string(out), `"response_too_large":true`) {
 		t.Fatalf("oversized answer: %s %s", outcome, out)
+	}
+}
+
+// TestHTTPOutputIsValidUTF8JSON: whatever bytes a downstream answers with,
+// the output is JSON in valid UTF-8 that says what the answer said, invalid
+// bytes replaced by U+FFFD as encoding/json replaces them; a database that
+// stores it as text (Postgres) would refuse anything else.
+func TestHTTPOutputIsValidUTF8JSON(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name, body, want string
+	}{
+		{"valid JSON", `{"name":"café"}`, `{"name":"café"}`},
+		{"JSON with an invalid byte", "{\"name\":\"caf\xe9\", \"n\": 1}", "{\"name\":\"caf\uFFFD\", \"n\": 1}"},
+		{"JSON with a truncated rune", "[\"\xe2\x82\", \"ok\"]", "[\"\uFFFD\uFFFD\", \"ok\"]"},
+		{"text with an invalid byte", "caf\xe9 ok", `{"status":200,"body":"caf\ufffd ok"}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Type", "application/json")
+				fmt.Fprint(w, tc.body)
+			}))
+			defer srv.Close()
+			out, outcome, te := call(t, httpTool(t, tools.KeyedWrite, "POST", srv.URL, time.Second), `{}`)
+			if outcome != tools.Success {
+				t.Fatalf("outcome %s %v", outcome, te)
+			}
+			if !utf8.Valid(out) || !json.Valid(out) {
+				t.Fatalf("output %q is not valid UTF-8 JSON", out)
+			}
+			if string(out) != tc.want {
+				t.Fatalf("output %q, want %q", out, tc.want)
+			}
+		})
 	}
 }
 
