@@ -121,7 +121,8 @@ type ErrorInfo struct {
 }
 
 // ClaimResult is the answer to one Claim. Exactly one of these holds:
-// Claimed is true and Row is the new row (attempt 1, in flight, ours); Err is
+// Claimed is true and Row is the new row (in flight, ours: attempt 1, or
+// for a key released before the attempt after the released one); Err is
 // set (ErrMaterialMismatch: the key belongs to another call, and its row is
 // withheld); or Row is the existing row of the same call.
 type ClaimResult struct {
@@ -210,7 +211,9 @@ func (s *Store) Migrate(ctx context.Context) error {
 }
 
 // Claim claims a batch of keys in one round trip. Each claim either inserts a
-// new in-flight row (attempt 1) or finds the existing row, which comes back
+// new in-flight row (attempt 1), claims a released key again at the attempt
+// after its last one (so that no fence of a key is ever issued twice), or
+// finds the existing row, which comes back
 // for the caller to act on; a row with different material comes back as
 // ErrMaterialMismatch instead. A key that appears twice in the batch is
 // claimed by its first occurrence; the later ones see that row. The error is
@@ -353,8 +356,11 @@ func (s *Store) MarkIndeterminate(ctx context.Context, f Fence, e ErrorInfo) err
 	return s.fenced(ctx, "mark indeterminate", f, s.db.sql().indeterminate, encodeError(e))
 }
 
-// Release deletes the claim: the tool was not sent, so nothing happened and
-// the next delivery may claim the key afresh.
+// Release gives the claim up: the tool was not sent, so nothing happened and
+// the next delivery may claim the key afresh. The row stays, released, and
+// counts as absent for every reader (Get gives ErrNotFound) but keeps its
+// attempt: the next claim takes the attempt after it, so this fence, and any
+// older one, can never match the new claim.
 func (s *Store) Release(ctx context.Context, f Fence) error {
 	return s.fenced(ctx, "release", f, s.db.sql().release)
 }
@@ -476,10 +482,12 @@ func (s *Store) Resolve(ctx context.Context, key string, r Resolution) error {
 	return nil
 }
 
-// Purge deletes completed and failed rows last updated more than olderThan
-// ago, in batches of batchSize rows (0: 1000) so that no statement holds locks
-// for long. In-flight and indeterminate rows are never purged. The retention
-// must exceed the jobs stream's max age, or a replay would run a call again.
+// Purge deletes completed, failed and released rows last updated more than
+// olderThan ago, in batches of batchSize rows (0: 1000) so that no statement
+// holds locks for long. In-flight and indeterminate rows are never purged. The
+// retention must exceed the jobs stream's max age, or a replay would run a call
+// again; it also bounds how long a holder may stall and still be fenced out,
+// since a purged key's next claim starts again at attempt 1.
 func (s *Store) Purge(ctx context.Context, olderThan time.Duration, batchSize int) (int64, error) {
 	if olderThan <= 0 {
 		return 0, errors.New("ledger: purge: the age must be positive")

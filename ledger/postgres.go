@@ -49,13 +49,13 @@ var claimPostgres = `WITH input AS (
 		lease_until, first_tool_use_id, trace_id, span_id)
 	SELECT key, conversation_id, turn_index, tool, ordinal, args_digest, 'in_flight', 1, owner,
 		now() + lease_ms * interval '1 millisecond', first_tool_use_id, trace_id, span_id FROM input
-	ON CONFLICT (key) DO NOTHING
+	` + claimConflict + `
 	RETURNING ` + postgresDialect.cols + `
 )
 SELECT true, ins.* FROM ins
 UNION ALL
 SELECT false, existing.* FROM (SELECT key FROM input WHERE key NOT IN (SELECT key FROM ins)) AS conflicted
-	CROSS JOIN LATERAL (SELECT ` + postgresDialect.cols + ` FROM toolq_ledger WHERE key = conflicted.key OFFSET 0) AS existing`
+	CROSS JOIN LATERAL (SELECT ` + postgresDialect.cols + ` FROM toolq_ledger WHERE key = conflicted.key AND ` + notRelease + ` OFFSET 0) AS existing`
 
 type postgresDB struct {
 	pool *pgxpool.Pool
