@@ -316,8 +316,9 @@ type Completion struct {
 
 // CompleteBatch completes many claims in one round trip, as a consumer that
 // group-commits the results of concurrent tools does. The error is for the
-// batch as a whole; errs[i] is nil when cs[i] was applied, or says why not
-// (ErrFenced, ErrNotFound), as Complete would.
+// batch as a whole (ErrUnavailable and the like); errs[i] is nil when cs[i]
+// was applied, or says why not (ErrFenced, ErrNotFound, or the database's
+// refusal of that row), as Complete would.
 func (s *Store) CompleteBatch(ctx context.Context, cs []Completion) (errs []error, err error) {
 	if len(cs) == 0 {
 		return nil, nil
@@ -326,7 +327,21 @@ func (s *Store) CompleteBatch(ctx context.Context, cs []Completion) (errs []erro
 	defer cancel()
 	done, err := s.db.completeBatch(ctx, cs)
 	if err != nil {
-		return nil, s.translate("complete", err)
+		err = s.translate("complete", err)
+		if errors.Is(err, ErrUnavailable) || errors.Is(err, context.Canceled) {
+			return nil, err
+		}
+		// The batch is one transaction: a row the database refused rolled
+		// back all the others. Apply them one at a time, so that each gets
+		// its own answer and the innocent ones complete.
+		errs = make([]error, len(cs))
+		for i, c := range cs {
+			errs[i] = s.Complete(ctx, c.Fence, c.Output)
+			if errors.Is(errs[i], ErrUnavailable) || errors.Is(errs[i], context.Canceled) {
+				return nil, errs[i]
+			}
+		}
+		return errs, nil
 	}
 	errs = make([]error, len(cs))
 	for i, c := range cs {
