@@ -107,3 +107,47 @@ func TestOneBadCompletionDoesNotFailTheBatch(t *testing.T) {
 		}
 	})
 }
+
+// TestOutputMustBeValidUTF8JSON: an output that is not valid JSON in UTF-8
+// (json.Valid accepts invalid bytes inside strings) is refused by the ledger
+// itself, with ErrInvalidOutput, on both backends and before the database
+// sees it; in a batch only its own row is refused.
+func TestOutputMustBeValidUTF8JSON(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, s *ledger.Store) {
+		ctx := context.Background()
+		for _, bad := range []string{"{\"name\":\"caf\xe9\"}", "[\"\xe2\x82\"]", `{bad`, ``} {
+			row := mustClaim(t, s, newClaim(time.Minute))
+			isErr(t, s.Complete(ctx, row.Fence(), json.RawMessage(bad)), ledger.ErrInvalidOutput)
+			if got := mustGet(t, s, row.Key); got.State != ledger.InFlight {
+				t.Fatalf("row after a refused output %q: %s", bad, got.State)
+			}
+		}
+		var cs []ledger.Completion
+		for range 4 {
+			row := mustClaim(t, s, newClaim(time.Minute))
+			cs = append(cs, ledger.Completion{Fence: row.Fence(), Output: json.RawMessage(`{"name":"café"}`)})
+		}
+		cs[2].Output = json.RawMessage("{\"name\":\"caf\xe9\"}")
+		errs, err := s.CompleteBatch(ctx, cs)
+		if err != nil {
+			t.Fatalf("the batch failed as a whole: %v", err)
+		}
+		for i, c := range cs {
+			row := mustGet(t, s, c.Fence.Key)
+			if i == 2 {
+				isErr(t, errs[i], ledger.ErrInvalidOutput)
+				if row.State != ledger.InFlight {
+					t.Fatalf("refused row: %s", row.State)
+				}
+			} else if errs[i] != nil || row.State != ledger.Completed || string(row.Result) != `{"name":"café"}` {
+				t.Fatalf("row %d: err %v, %s %s", i, errs[i], row.State, row.Result)
+			}
+		}
+		row := mustClaim(t, s, newClaim(time.Minute))
+		if err := s.MarkIndeterminate(ctx, row.Fence(), ledger.ErrorInfo{Code: "reset"}); err != nil {
+			t.Fatal(err)
+		}
+		isErr(t, s.Resolve(ctx, row.Key, ledger.Resolution{Output: json.RawMessage("\"\xff\"")}), ledger.ErrInvalidOutput)
+	})
+}

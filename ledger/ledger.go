@@ -19,6 +19,7 @@ import (
 	"fmt"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // State is the state of a ledger row.
@@ -50,6 +51,7 @@ var (
 	ErrMaterialMismatch = errors.New("ledger: key exists with different material (collision or tampering)")
 	ErrNotIndeterminate = errors.New("ledger: row is not indeterminate")
 	ErrUnavailable      = errors.New("ledger: database unavailable")
+	ErrInvalidOutput    = errors.New("ledger: output is not valid JSON in UTF-8")
 )
 
 // DefaultTimeout bounds every call whose context has no deadline.
@@ -303,9 +305,23 @@ func (s *Store) Extend(ctx context.Context, f Fence, lease time.Duration) error 
 	return s.fenced(ctx, "extend", f, s.db.sql().extend, lease.Milliseconds())
 }
 
-// Complete records the tool's output and settles the row as completed.
+// Complete records the tool's output and settles the row as completed. An
+// output that is not valid JSON in UTF-8 is refused with ErrInvalidOutput.
 func (s *Store) Complete(ctx context.Context, f Fence, output json.RawMessage) error {
+	if err := checkOutput("complete", f.Key, output); err != nil {
+		return err
+	}
 	return s.fenced(ctx, "complete", f, s.db.sql().complete, string(output))
+}
+
+// checkOutput refuses an output that is not valid JSON in UTF-8. json.Valid
+// alone accepts invalid bytes inside strings, which Postgres would refuse
+// (SQLSTATE 22021) and SQLite would store.
+func checkOutput(op, key string, output json.RawMessage) error {
+	if !json.Valid(output) || !utf8.Valid(output) {
+		return fmt.Errorf("%w: %s %s", ErrInvalidOutput, op, key)
+	}
+	return nil
 }
 
 // Completion is one fenced completion for CompleteBatch.
@@ -317,14 +333,38 @@ type Completion struct {
 // CompleteBatch completes many claims in one round trip, as a consumer that
 // group-commits the results of concurrent tools does. The error is for the
 // batch as a whole (ErrUnavailable and the like); errs[i] is nil when cs[i]
-// was applied, or says why not (ErrFenced, ErrNotFound, or the database's
-// refusal of that row), as Complete would.
+// was applied, or says why not (ErrFenced, ErrNotFound, ErrInvalidOutput, or
+// the database's refusal of that row), as Complete would.
 func (s *Store) CompleteBatch(ctx context.Context, cs []Completion) (errs []error, err error) {
 	if len(cs) == 0 {
 		return nil, nil
 	}
 	ctx, cancel := withDefaultTimeout(ctx)
 	defer cancel()
+	errs = make([]error, len(cs))
+	valid := make([]Completion, 0, len(cs))
+	at := make([]int, 0, len(cs)) // valid[j] is cs[at[j]]
+	for i, c := range cs {
+		if errs[i] = checkOutput("complete", c.Fence.Key, c.Output); errs[i] == nil {
+			valid, at = append(valid, c), append(at, i)
+		}
+	}
+	if len(valid) == 0 {
+		return errs, nil
+	}
+	validErrs, err := s.completeBatch(ctx, valid)
+	if err != nil {
+		return nil, err
+	}
+	for j, i := range at {
+		errs[i] = validErrs[j]
+	}
+	return errs, nil
+}
+
+// completeBatch is CompleteBatch for outputs already checked.
+func (s *Store) completeBatch(ctx context.Context, cs []Completion) ([]error, error) {
+	errs := make([]error, len(cs))
 	done, err := s.db.completeBatch(ctx, cs)
 	if err != nil {
 		err = s.translate("complete", err)
@@ -334,7 +374,6 @@ func (s *Store) CompleteBatch(ctx context.Context, cs []Completion) (errs []erro
 		// The batch is one transaction: a row the database refused rolled
 		// back all the others. Apply them one at a time, so that each gets
 		// its own answer and the innocent ones complete.
-		errs = make([]error, len(cs))
 		for i, c := range cs {
 			errs[i] = s.Complete(ctx, c.Fence, c.Output)
 			if errors.Is(errs[i], ErrUnavailable) || errors.Is(errs[i], context.Canceled) {
@@ -343,7 +382,6 @@ func (s *Store) CompleteBatch(ctx context.Context, cs []Completion) (errs []erro
 		}
 		return errs, nil
 	}
-	errs = make([]error, len(cs))
 	for i, c := range cs {
 		if !done[c.Fence] {
 			errs[i] = s.whyNot(ctx, "complete", c.Fence, false)
@@ -479,8 +517,8 @@ func (s *Store) Resolve(ctx context.Context, key string, r Resolution) error {
 	if r.NotRun {
 		n, err = s.db.exec(ctx, q.resolveNotRun, key)
 	} else {
-		if !json.Valid(r.Output) {
-			return errors.New("ledger: resolve: the output is not valid JSON")
+		if err := checkOutput("resolve", key, r.Output); err != nil {
+			return err
 		}
 		n, err = s.db.exec(ctx, q.resolveCompleted, key, string(r.Output))
 	}
@@ -600,7 +638,7 @@ func (s *Store) translate(op string, err error) error {
 }
 
 func isLedgerError(err error) bool {
-	for _, e := range []error{ErrNotFound, ErrFenced, ErrLeaseHeld, ErrMaterialMismatch, ErrNotIndeterminate, ErrUnavailable} {
+	for _, e := range []error{ErrNotFound, ErrFenced, ErrLeaseHeld, ErrMaterialMismatch, ErrNotIndeterminate, ErrUnavailable, ErrInvalidOutput} {
 		if errors.Is(err, e) {
 			return true
 		}
