@@ -17,6 +17,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sort"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -163,6 +166,10 @@ type database interface {
 	migrate(ctx context.Context) error
 	sql() *dialect
 	describe(err error) (message string, unavailable bool)
+	// conflicted reports a statement the database aborted to break a
+	// deadlock or a serialization conflict: nothing of it was applied, and
+	// run again it will most likely succeed.
+	conflicted(err error) bool
 	ping(ctx context.Context) error
 	close()
 }
@@ -228,17 +235,28 @@ func (s *Store) Claim(ctx context.Context, claims []Claim) ([]ClaimResult, error
 	ctx, cancel := withDefaultTimeout(ctx)
 	defer cancel()
 	unique := make([]Claim, 0, len(claims))
-	first := make(map[string]int, len(claims))
+	seen := make(map[string]bool, len(claims))
 	for _, c := range claims {
 		if c.Key == "" || c.Lease <= 0 {
 			return nil, fmt.Errorf("ledger: claim %q: key and a positive lease are required", c.Key)
 		}
-		if _, dup := first[c.Key]; !dup {
-			first[c.Key] = len(unique)
+		if !seen[c.Key] {
+			seen[c.Key] = true
 			unique = append(unique, c)
 		}
 	}
-	got, err := s.db.claim(ctx, unique)
+	// Every batch takes its row locks in key order, so that concurrent
+	// batches over the same keys queue up instead of deadlocking.
+	sort.Slice(unique, func(i, j int) bool { return unique[i].Key < unique[j].Key })
+	first := make(map[string]int, len(unique))
+	for i, c := range unique {
+		first[c.Key] = i
+	}
+	var got []claimed
+	err := s.retryConflicts(ctx, func() (err error) {
+		got, err = s.db.claim(ctx, unique)
+		return err
+	})
 	if err != nil {
 		return nil, s.translate("claim", err)
 	}
@@ -365,7 +383,14 @@ func (s *Store) CompleteBatch(ctx context.Context, cs []Completion) (errs []erro
 // completeBatch is CompleteBatch for outputs already checked.
 func (s *Store) completeBatch(ctx context.Context, cs []Completion) ([]error, error) {
 	errs := make([]error, len(cs))
-	done, err := s.db.completeBatch(ctx, cs)
+	// In key order, as Claim, so that concurrent batches cannot deadlock.
+	sorted := slices.Clone(cs)
+	sort.Slice(sorted, func(i, j int) bool { return sorted[i].Fence.Key < sorted[j].Fence.Key })
+	var done map[Fence]bool
+	err := s.retryConflicts(ctx, func() (err error) {
+		done, err = s.db.completeBatch(ctx, sorted)
+		return err
+	})
 	if err != nil {
 		err = s.translate("complete", err)
 		if errors.Is(err, ErrUnavailable) || errors.Is(err, context.Canceled) {
@@ -635,6 +660,30 @@ func (s *Store) translate(op string, err error) error {
 		return fmt.Errorf("ledger: %s: %w: %s", op, ErrUnavailable, msg)
 	}
 	return fmt.Errorf("ledger: %s: %s", op, msg)
+}
+
+// conflictTries bounds how often a batch aborted by a deadlock or a
+// serialization conflict is run again before the error is returned (as
+// ErrUnavailable: the caller retries it later).
+const conflictTries = 5
+
+// retryConflicts runs f until it succeeds, fails otherwise than by a
+// conflict (see database.conflicted), or has been tried conflictTries times,
+// with a short random pause between tries.
+func (s *Store) retryConflicts(ctx context.Context, f func() error) error {
+	for try := 1; ; try++ {
+		err := f()
+		if err == nil || try == conflictTries || !s.db.conflicted(err) {
+			return err
+		}
+		pause := time.NewTimer(time.Duration(rand.Int64N(int64(time.Duration(try) * 10 * time.Millisecond))))
+		select {
+		case <-ctx.Done():
+			pause.Stop()
+			return err
+		case <-pause.C:
+		}
+	}
 }
 
 func isLedgerError(err error) bool {

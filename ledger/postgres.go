@@ -48,7 +48,7 @@ var claimPostgres = `WITH input AS (
 	INSERT INTO toolq_ledger (key, conversation_id, turn_index, tool, ordinal, args_digest, state, attempt, owner,
 		lease_until, first_tool_use_id, trace_id, span_id)
 	SELECT key, conversation_id, turn_index, tool, ordinal, args_digest, 'in_flight', 1, owner,
-		now() + lease_ms * interval '1 millisecond', first_tool_use_id, trace_id, span_id FROM input
+		now() + lease_ms * interval '1 millisecond', first_tool_use_id, trace_id, span_id FROM input ORDER BY key COLLATE "C"
 	` + claimConflict + `
 	RETURNING ` + postgresDialect.cols + `
 )
@@ -216,10 +216,20 @@ func (t pgxTx) versions(ctx context.Context) (map[int64]bool, error) {
 func (p *postgresDB) describe(err error) (string, bool) {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
-		unavailable := strings.HasPrefix(pgErr.Code, "08") || strings.HasPrefix(pgErr.Code, "57P") || pgErr.Code == "53300"
+		// A deadlock or serialization conflict that outlasted retryConflicts
+		// counts as an outage too: the statement was not applied, and the
+		// caller retries it until it passes.
+		unavailable := strings.HasPrefix(pgErr.Code, "08") || strings.HasPrefix(pgErr.Code, "57P") || pgErr.Code == "53300" ||
+			p.conflicted(err)
 		return fmt.Sprintf("%s (SQLSTATE %s)", pgErr.Message, pgErr.Code), unavailable
 	}
 	return err.Error(), unreachable(err)
+}
+
+// conflicted: 40P01 deadlock_detected, 40001 serialization_failure.
+func (p *postgresDB) conflicted(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && (pgErr.Code == "40P01" || pgErr.Code == "40001")
 }
 
 // unreachable reports errors of the connection rather than of the statement:

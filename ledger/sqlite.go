@@ -206,6 +206,10 @@ func (t sqlTx) versions(ctx context.Context) (map[int64]bool, error) {
 	return scanVersions(rows)
 }
 
+// conflicted is always false: SQLite has one writer at a time, which waits
+// for the lock (busy_timeout) rather than deadlocking.
+func (s *sqliteDB) conflicted(error) bool { return false }
+
 // describe reads a SQLite error: its message, and whether it means the
 // database file cannot be used for now (locked, busy, I/O, full disk).
 func (s *sqliteDB) describe(err error) (string, bool) {
