@@ -7,9 +7,11 @@
 // suite: Postgres (pgx, shared by any number of consumers) and SQLite (the
 // embedded default, one host). Lease times come from the database's clock, so
 // clock skew between consumer hosts cannot break a lease. Errors of the
-// drivers never leave this package: a database that cannot be reached gives
-// an error that wraps ErrUnavailable, the others wrap the sentinels below or
-// carry only a message.
+// drivers never leave this package: a database that cannot be reached, or
+// cannot take writes for now (a Postgres primary demoted by a failover, a
+// deadlock that outlasted the retries), gives an error that wraps
+// ErrUnavailable, the others wrap the sentinels below or carry only a
+// message.
 package ledger
 
 import (

@@ -212,15 +212,23 @@ func (t pgxTx) versions(ctx context.Context) (map[int64]bool, error) {
 }
 
 // describe reads a pgx error: its message, and whether it means the server
-// could not be reached or is going away.
+// could not be reached, is going away or cannot take writes for now. A
+// read-only answer also resets the pool (see below).
 func (p *postgresDB) describe(err error) (string, bool) {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
-		// A deadlock or serialization conflict that outlasted retryConflicts
-		// counts as an outage too: the statement was not applied, and the
-		// caller retries it until it passes.
+		// Outages too, for the caller retries them until they pass: 25006,
+		// a primary demoted by a failover that now refuses writes, and a
+		// deadlock or serialization conflict that outlasted retryConflicts.
+		// Neither applied anything.
 		unavailable := strings.HasPrefix(pgErr.Code, "08") || strings.HasPrefix(pgErr.Code, "57P") || pgErr.Code == "53300" ||
-			p.conflicted(err)
+			pgErr.Code == "25006" || p.conflicted(err)
+		if pgErr.Code == "25006" && p.pool != nil {
+			// The pool's connections are sessions on the demoted server (or
+			// began read-only): drop them, so that the next ones find the
+			// primary and the outage ends when the failover does.
+			p.pool.Reset()
+		}
 		return fmt.Sprintf("%s (SQLSTATE %s)", pgErr.Message, pgErr.Code), unavailable
 	}
 	return err.Error(), unreachable(err)

@@ -22,6 +22,7 @@ func TestPostgresErrorClasses(t *testing.T) {
 		{"08006", true},  // connection_failure
 		{"57P01", true},  // admin_shutdown
 		{"53300", true},  // too_many_connections
+		{"25006", true},  // read_only_sql_transaction: a demoted primary
 		{"22021", false}, // character_not_in_repertoire: this row is wrong
 		{"23505", false}, // unique_violation
 	} {
