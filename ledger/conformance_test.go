@@ -328,7 +328,7 @@ func TestReleaseLetsTheKeyBeClaimedAgain(t *testing.T) {
 		isErr(t, err, ledger.ErrNotFound)
 		isErr(t, s.Complete(ctx, row.Fence(), json.RawMessage(`{}`)), ledger.ErrNotFound)
 		again := mustClaim(t, s, c)
-		if again.Attempt != 1 {
+		if again.Attempt != 2 || again.State != ledger.InFlight || again.Error != nil {
 			t.Fatalf("claim after release: %+v", again)
 		}
 	})
@@ -473,6 +473,10 @@ func TestListAndCounts(t *testing.T) {
 		if err := s.Complete(ctx, doneRow.Fence(), json.RawMessage(`1`)); err != nil {
 			t.Fatal(err)
 		}
+		releasedRow := mustClaim(t, s, newClaim(time.Hour))
+		if err := s.Release(ctx, releasedRow.Fence()); err != nil {
+			t.Fatal(err)
+		}
 		waitExpired(t, s, short.Key)
 		stale, err := s.List(ctx, ledger.Filter{Stale: true})
 		if err != nil || len(stale) != 1 || stale[0].Key != short.Key {
@@ -486,7 +490,10 @@ func TestListAndCounts(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if counts["in_flight"] != 2 || counts["completed"] != 1 || counts["stale"] != 1 || counts["failed"] != 0 {
+		if all, _ := s.List(ctx, ledger.Filter{}); len(all) != 3 {
+			t.Fatalf("all rows: %d, want 3 (a released row is not listed)", len(all))
+		}
+		if len(counts) != 5 || counts["in_flight"] != 2 || counts["completed"] != 1 || counts["stale"] != 1 || counts["failed"] != 0 {
 			t.Fatalf("counts %v", counts)
 		}
 		if _, err := s.List(ctx, ledger.Filter{State: "bogus"}); err == nil {
@@ -513,6 +520,10 @@ func TestPurgeLeavesUnfinishedRows(t *testing.T) {
 			}
 			old = append(old, row.Key)
 		}
+		releasedRow := mustClaim(t, s, newClaim(time.Hour))
+		if err := s.Release(ctx, releasedRow.Fence()); err != nil {
+			t.Fatal(err)
+		}
 		inflight := mustClaim(t, s, newClaim(time.Hour))
 		indet := mustClaim(t, s, newClaim(time.Hour))
 		if err := s.MarkIndeterminate(ctx, indet.Fence(), ledger.ErrorInfo{Code: "x"}); err != nil {
@@ -529,8 +540,8 @@ func TestPurgeLeavesUnfinishedRows(t *testing.T) {
 			t.Fatal(err)
 		}
 		n, err := s.Purge(ctx, retention, 10)
-		if err != nil || n != 25 {
-			t.Fatalf("purged %d rows (%v), want 25", n, err)
+		if err != nil || n != 26 {
+			t.Fatalf("purged %d rows (%v), want 25 finished and 1 released", n, err)
 		}
 		for _, k := range old {
 			if _, err := s.Get(ctx, k); !errors.Is(err, ledger.ErrNotFound) {

@@ -20,6 +20,24 @@ const columnsTemplate = `key, conversation_id, turn_index, tool, ordinal, args_d
 
 const fence = `WHERE key = $1 AND attempt = $2 AND state = 'in_flight'`
 
+// A released row is a claim given up: to every reader the key is free, as
+// if the row were not there, but it keeps its attempt so that the next claim
+// takes the one after it, and no fence of a key is ever issued twice.
+const (
+	released   = `'released'`
+	notRelease = `state <> 'released'`
+)
+
+// claimConflict is the upsert of a claim whose key has a row: a released row
+// is claimed again at its next attempt, any other is left alone (the claim
+// then reads it).
+const claimConflict = `ON CONFLICT (key) DO UPDATE SET conversation_id = excluded.conversation_id,
+	turn_index = excluded.turn_index, tool = excluded.tool, ordinal = excluded.ordinal, args_digest = excluded.args_digest,
+	state = 'in_flight', attempt = toolq_ledger.attempt + 1, owner = excluded.owner, lease_until = excluded.lease_until,
+	first_tool_use_id = excluded.first_tool_use_id, trace_id = excluded.trace_id, span_id = excluded.span_id,
+	result = '', error = '', updated_at = excluded.updated_at
+	WHERE toolq_ledger.state = 'released'`
+
 func newDialect(expand func(string) string) *dialect {
 	d := &dialect{
 		takeover: `UPDATE toolq_ledger SET attempt = attempt + 1, owner = $3, lease_until = {plus:$4}, updated_at = {now}
@@ -29,18 +47,20 @@ func newDialect(expand func(string) string) *dialect {
 		fail:          `UPDATE toolq_ledger SET state = 'failed', error = $3, lease_until = {now}, updated_at = {now} ` + fence,
 		endLease:      `UPDATE toolq_ledger SET error = $3, lease_until = {now}, updated_at = {now} ` + fence,
 		indeterminate: `UPDATE toolq_ledger SET state = 'indeterminate', error = $3, lease_until = {now}, updated_at = {now} ` + fence,
-		release:       `DELETE FROM toolq_ledger ` + fence,
-		get:           `SELECT {cols} FROM toolq_ledger WHERE key = $1`,
-		list: `SELECT {cols} FROM toolq_ledger WHERE ({text:$1} = '' OR state = {text:$1})
+		release: `UPDATE toolq_ledger SET state = ` + released + `, result = '', error = '', lease_until = {now}, updated_at = {now} ` +
+			fence,
+		get: `SELECT {cols} FROM toolq_ledger WHERE key = $1 AND ` + notRelease,
+		list: `SELECT {cols} FROM toolq_ledger WHERE ` + notRelease + ` AND ({text:$1} = '' OR state = {text:$1})
 			ORDER BY updated_at DESC, key LIMIT $2`,
 		listStale: `SELECT {cols} FROM toolq_ledger WHERE state = 'in_flight' AND lease_until <= {now}
 			ORDER BY lease_until, key LIMIT $1`,
-		counts: `SELECT state, count(*) FROM toolq_ledger GROUP BY state
+		counts: `SELECT state, count(*) FROM toolq_ledger WHERE ` + notRelease + ` GROUP BY state
 			UNION ALL SELECT 'stale', count(*) FROM toolq_ledger WHERE state = 'in_flight' AND lease_until <= {now}`,
-		resolveNotRun:    `DELETE FROM toolq_ledger WHERE key = $1 AND state = 'indeterminate'`,
+		resolveNotRun: `UPDATE toolq_ledger SET state = ` + released + `, result = '', error = '', lease_until = {now}, updated_at = {now}
+			WHERE key = $1 AND state = 'indeterminate'`,
 		resolveCompleted: `UPDATE toolq_ledger SET state = 'completed', result = $2, updated_at = {now} WHERE key = $1 AND state = 'indeterminate'`,
 		purge: `DELETE FROM toolq_ledger WHERE key IN (SELECT key FROM toolq_ledger
-			WHERE state IN ('completed', 'failed') AND updated_at < {minus:$1} LIMIT $2)`,
+			WHERE state IN ('completed', 'failed', ` + released + `) AND updated_at < {minus:$1} LIMIT $2)`,
 		cols: columnsTemplate,
 	}
 	for _, s := range []*string{&d.takeover, &d.extend, &d.complete, &d.fail, &d.endLease, &d.indeterminate, &d.release,

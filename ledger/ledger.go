@@ -7,9 +7,11 @@
 // suite: Postgres (pgx, shared by any number of consumers) and SQLite (the
 // embedded default, one host). Lease times come from the database's clock, so
 // clock skew between consumer hosts cannot break a lease. Errors of the
-// drivers never leave this package: a database that cannot be reached gives
-// an error that wraps ErrUnavailable, the others wrap the sentinels below or
-// carry only a message.
+// drivers never leave this package: a database that cannot be reached, or
+// cannot take writes for now (a Postgres primary demoted by a failover, a
+// deadlock that outlasted the retries), gives an error that wraps
+// ErrUnavailable, the others wrap the sentinels below or carry only a
+// message.
 package ledger
 
 import (
@@ -17,8 +19,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sort"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // State is the state of a ledger row.
@@ -50,6 +56,7 @@ var (
 	ErrMaterialMismatch = errors.New("ledger: key exists with different material (collision or tampering)")
 	ErrNotIndeterminate = errors.New("ledger: row is not indeterminate")
 	ErrUnavailable      = errors.New("ledger: database unavailable")
+	ErrInvalidOutput    = errors.New("ledger: output is not valid JSON in UTF-8")
 )
 
 // DefaultTimeout bounds every call whose context has no deadline.
@@ -121,7 +128,8 @@ type ErrorInfo struct {
 }
 
 // ClaimResult is the answer to one Claim. Exactly one of these holds:
-// Claimed is true and Row is the new row (attempt 1, in flight, ours); Err is
+// Claimed is true and Row is the new row (in flight, ours: attempt 1, or
+// for a key released before the attempt after the released one); Err is
 // set (ErrMaterialMismatch: the key belongs to another call, and its row is
 // withheld); or Row is the existing row of the same call.
 type ClaimResult struct {
@@ -160,6 +168,10 @@ type database interface {
 	migrate(ctx context.Context) error
 	sql() *dialect
 	describe(err error) (message string, unavailable bool)
+	// conflicted reports a statement the database aborted to break a
+	// deadlock or a serialization conflict: nothing of it was applied, and
+	// run again it will most likely succeed.
+	conflicted(err error) bool
 	ping(ctx context.Context) error
 	close()
 }
@@ -210,7 +222,9 @@ func (s *Store) Migrate(ctx context.Context) error {
 }
 
 // Claim claims a batch of keys in one round trip. Each claim either inserts a
-// new in-flight row (attempt 1) or finds the existing row, which comes back
+// new in-flight row (attempt 1), claims a released key again at the attempt
+// after its last one (so that no fence of a key is ever issued twice), or
+// finds the existing row, which comes back
 // for the caller to act on; a row with different material comes back as
 // ErrMaterialMismatch instead. A key that appears twice in the batch is
 // claimed by its first occurrence; the later ones see that row. The error is
@@ -223,17 +237,28 @@ func (s *Store) Claim(ctx context.Context, claims []Claim) ([]ClaimResult, error
 	ctx, cancel := withDefaultTimeout(ctx)
 	defer cancel()
 	unique := make([]Claim, 0, len(claims))
-	first := make(map[string]int, len(claims))
+	seen := make(map[string]bool, len(claims))
 	for _, c := range claims {
 		if c.Key == "" || c.Lease <= 0 {
 			return nil, fmt.Errorf("ledger: claim %q: key and a positive lease are required", c.Key)
 		}
-		if _, dup := first[c.Key]; !dup {
-			first[c.Key] = len(unique)
+		if !seen[c.Key] {
+			seen[c.Key] = true
 			unique = append(unique, c)
 		}
 	}
-	got, err := s.db.claim(ctx, unique)
+	// Every batch takes its row locks in key order, so that concurrent
+	// batches over the same keys queue up instead of deadlocking.
+	sort.Slice(unique, func(i, j int) bool { return unique[i].Key < unique[j].Key })
+	first := make(map[string]int, len(unique))
+	for i, c := range unique {
+		first[c.Key] = i
+	}
+	var got []claimed
+	err := s.retryConflicts(ctx, func() (err error) {
+		got, err = s.db.claim(ctx, unique)
+		return err
+	})
 	if err != nil {
 		return nil, s.translate("claim", err)
 	}
@@ -300,9 +325,23 @@ func (s *Store) Extend(ctx context.Context, f Fence, lease time.Duration) error 
 	return s.fenced(ctx, "extend", f, s.db.sql().extend, lease.Milliseconds())
 }
 
-// Complete records the tool's output and settles the row as completed.
+// Complete records the tool's output and settles the row as completed. An
+// output that is not valid JSON in UTF-8 is refused with ErrInvalidOutput.
 func (s *Store) Complete(ctx context.Context, f Fence, output json.RawMessage) error {
+	if err := checkOutput("complete", f.Key, output); err != nil {
+		return err
+	}
 	return s.fenced(ctx, "complete", f, s.db.sql().complete, string(output))
+}
+
+// checkOutput refuses an output that is not valid JSON in UTF-8. json.Valid
+// alone accepts invalid bytes inside strings, which Postgres would refuse
+// (SQLSTATE 22021) and SQLite would store.
+func checkOutput(op, key string, output json.RawMessage) error {
+	if !json.Valid(output) || !utf8.Valid(output) {
+		return fmt.Errorf("%w: %s %s", ErrInvalidOutput, op, key)
+	}
+	return nil
 }
 
 // Completion is one fenced completion for CompleteBatch.
@@ -313,19 +352,63 @@ type Completion struct {
 
 // CompleteBatch completes many claims in one round trip, as a consumer that
 // group-commits the results of concurrent tools does. The error is for the
-// batch as a whole; errs[i] is nil when cs[i] was applied, or says why not
-// (ErrFenced, ErrNotFound), as Complete would.
+// batch as a whole (ErrUnavailable and the like); errs[i] is nil when cs[i]
+// was applied, or says why not (ErrFenced, ErrNotFound, ErrInvalidOutput, or
+// the database's refusal of that row), as Complete would.
 func (s *Store) CompleteBatch(ctx context.Context, cs []Completion) (errs []error, err error) {
 	if len(cs) == 0 {
 		return nil, nil
 	}
 	ctx, cancel := withDefaultTimeout(ctx)
 	defer cancel()
-	done, err := s.db.completeBatch(ctx, cs)
-	if err != nil {
-		return nil, s.translate("complete", err)
-	}
 	errs = make([]error, len(cs))
+	valid := make([]Completion, 0, len(cs))
+	at := make([]int, 0, len(cs)) // valid[j] is cs[at[j]]
+	for i, c := range cs {
+		if errs[i] = checkOutput("complete", c.Fence.Key, c.Output); errs[i] == nil {
+			valid, at = append(valid, c), append(at, i)
+		}
+	}
+	if len(valid) == 0 {
+		return errs, nil
+	}
+	validErrs, err := s.completeBatch(ctx, valid)
+	if err != nil {
+		return nil, err
+	}
+	for j, i := range at {
+		errs[i] = validErrs[j]
+	}
+	return errs, nil
+}
+
+// completeBatch is CompleteBatch for outputs already checked.
+func (s *Store) completeBatch(ctx context.Context, cs []Completion) ([]error, error) {
+	errs := make([]error, len(cs))
+	// In key order, as Claim, so that concurrent batches cannot deadlock.
+	sorted := slices.Clone(cs)
+	sort.Slice(sorted, func(i, j int) bool { return sorted[i].Fence.Key < sorted[j].Fence.Key })
+	var done map[Fence]bool
+	err := s.retryConflicts(ctx, func() (err error) {
+		done, err = s.db.completeBatch(ctx, sorted)
+		return err
+	})
+	if err != nil {
+		err = s.translate("complete", err)
+		if errors.Is(err, ErrUnavailable) || errors.Is(err, context.Canceled) {
+			return nil, err
+		}
+		// The batch is one transaction: a row the database refused rolled
+		// back all the others. Apply them one at a time, so that each gets
+		// its own answer and the innocent ones complete.
+		for i, c := range cs {
+			errs[i] = s.Complete(ctx, c.Fence, c.Output)
+			if errors.Is(errs[i], ErrUnavailable) || errors.Is(errs[i], context.Canceled) {
+				return nil, errs[i]
+			}
+		}
+		return errs, nil
+	}
 	for i, c := range cs {
 		if !done[c.Fence] {
 			errs[i] = s.whyNot(ctx, "complete", c.Fence, false)
@@ -353,8 +436,11 @@ func (s *Store) MarkIndeterminate(ctx context.Context, f Fence, e ErrorInfo) err
 	return s.fenced(ctx, "mark indeterminate", f, s.db.sql().indeterminate, encodeError(e))
 }
 
-// Release deletes the claim: the tool was not sent, so nothing happened and
-// the next delivery may claim the key afresh.
+// Release gives the claim up: the tool was not sent, so nothing happened and
+// the next delivery may claim the key afresh. The row stays, released, and
+// counts as absent for every reader (Get gives ErrNotFound) but keeps its
+// attempt: the next claim takes the attempt after it, so this fence, and any
+// older one, can never match the new claim.
 func (s *Store) Release(ctx context.Context, f Fence) error {
 	return s.fenced(ctx, "release", f, s.db.sql().release)
 }
@@ -458,8 +544,8 @@ func (s *Store) Resolve(ctx context.Context, key string, r Resolution) error {
 	if r.NotRun {
 		n, err = s.db.exec(ctx, q.resolveNotRun, key)
 	} else {
-		if !json.Valid(r.Output) {
-			return errors.New("ledger: resolve: the output is not valid JSON")
+		if err := checkOutput("resolve", key, r.Output); err != nil {
+			return err
 		}
 		n, err = s.db.exec(ctx, q.resolveCompleted, key, string(r.Output))
 	}
@@ -476,10 +562,12 @@ func (s *Store) Resolve(ctx context.Context, key string, r Resolution) error {
 	return nil
 }
 
-// Purge deletes completed and failed rows last updated more than olderThan
-// ago, in batches of batchSize rows (0: 1000) so that no statement holds locks
-// for long. In-flight and indeterminate rows are never purged. The retention
-// must exceed the jobs stream's max age, or a replay would run a call again.
+// Purge deletes completed, failed and released rows last updated more than
+// olderThan ago, in batches of batchSize rows (0: 1000) so that no statement
+// holds locks for long. In-flight and indeterminate rows are never purged. The
+// retention must exceed the jobs stream's max age, or a replay would run a call
+// again; it also bounds how long a holder may stall and still be fenced out,
+// since a purged key's next claim starts again at attempt 1.
 func (s *Store) Purge(ctx context.Context, olderThan time.Duration, batchSize int) (int64, error) {
 	if olderThan <= 0 {
 		return 0, errors.New("ledger: purge: the age must be positive")
@@ -576,8 +664,32 @@ func (s *Store) translate(op string, err error) error {
 	return fmt.Errorf("ledger: %s: %s", op, msg)
 }
 
+// conflictTries bounds how often a batch aborted by a deadlock or a
+// serialization conflict is run again before the error is returned (as
+// ErrUnavailable: the caller retries it later).
+const conflictTries = 5
+
+// retryConflicts runs f until it succeeds, fails otherwise than by a
+// conflict (see database.conflicted), or has been tried conflictTries times,
+// with a short random pause between tries.
+func (s *Store) retryConflicts(ctx context.Context, f func() error) error {
+	for try := 1; ; try++ {
+		err := f()
+		if err == nil || try == conflictTries || !s.db.conflicted(err) {
+			return err
+		}
+		pause := time.NewTimer(time.Duration(rand.Int64N(int64(time.Duration(try) * 10 * time.Millisecond))))
+		select {
+		case <-ctx.Done():
+			pause.Stop()
+			return err
+		case <-pause.C:
+		}
+	}
+}
+
 func isLedgerError(err error) bool {
-	for _, e := range []error{ErrNotFound, ErrFenced, ErrLeaseHeld, ErrMaterialMismatch, ErrNotIndeterminate, ErrUnavailable} {
+	for _, e := range []error{ErrNotFound, ErrFenced, ErrLeaseHeld, ErrMaterialMismatch, ErrNotIndeterminate, ErrUnavailable, ErrInvalidOutput} {
 		if errors.Is(err, e) {
 			return true
 		}

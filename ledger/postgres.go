@@ -48,14 +48,14 @@ var claimPostgres = `WITH input AS (
 	INSERT INTO toolq_ledger (key, conversation_id, turn_index, tool, ordinal, args_digest, state, attempt, owner,
 		lease_until, first_tool_use_id, trace_id, span_id)
 	SELECT key, conversation_id, turn_index, tool, ordinal, args_digest, 'in_flight', 1, owner,
-		now() + lease_ms * interval '1 millisecond', first_tool_use_id, trace_id, span_id FROM input
-	ON CONFLICT (key) DO NOTHING
+		now() + lease_ms * interval '1 millisecond', first_tool_use_id, trace_id, span_id FROM input ORDER BY key COLLATE "C"
+	` + claimConflict + `
 	RETURNING ` + postgresDialect.cols + `
 )
 SELECT true, ins.* FROM ins
 UNION ALL
 SELECT false, existing.* FROM (SELECT key FROM input WHERE key NOT IN (SELECT key FROM ins)) AS conflicted
-	CROSS JOIN LATERAL (SELECT ` + postgresDialect.cols + ` FROM toolq_ledger WHERE key = conflicted.key OFFSET 0) AS existing`
+	CROSS JOIN LATERAL (SELECT ` + postgresDialect.cols + ` FROM toolq_ledger WHERE key = conflicted.key AND ` + notRelease + ` OFFSET 0) AS existing`
 
 type postgresDB struct {
 	pool *pgxpool.Pool
@@ -212,14 +212,32 @@ func (t pgxTx) versions(ctx context.Context) (map[int64]bool, error) {
 }
 
 // describe reads a pgx error: its message, and whether it means the server
-// could not be reached or is going away.
+// could not be reached, is going away or cannot take writes for now. A
+// read-only answer also resets the pool (see below).
 func (p *postgresDB) describe(err error) (string, bool) {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
-		unavailable := strings.HasPrefix(pgErr.Code, "08") || strings.HasPrefix(pgErr.Code, "57P") || pgErr.Code == "53300"
+		// Outages too, for the caller retries them until they pass: 25006,
+		// a primary demoted by a failover that now refuses writes, and a
+		// deadlock or serialization conflict that outlasted retryConflicts.
+		// Neither applied anything.
+		unavailable := strings.HasPrefix(pgErr.Code, "08") || strings.HasPrefix(pgErr.Code, "57P") || pgErr.Code == "53300" ||
+			pgErr.Code == "25006" || p.conflicted(err)
+		if pgErr.Code == "25006" && p.pool != nil {
+			// The pool's connections are sessions on the demoted server (or
+			// began read-only): drop them, so that the next ones find the
+			// primary and the outage ends when the failover does.
+			p.pool.Reset()
+		}
 		return fmt.Sprintf("%s (SQLSTATE %s)", pgErr.Message, pgErr.Code), unavailable
 	}
 	return err.Error(), unreachable(err)
+}
+
+// conflicted: 40P01 deadlock_detected, 40001 serialization_failure.
+func (p *postgresDB) conflicted(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && (pgErr.Code == "40P01" || pgErr.Code == "40001")
 }
 
 // unreachable reports errors of the connection rather than of the statement:

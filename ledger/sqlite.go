@@ -37,7 +37,7 @@ var sqliteDialect = newDialect(expandWith(func(name, arg string) string {
 var claimSQLite = `INSERT INTO toolq_ledger (key, conversation_id, turn_index, tool, ordinal, args_digest, state, attempt, owner,
 	lease_until, first_tool_use_id, trace_id, span_id, created_at, updated_at)
 	VALUES ($1, $2, $3, $4, $5, $6, 'in_flight', 1, $7, ((` + sqliteNow + `) + $8), $9, $10, $11, (` + sqliteNow + `), (` + sqliteNow + `))
-	ON CONFLICT (key) DO NOTHING RETURNING ` + sqliteDialect.cols
+	` + claimConflict + ` RETURNING ` + sqliteDialect.cols
 
 type sqliteDB struct {
 	db *sql.DB
@@ -205,6 +205,10 @@ func (t sqlTx) versions(ctx context.Context) (map[int64]bool, error) {
 	defer rows.Close()
 	return scanVersions(rows)
 }
+
+// conflicted is always false: SQLite has one writer at a time, which waits
+// for the lock (busy_timeout) rather than deadlocking.
+func (s *sqliteDB) conflicted(error) bool { return false }
 
 // describe reads a SQLite error: its message, and whether it means the
 // database file cannot be used for now (locked, busy, I/O, full disk).

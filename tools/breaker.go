@@ -6,7 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sony/gobreaker/v2"
@@ -32,8 +32,11 @@ type breaker struct {
 	cb       *gobreaker.CircuitBreaker[json.RawMessage]
 	settings Breaker
 
-	mu       sync.Mutex
-	openedAt time.Time
+	// openedAt is when the breaker last opened, in Unix nanoseconds. It is
+	// written by OnStateChange, which gobreaker calls with its own mutex
+	// held, so it must not take a lock that is held while calling into
+	// gobreaker: an atomic takes none.
+	openedAt atomic.Int64
 }
 
 func newBreaker(name string, s Breaker, logger *slog.Logger) *breaker {
@@ -56,9 +59,7 @@ func newBreaker(name string, s Breaker, logger *slog.Logger) *breaker {
 		},
 		OnStateChange: func(name string, from, to gobreaker.State) {
 			if to == gobreaker.StateOpen {
-				b.mu.Lock()
-				b.openedAt = time.Now()
-				b.mu.Unlock()
+				b.openedAt.Store(time.Now().UnixNano())
 			}
 			level := slog.LevelInfo
 			if to == gobreaker.StateOpen {
@@ -73,20 +74,26 @@ func newBreaker(name string, s Breaker, logger *slog.Logger) *breaker {
 func (b *breaker) run(call func() (json.RawMessage, error)) (json.RawMessage, error) {
 	out, err := b.cb.Execute(call)
 	if errors.Is(err, gobreaker.ErrOpenState) || errors.Is(err, gobreaker.ErrTooManyRequests) {
-		return nil, NotSentError("breaker_open", fmt.Sprintf("circuit breaker for %s is %s", b.cb.Name(), b.cb.State()), b.remaining(), err)
+		return nil, NotSentError("breaker_open", fmt.Sprintf("circuit breaker for %s is %s", b.cb.Name(), b.cb.State()), b.remaining(err), err)
 	}
 	return out, err
 }
 
-// remaining is how long the breaker stays open; while it is half-open with
-// its trial calls taken, a short pause.
-func (b *breaker) remaining() time.Duration {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.cb.State() != gobreaker.StateOpen {
-		return 100 * time.Millisecond
+// remaining is when a call that the breaker refused should come back. Open
+// (gobreaker.ErrOpenState): when the open period ends. Half-open with its
+// trial calls taken (gobreaker.ErrTooManyRequests): a whole open period,
+// since a failing trial opens it again for that long, and a succeeding one
+// lets the calls through then anyway.
+//
+// It reads gobreaker's answer and openedAt only, never the breaker's state:
+// gobreaker calls OnStateChange with its mutex held, and openedAt was stored
+// under that mutex before Execute refused the call.
+func (b *breaker) remaining(refusal error) time.Duration {
+	if errors.Is(refusal, gobreaker.ErrTooManyRequests) {
+		return b.settings.OpenFor
 	}
-	return max(b.settings.OpenFor-time.Since(b.openedAt), 10*time.Millisecond)
+	openedAt := time.Unix(0, b.openedAt.Load())
+	return max(b.settings.OpenFor-time.Since(openedAt), 10*time.Millisecond)
 }
 
 func (b *breaker) state() string { return b.cb.State().String() }

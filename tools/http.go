@@ -17,6 +17,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+	"unicode/utf8"
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/propagation"
@@ -34,8 +35,11 @@ type HTTP struct {
 	// IdempotencyHeader names the header the key is sent in for write tools
 	// ("Idempotency-Key" when empty; "-" sends no key).
 	IdempotencyHeader string
-	MaxResponseBytes  int64        // default 1 MiB
-	Client            *http.Client // default: one with redirects limited to the same origin
+	MaxResponseBytes  int64 // default 1 MiB
+	// Client sends the calls (default: one with redirects limited to the same
+	// origin). HTTPExecutor uses a copy whose transport never re-sends a call
+	// by itself.
+	Client *http.Client
 }
 
 // HTTPExecutor checks h and returns a copy with its defaults filled: the
@@ -67,11 +71,65 @@ func HTTPExecutor(h HTTP) (*HTTP, error) {
 	if h.MaxResponseBytes <= 0 {
 		h.MaxResponseBytes = DefaultMaxResponse
 	}
-	if h.Client == nil {
-		h.Client = &http.Client{CheckRedirect: sameOrigin}
+	client := h.Client
+	if client == nil {
+		client = &http.Client{CheckRedirect: sameOrigin}
 	}
+	next := client.Transport
+	if next == nil {
+		next = http.DefaultTransport
+	}
+	c := *client
+	c.Transport = noReplay{next: next}
+	h.Client = &c
 	return &h, nil
 }
+
+// noReplay is the round tripper of every executor: it hands the transport
+// each request in a form the transport will not re-send by itself.
+//
+// net/http's Transport retries a request on a new connection when a reused
+// one breaks after the request was written, if the request is replayable
+// (Request.isReplayable): it has no body, or one it can rewind (GetBody),
+// and it is a GET, HEAD, OPTIONS or TRACE or carries Idempotency-Key or
+// X-Idempotency-Key. A write tool may well be a GET or a DELETE, and its
+// key is in that header: the retry would be a second effect on a downstream
+// that does not dedupe, and a retry toolq did not decide. Only toolq decides
+// retries, after classifying the outcome, so every call is given a body
+// that cannot be rewound: an empty one when it has none, which net/http
+// sends as no body at all (it probes an unknown-length body of a GET or
+// DELETE and finds it empty). Redirects are unaffected: http.Client follows
+// them above the round tripper, from the request Execute built. Reads lose
+// the transport's own retry too; they come back as NotSent or Ambiguous and
+// are retried as any read is.
+type noReplay struct{ next http.RoundTripper }
+
+func (n noReplay) RoundTrip(req *http.Request) (*http.Response, error) {
+	if req.GetBody == nil && req.Body != nil && req.Body != http.NoBody {
+		return n.next.RoundTrip(req) // a body that cannot be rewound already
+	}
+	r := *req // a RoundTripper must not modify the request it is given
+	r.GetBody = nil
+	if r.Body == nil || r.Body == http.NoBody {
+		r.Body, r.ContentLength = emptyBody{}, 0
+	}
+	return n.next.RoundTrip(&r)
+}
+
+// CloseIdleConnections closes the transport's idle connections, for
+// http.Client.CloseIdleConnections.
+func (n noReplay) CloseIdleConnections() {
+	if c, ok := n.next.(interface{ CloseIdleConnections() }); ok {
+		c.CloseIdleConnections()
+	}
+}
+
+// emptyBody is a body with nothing in it that net/http does not recognise
+// as empty (http.NoBody is), and so cannot replay.
+type emptyBody struct{}
+
+func (emptyBody) Read([]byte) (int, error) { return 0, io.EOF }
+func (emptyBody) Close() error             { return nil }
 
 // Downstream is the origin the executor calls, the unit of circuit breaking.
 func (h *HTTP) Downstream() string {
@@ -123,10 +181,9 @@ func (h *HTTP) Execute(ctx context.Context, req Request) (json.RawMessage, error
 	}
 	if body != nil {
 		hreq.Header.Set("Content-Type", "application/json")
-		// Without GetBody net/http never re-sends the request by itself. It
-		// would otherwise retry a request that carries Idempotency-Key when a
-		// reused connection breaks after writing it: a second effect on a
-		// downstream that does not dedupe, and a retry toolq did not decide.
+		// No GetBody: a 307 or 308 is not followed by re-sending the body,
+		// and the transport cannot replay it (see noReplay, which also
+		// covers calls without a body).
 		hreq.GetBody = nil
 	}
 	hreq.Header.Set("Accept", "application/json")
@@ -224,15 +281,38 @@ func retryAfter(resp *http.Response, def time.Duration) time.Duration {
 }
 
 // outputOf is the result output of a 2xx answer: the body when it is JSON,
-// else the status and the body as a string.
+// else the status and the body as a string. Either way it is valid UTF-8, as
+// the ledger requires: json.Valid accepts invalid bytes inside strings, so
+// those are replaced by U+FFFD one by one, as json.Marshal replaces them in
+// the body of a non-JSON answer. The replacement keeps the JSON valid, since
+// outside strings JSON allows only ASCII.
 func outputOf(status int, body []byte) json.RawMessage {
 	if len(body) > 0 && json.Valid(body) {
-		return json.RawMessage(body)
+		return json.RawMessage(validUTF8(body))
 	}
 	out, _ := json.Marshal(struct {
 		Status int    `json:"status"`
 		Body   string `json:"body"`
 	}{status, string(body)})
+	return out
+}
+
+// validUTF8 returns b with each byte that is not part of a valid UTF-8
+// sequence replaced by U+FFFD.
+func validUTF8(b []byte) []byte {
+	if utf8.Valid(b) {
+		return b
+	}
+	out := make([]byte, 0, len(b)+16)
+	for len(b) > 0 {
+		r, n := utf8.DecodeRune(b)
+		if r == utf8.RuneError && n == 1 {
+			out = utf8.AppendRune(out, utf8.RuneError)
+		} else {
+			out = append(out, b[:n]...)
+		}
+		b = b[n:]
+	}
 	return out
 }
 

@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/toolq/toolq/tools"
 )
@@ -181,6 +182,41 @@ func TestHTTPOutputAndHeaders(t *testing.T) {
 	}
 }
 
+// TestHTTPOutputIsValidUTF8JSON: whatever bytes a downstream answers with,
+// the output is JSON in valid UTF-8 that says what the answer said, invalid
+// bytes replaced by U+FFFD as encoding/json replaces them; a database that
+// stores it as text (Postgres) would refuse anything else.
+func TestHTTPOutputIsValidUTF8JSON(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name, body, want string
+	}{
+		{"valid JSON", `{"name":"café"}`, `{"name":"café"}`},
+		{"JSON with an invalid byte", "{\"name\":\"caf\xe9\", \"n\": 1}", "{\"name\":\"caf\uFFFD\", \"n\": 1}"},
+		{"JSON with a truncated rune", "[\"\xe2\x82\", \"ok\"]", "[\"\uFFFD\uFFFD\", \"ok\"]"},
+		{"text with an invalid byte", "caf\xe9 ok", `{"status":200,"body":"caf\ufffd ok"}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Type", "application/json")
+				fmt.Fprint(w, tc.body)
+			}))
+			defer srv.Close()
+			out, outcome, te := call(t, httpTool(t, tools.KeyedWrite, "POST", srv.URL, time.Second), `{}`)
+			if outcome != tools.Success {
+				t.Fatalf("outcome %s %v", outcome, te)
+			}
+			if !utf8.Valid(out) || !json.Valid(out) {
+				t.Fatalf("output %q is not valid UTF-8 JSON", out)
+			}
+			if string(out) != tc.want {
+				t.Fatalf("output %q, want %q", out, tc.want)
+			}
+		})
+	}
+}
+
 // TestHTTPArgsCannotSteer: whatever the args say, the request goes to the
 // registry's scheme, host and path.
 func TestHTTPArgsCannotSteer(t *testing.T) {
@@ -323,32 +359,51 @@ func TestClassifyUnknownErrorsAsAmbiguous(t *testing.T) {
 }
 
 // TestUnkeyedWriteIsNeverResentByTheHTTPClient: a downstream without dedupe
-// applies the effect and drops the connection. net/http would re-send a
-// request carrying Idempotency-Key on a reused connection; toolq's executor
-// must not: one call, one effect, an ambiguous outcome.
+// applies the effect and drops the connection. net/http re-sends a request
+// on a reused connection by itself when it deems it replayable: a GET, HEAD,
+// OPTIONS or TRACE without a body, or any request carrying Idempotency-Key.
+// toolq's executor must not let it, whatever the method: one call, one
+// effect, an ambiguous outcome.
 func TestUnkeyedWriteIsNeverResentByTheHTTPClient(t *testing.T) {
 	t.Parallel()
-	var effects atomic.Int32
-	var drop atomic.Bool
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		effects.Add(1)
-		if drop.Load() {
-			c, _, _ := w.(http.Hijacker).Hijack()
-			reset(c)
-			return
+	for _, class := range []tools.Class{tools.UnkeyedWrite, tools.KeyedWrite} {
+		for _, method := range []string{"POST", "GET", "DELETE"} {
+			t.Run(string(class)+"/"+method, func(t *testing.T) {
+				t.Parallel()
+				var effects atomic.Int32
+				var drop atomic.Bool
+				var framing atomic.Value
+				srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+					effects.Add(1)
+					if r.Method != method {
+						t.Errorf("method %s, want %s", r.Method, method)
+					}
+					if method != "POST" && (r.ContentLength != 0 || len(r.TransferEncoding) != 0) {
+						framing.Store(fmt.Sprintf("content-length %d, transfer-encoding %q", r.ContentLength, r.TransferEncoding))
+					}
+					if drop.Load() {
+						c, _, _ := w.(http.Hijacker).Hijack()
+						reset(c)
+						return
+					}
+					fmt.Fprint(w, `{"id":"tkt"}`)
+				}))
+				defer srv.Close()
+				tool := httpTool(t, class, method, srv.URL+"/v1/tickets", 2*time.Second)
+				if _, o, _ := call(t, tool, `{"a":1}`); o != tools.Success { // leaves a kept-alive connection to reuse
+					t.Fatalf("first call: %s", o)
+				}
+				drop.Store(true)
+				if _, o, te := call(t, tool, `{"a":1}`); o != tools.Ambiguous {
+					t.Fatalf("dropped call: %s %v", o, te)
+				}
+				if n := effects.Load(); n != 2 {
+					t.Fatalf("%d effects for 2 calls: the HTTP client re-sent a %s write", n, method)
+				}
+				if f := framing.Load(); f != nil {
+					t.Fatalf("a %s without args in its body was sent with %s", method, f)
+				}
+			})
 		}
-		fmt.Fprint(w, `{"id":"tkt"}`)
-	}))
-	defer srv.Close()
-	tool := httpTool(t, tools.UnkeyedWrite, "POST", srv.URL+"/v1/tickets", 2*time.Second)
-	if _, o, _ := call(t, tool, `{}`); o != tools.Success { // leaves a kept-alive connection to reuse
-		t.Fatalf("first call: %s", o)
-	}
-	drop.Store(true)
-	if _, o, te := call(t, tool, `{}`); o != tools.Ambiguous {
-		t.Fatalf("dropped call: %s %v", o, te)
-	}
-	if n := effects.Load(); n != 2 {
-		t.Fatalf("%d effects for 2 calls: the HTTP client re-sent a write", n)
 	}
 }

@@ -223,7 +223,8 @@ func ledgerResolve(ctx context.Context, args []string, stdio cli.IO, getenv func
 
 func ledgerPurge(ctx context.Context, args []string, stdio cli.IO, getenv func(string) string) error {
 	fs := cli.NewFlagSet("purge", "consumer ledger purge --older-than D [--batch N]\n\n"+
-		"Deletes completed and failed rows last updated more than D ago (e.g. 30d, 36h).\n"+
+		"Deletes completed, failed and released rows last updated more than D ago (e.g.\n"+
+		"30d, 36h); a released row is a claim given up because its call was not sent.\n"+
 		"In-flight and indeterminate rows are kept. D must exceed the jobs stream's max age,\n"+
 		"or a replay of an older job would run its call again.", stdio)
 	var sf storeFlags
