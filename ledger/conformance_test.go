@@ -110,17 +110,10 @@ func mustGet(t *testing.T, s *ledger.Store, key string) ledger.Row {
 // key has run out.
 func waitExpired(t *testing.T, s *ledger.Store, key string) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	testenv.Eventually(t, 10*time.Second, "the lease of "+key+" to run out", func() bool {
 		row := mustGet(t, s, key)
-		if row.LeaseExpired() {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("lease of %s still running: %v left", key, row.LeaseRemaining)
-		}
-		time.Sleep(min(row.LeaseRemaining+time.Millisecond, 100*time.Millisecond))
-	}
+		return row.LeaseExpired()
+	})
 }
 
 func isErr(t *testing.T, err, want error) {

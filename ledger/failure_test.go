@@ -148,17 +148,16 @@ func TestPostgresDownAndBack(t *testing.T) {
 	if err := cluster.Start(); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		_, err := s.Claim(ctx, []ledger.Claim{newClaim(time.Minute)})
-		if err == nil {
-			break
+	var claimErr error
+	defer func() {
+		if claimErr != nil {
+			t.Logf("last claim: %v", claimErr)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("store did not recover: %v", err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	}()
+	testenv.Eventually(t, 30*time.Second, "the store to recover", func() bool {
+		_, claimErr = s.Claim(ctx, []ledger.Claim{newClaim(time.Minute)})
+		return claimErr == nil
+	})
 }
 
 // TestSQLiteUnreachable: a ledger path that cannot be created gives a clear

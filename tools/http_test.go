@@ -15,6 +15,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/toolq/toolq/internal/testenv"
 	"github.com/toolq/toolq/tools"
 )
 
@@ -333,10 +334,7 @@ func TestBreaker(t *testing.T) {
 	}
 	// After the open period a trial call goes through; its success closes it.
 	code.Store(200)
-	deadline := time.Now().Add(5 * time.Second)
-	for tool.BreakerState() == "open" && time.Now().Before(deadline) {
-		time.Sleep(te.RetryAfter)
-	}
+	testenv.Eventually(t, 5*time.Second, "the breaker to leave open", func() bool { return tool.BreakerState() != "open" })
 	if _, o, te := call(t, tool, `{}`); o != tools.Success {
 		t.Fatalf("trial call: %s %v", o, te)
 	}

@@ -10,6 +10,7 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
+	"github.com/toolq/toolq/internal/testenv"
 	"github.com/toolq/toolq/jobs"
 	"github.com/toolq/toolq/tools"
 	"github.com/toolq/toolq/worker"
@@ -33,14 +34,12 @@ func TestMetrics(t *testing.T) {
 	// A delivery is counted once JetStream is answered, just after its
 	// result is published: wait for the second one's count.
 	var rm metricdata.ResourceMetrics
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+	testenv.Eventually(t, 10*time.Second, "toolq.duplicates.suppressed counted", func() bool {
 		if err := reader.Collect(ctx, &rm); err != nil {
 			t.Fatal(err)
 		}
-		if hasMetric(rm, "toolq.duplicates.suppressed") || time.Now().After(deadline) {
-			break
-		}
-	}
+		return hasMetric(rm, "toolq.duplicates.suppressed")
+	})
 	seen := map[string]bool{}
 	for _, sm := range rm.ScopeMetrics {
 		for _, m := range sm.Metrics {

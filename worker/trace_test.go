@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/toolq/toolq/internal/testenv"
 	"github.com/toolq/toolq/jobs"
 	"github.com/toolq/toolq/tools"
 	"github.com/toolq/toolq/tracing"
@@ -50,17 +51,13 @@ func TestTracing(t *testing.T) {
 	}
 
 	var spans map[string][]sdktrace.ReadOnlySpan
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	testenv.Eventually(t, 10*time.Second, "both process spans ended", func() bool {
 		spans = map[string][]sdktrace.ReadOnlySpan{}
 		for _, s := range rec.Ended() {
 			spans[s.Name()] = append(spans[s.Name()], s)
 		}
-		if len(spans["process toolq.jobs.pay"]) == 2 || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return len(spans["process toolq.jobs.pay"]) == 2
+	})
 	sends, processes := spans["send toolq.jobs.pay"], spans["process toolq.jobs.pay"]
 	if len(sends) != 2 || len(processes) != 2 {
 		t.Fatalf("spans: %v", names(rec.Ended()))

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"text/tabwriter"
 	"time"
 
 	"github.com/toolq/toolq/internal/cli"
@@ -43,8 +42,8 @@ func runMigrate(ctx context.Context, args []string, stdio cli.IO, getenv func(st
 	fs := cli.NewFlagSet("migrate", "consumer migrate [--database-url URL | --data-dir DIR]", stdio)
 	var sf storeFlags
 	sf.register(fs, getenv)
-	if err := parseNoArgs(fs, args); err != nil {
-		return ignoreHelp(err)
+	if err := cli.ParseNone(fs, args); err != nil {
+		return err
 	}
 	st, err := sf.open(ctx)
 	if err != nil {
@@ -55,43 +54,6 @@ func runMigrate(ctx context.Context, args []string, stdio cli.IO, getenv func(st
 	return nil
 }
 
-func ignoreHelp(err error) error {
-	if errors.Is(err, cli.ErrHelp) {
-		return nil
-	}
-	return err
-}
-
-func parseNoArgs(fs *flag.FlagSet, args []string) error { return cli.ParseNone(fs, args) }
-
-func parseOneArg(fs *flag.FlagSet, args []string, what string) (string, error) {
-	pos, err := cli.ParseN(fs, args, 1, what)
-	if err != nil {
-		return "", err
-	}
-	return pos[0], nil
-}
-
-func runLedger(ctx context.Context, args []string, stdio cli.IO, getenv func(string) string) error {
-	if len(args) == 0 {
-		return errors.New("ledger: want a subcommand: ls, show, resolve or purge")
-	}
-	var err error
-	switch args[0] {
-	case "ls":
-		err = ledgerLs(ctx, args[1:], stdio, getenv)
-	case "show":
-		err = ledgerShow(ctx, args[1:], stdio, getenv)
-	case "resolve":
-		err = ledgerResolve(ctx, args[1:], stdio, getenv)
-	case "purge":
-		err = ledgerPurge(ctx, args[1:], stdio, getenv)
-	default:
-		return fmt.Errorf("ledger: unknown subcommand %q (want ls, show, resolve or purge)", args[0])
-	}
-	return ignoreHelp(err)
-}
-
 func ledgerLs(ctx context.Context, args []string, stdio cli.IO, getenv func(string) string) error {
 	fs := cli.NewFlagSet("ls", "consumer ledger ls [--state in_flight|completed|failed|indeterminate] [--stale] [--limit N] [--json]", stdio)
 	var sf storeFlags
@@ -100,7 +62,7 @@ func ledgerLs(ctx context.Context, args []string, stdio cli.IO, getenv func(stri
 	stale := fs.Bool("stale", false, "only in-flight rows whose lease has expired (their holder died)")
 	limit := fs.Int("limit", 100, "at most this many rows, most recently updated first")
 	asJSON := fs.Bool("json", false, "print a JSON array")
-	if err := parseNoArgs(fs, args); err != nil {
+	if err := cli.ParseNone(fs, args); err != nil {
 		return err
 	}
 	if *state != "" && !ledger.State(*state).Valid() {
@@ -116,9 +78,9 @@ func ledgerLs(ctx context.Context, args []string, stdio cli.IO, getenv func(stri
 		return err
 	}
 	if *asJSON {
-		return printJSON(stdio, rows)
+		return cli.PrintJSON(stdio.Out, rows)
 	}
-	w := tabwriter.NewWriter(stdio.Out, 0, 4, 2, ' ', 0)
+	w := cli.NewTable(stdio.Out)
 	fmt.Fprintln(w, "KEY\tSTATE\tATTEMPT\tTOOL\tCONVERSATION\tTURN\tORDINAL\tLEASE\tUPDATED")
 	for _, r := range rows {
 		fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%s\t%d\t%d\t%s\t%s\n", r.Key, r.State, r.Attempt, r.Tool, r.ConversationID,
@@ -143,10 +105,11 @@ func ledgerShow(ctx context.Context, args []string, stdio cli.IO, getenv func(st
 	var sf storeFlags
 	sf.register(fs, getenv)
 	asJSON := fs.Bool("json", false, "print the row as JSON")
-	key, err := parseOneArg(fs, args, "KEY")
+	pos, err := cli.ParseN(fs, args, 1, "KEY")
 	if err != nil {
 		return err
 	}
+	key := pos[0]
 	st, err := sf.open(ctx)
 	if err != nil {
 		return err
@@ -157,9 +120,9 @@ func ledgerShow(ctx context.Context, args []string, stdio cli.IO, getenv func(st
 		return err
 	}
 	if *asJSON {
-		return printJSON(stdio, r)
+		return cli.PrintJSON(stdio.Out, r)
 	}
-	w := tabwriter.NewWriter(stdio.Out, 0, 4, 2, ' ', 0)
+	w := cli.NewTable(stdio.Out)
 	for _, kv := range [][2]string{
 		{"key", r.Key}, {"state", string(r.State)}, {"attempt", fmt.Sprint(r.Attempt)}, {"tool", r.Tool},
 		{"conversation_id", r.ConversationID}, {"turn_index", fmt.Sprint(r.TurnIndex)}, {"ordinal", fmt.Sprint(r.Ordinal)},
@@ -189,10 +152,11 @@ func ledgerResolve(ctx context.Context, args []string, stdio cli.IO, getenv func
 	sf.register(fs, getenv)
 	output := fs.String("output", "", "the call's output, as JSON")
 	notRun := fs.Bool("not-run", false, "the call did not take effect: release the row")
-	key, err := parseOneArg(fs, args, "KEY")
+	pos, err := cli.ParseN(fs, args, 1, "KEY")
 	if err != nil {
 		return err
 	}
+	key := pos[0]
 	var res ledger.Resolution
 	switch {
 	case (*output != "") == *notRun:
@@ -231,7 +195,7 @@ func ledgerPurge(ctx context.Context, args []string, stdio cli.IO, getenv func(s
 	sf.register(fs, getenv)
 	olderThan := fs.String("older-than", "", "retention, e.g. 30d")
 	batch := fs.Int("batch", 1000, "rows deleted per statement")
-	if err := parseNoArgs(fs, args); err != nil {
+	if err := cli.ParseNone(fs, args); err != nil {
 		return err
 	}
 	if *olderThan == "" {
@@ -255,10 +219,4 @@ func ledgerPurge(ctx context.Context, args []string, stdio cli.IO, getenv func(s
 	}
 	fmt.Fprintf(stdio.Out, "purged %d row(s) finished before %s\n", n, time.Now().Add(-d).UTC().Format(time.RFC3339))
 	return nil
-}
-
-func printJSON(stdio cli.IO, v any) error {
-	enc := json.NewEncoder(stdio.Out)
-	enc.SetIndent("", "  ")
-	return enc.Encode(v)
 }

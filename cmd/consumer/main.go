@@ -5,65 +5,30 @@ package main
 
 import (
 	"context"
-	"fmt"
-	"os"
-	"os/signal"
-	"strings"
-	"syscall"
-	"time"
 
 	"github.com/toolq/toolq/internal/cli"
-	"github.com/toolq/toolq/tracing"
 )
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	shutdown, err := tracing.Setup(ctx, "toolq-consumer", os.Getenv)
-	if err == nil {
-		err = run(ctx, os.Args[1:], cli.IO{In: os.Stdin, Out: os.Stdout, Err: os.Stderr}, os.Getenv)
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		shutdown(sctx) // flush the last spans
-		cancel()
-	}
-	stop()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "consumer:", err)
-		os.Exit(1)
-	}
-}
+func main() { cli.Main("consumer", cli.Traced("toolq-consumer", run)) }
 
-const usage = `usage: consumer [command] [flags]
+var commands = &cli.Commands{Name: "consumer", Default: "run", List: []cli.Command{
+	{Name: "run", Summary: "process jobs", Run: runWorker},
+	{Name: "migrate", Summary: "apply the ledger schema", Run: runMigrate},
+	{Name: "tools", Summary: "audit: which tools can take effect twice, and why", Run: toolsCommands.Run},
+	{Name: "ledger", Summary: "ls, show KEY, resolve KEY, purge: inspect and settle ledger rows", Run: ledgerCommands.Run},
+}}
 
-commands:
-  run              (the default) process jobs; 'consumer run --help' lists its flags
-  migrate          apply the ledger schema
-  tools audit      which tools can take effect twice, and why (--tools FILE, --json)
-  ledger ls        list ledger rows (--state S, --stale, --json)
-  ledger show KEY  show one row
-  ledger resolve KEY (--output JSON | --not-run)
-                   settle an indeterminate row
-  ledger purge --older-than D
-                   delete finished rows older than D
+var toolsCommands = &cli.Commands{Name: "consumer tools", List: []cli.Command{
+	{Name: "audit", Summary: "which tools can take effect twice, and why (--tools FILE, --json)", Run: runToolsAudit},
+}}
 
-Run 'consumer <command> --help' for the flags of a command.`
+var ledgerCommands = &cli.Commands{Name: "consumer ledger", List: []cli.Command{
+	{Name: "ls", Summary: "list ledger rows (--state S, --stale, --json)", Run: ledgerLs},
+	{Name: "show", Summary: "show one row (KEY, --json)", Run: ledgerShow},
+	{Name: "resolve", Summary: "settle an indeterminate row (KEY, --output JSON | --not-run)", Run: ledgerResolve},
+	{Name: "purge", Summary: "delete finished rows older than D (--older-than D)", Run: ledgerPurge},
+}}
 
 func run(ctx context.Context, args []string, stdio cli.IO, getenv func(string) string) error {
-	if len(args) == 0 || strings.HasPrefix(args[0], "-") && args[0] != "-h" && args[0] != "--help" {
-		return runWorker(ctx, args, stdio, getenv)
-	}
-	switch args[0] {
-	case "run":
-		return runWorker(ctx, args[1:], stdio, getenv)
-	case "migrate":
-		return runMigrate(ctx, args[1:], stdio, getenv)
-	case "ledger":
-		return runLedger(ctx, args[1:], stdio, getenv)
-	case "tools":
-		return runTools(ctx, args[1:], stdio, getenv)
-	case "-h", "--help", "help":
-		fmt.Fprintln(stdio.Out, usage)
-		return nil
-	default:
-		return fmt.Errorf("unknown command %q (try --help)", args[0])
-	}
+	return commands.Run(ctx, args, stdio, getenv)
 }

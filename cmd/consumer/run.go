@@ -53,8 +53,8 @@ func runWorker(ctx context.Context, args []string, stdio cli.IO, getenv func(str
 	replicas := fs.Int("replicas", 1, "stream replicas when creating the streams (3 on a cluster)")
 	logFormat := fs.String("log-format", cli.Env(getenv, "TOOLQ_LOG_FORMAT", "text"), "text or json (env TOOLQ_LOG_FORMAT)")
 	logLevel := fs.String("log-level", cli.Env(getenv, "TOOLQ_LOG_LEVEL", "info"), "debug, info, warn or error (env TOOLQ_LOG_LEVEL)")
-	if err := parseNoArgs(fs, args); err != nil {
-		return ignoreHelp(err)
+	if err := cli.ParseNone(fs, args); err != nil {
+		return err
 	}
 	logger, err := newLogger(stdio.Err, *logFormat, *logLevel)
 	if err != nil {

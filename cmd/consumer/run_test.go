@@ -56,18 +56,19 @@ func TestEmbeddedDefault(t *testing.T) {
 			"--health-addr", "127.0.0.1:0"}, cli.IO{Out: &out, Err: &logs}, func(string) string { return "" })
 	}()
 	var natsURL, sandboxURL, healthURL string
-	deadline := time.Now().Add(60 * time.Second)
-	for natsURL == "" || sandboxURL == "" || healthURL == "" {
-		if time.Now().After(deadline) {
+	defer func() {
+		if natsURL == "" || sandboxURL == "" || healthURL == "" {
 			cancel()
-			t.Fatalf("no banner:\n%s\n%s", out.String(), logs.String())
+			t.Logf("no banner:\n%s\n%s", out.String(), logs.String())
 		}
-		time.Sleep(50 * time.Millisecond)
+	}()
+	testenv.Eventually(t, 60*time.Second, "the banner", func() bool {
 		banner := out.String()
 		natsURL = find(banner, `embedded, (nats://\S+)`)
 		sandboxURL = find(banner, `sandbox\s+(http://\S+)`)
 		healthURL = find(banner, `health\s+(http://[^/\s]+)`)
-	}
+		return natsURL != "" && sandboxURL != "" && healthURL != ""
+	})
 	if !strings.Contains(out.String(), "sqlite "+dir) || !strings.Contains(out.String(), "publisher publish") {
 		t.Fatalf("banner:\n%s", out.String())
 	}

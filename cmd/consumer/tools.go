@@ -2,9 +2,7 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"text/tabwriter"
 
 	"github.com/toolq/toolq/demo"
 	"github.com/toolq/toolq/internal/cli"
@@ -19,17 +17,14 @@ func loadRegistry(path, sandboxURL string, getenv func(string) string) (*tools.R
 	return tools.Load(path, tools.Config{Getenv: getenv})
 }
 
-func runTools(ctx context.Context, args []string, stdio cli.IO, getenv func(string) string) error {
-	if len(args) == 0 || args[0] != "audit" {
-		return errors.New("tools: want the subcommand audit")
-	}
+func runToolsAudit(ctx context.Context, args []string, stdio cli.IO, getenv func(string) string) error {
 	fs := cli.NewFlagSet("audit", "consumer tools audit [--tools FILE] [--json]\n\n"+
 		"Prints, for each tool of the registry, its class, whether it uses the ledger and\n"+
 		"forwards its key, and whether it can take effect twice, and why.", stdio)
 	file := fs.String("tools", cli.Env(getenv, "TOOLQ_TOOLS", ""), "tool registry file (env TOOLQ_TOOLS); empty: the demo registry")
 	asJSON := fs.Bool("json", false, "print a JSON array")
-	if err := parseNoArgs(fs, args[1:]); err != nil {
-		return ignoreHelp(err)
+	if err := cli.ParseNone(fs, args); err != nil {
+		return err
 	}
 	reg, err := loadRegistry(*file, cli.Env(getenv, "SANDBOX_URL", "http://127.0.0.1:8089"), getenv)
 	if err != nil {
@@ -40,9 +35,9 @@ func runTools(ctx context.Context, args []string, stdio cli.IO, getenv func(stri
 		audits = append(audits, t.Audit())
 	}
 	if *asJSON {
-		return printJSON(stdio, audits)
+		return cli.PrintJSON(stdio.Out, audits)
 	}
-	w := tabwriter.NewWriter(stdio.Out, 0, 4, 2, ' ', 0)
+	w := cli.NewTable(stdio.Out)
 	fmt.Fprintln(w, "TOOL\tCLASS\tLEDGER\tKEY FORWARDED\tCAN DOUBLE-FIRE")
 	for _, a := range audits {
 		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s, because %s\n", a.Name, a.Class, onOff(a.Ledger), yesNo(a.KeyForwarded), yesNo(a.CanDoubleFire), a.Why)

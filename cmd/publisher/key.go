@@ -13,7 +13,7 @@ import (
 	"github.com/toolq/toolq/jobs"
 )
 
-func runKey(_ context.Context, args []string, stdio cli.IO) error {
+func runKey(_ context.Context, args []string, stdio cli.IO, _ func(string) string) error {
 	fs := cli.NewFlagSet("key", "publisher key [--conversation C --turn N --tool T [--ordinal K] --args JSON] [--material]\n\n"+
 		"With --args, prints the key of that one call. Without it, reads job bodies as JSON\n"+
 		"Lines on standard input (only conversation_id, turn_index, tool, ordinal and args\n"+
@@ -27,9 +27,6 @@ func runKey(_ context.Context, args []string, stdio cli.IO) error {
 	fs.StringVar(&argsJSON, "args", "", "the call's arguments, a JSON object")
 	material := fs.Bool("material", false, "print the exact hashed material instead of the key")
 	if err := cli.ParseNone(fs, args); err != nil {
-		if errors.Is(err, cli.ErrHelp) {
-			return nil
-		}
 		return err
 	}
 	argsSet := false

@@ -6,18 +6,20 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/toolq/toolq/internal/cli"
 	"github.com/toolq/toolq/operate"
 )
 
-func runDLQ(ctx context.Context, args []string, stdio cli.IO, getenv func(string) string) error {
-	if len(args) == 0 {
-		return errors.New("dlq: want a subcommand: ls, show, requeue or purge")
+// runDLQ returns the dlq subcommand sub; they share their flags.
+func runDLQ(sub string) cli.Func {
+	return func(ctx context.Context, args []string, stdio cli.IO, getenv func(string) string) error {
+		return dlq(ctx, sub, args, stdio, getenv)
 	}
-	sub, args := args[0], args[1:]
+}
+
+func dlq(ctx context.Context, sub string, args []string, stdio cli.IO, getenv func(string) string) error {
 	fs := cli.NewFlagSet("dlq "+sub, map[string]string{
 		"ls":      "publisher dlq ls [--reason R] [--json]",
 		"show":    "publisher dlq show SEQ [--json]",
@@ -31,7 +33,10 @@ func runDLQ(ctx context.Context, args []string, stdio cli.IO, getenv func(string
 	all := fs.Bool("all", false, "requeue: every dead letter (of --reason)")
 	yes := fs.Bool("yes", false, "purge: yes, delete them")
 	pos, help, err := cli.Parse(fs, args)
-	if help || err != nil {
+	if help {
+		return cli.ErrHelp
+	}
+	if err != nil {
 		return err
 	}
 	var seqs []uint64
@@ -55,8 +60,6 @@ func runDLQ(ctx context.Context, args []string, stdio cli.IO, getenv func(string
 		if (len(seqs) > 0) == *all {
 			return errors.New("dlq requeue: give SEQ… or --all")
 		}
-	default:
-		return fmt.Errorf("dlq: unknown subcommand %q (want ls, show, requeue or purge)", sub)
 	}
 	if sub == "purge" && !*yes {
 		return errors.New("dlq purge deletes dead letters for good: add --yes")
@@ -79,9 +82,9 @@ func runDLQ(ctx context.Context, args []string, stdio cli.IO, getenv func(string
 			for i := range dls {
 				dls[i].Header, dls[i].Body = nil, "" // show has them
 			}
-			return printJSON(stdio, dls)
+			return cli.PrintJSON(stdio.Out, dls)
 		}
-		w := tabwriter.NewWriter(stdio.Out, 0, 4, 2, ' ', 0)
+		w := cli.NewTable(stdio.Out)
 		fmt.Fprintln(w, "SEQ\tTIME\tREASON\tSUBJECT\tJOB SEQ\tDELIVERIES\tTOOL_USE_ID\tDETAIL")
 		for _, d := range dls {
 			fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n", d.Seq, d.Time.UTC().Format(time.RFC3339), d.Reason, d.Subject,
@@ -94,9 +97,9 @@ func runDLQ(ctx context.Context, args []string, stdio cli.IO, getenv func(string
 			return err
 		}
 		if *asJSON {
-			return printJSON(stdio, d)
+			return cli.PrintJSON(stdio.Out, d)
 		}
-		w := tabwriter.NewWriter(stdio.Out, 0, 4, 2, ' ', 0)
+		w := cli.NewTable(stdio.Out)
 		fmt.Fprintf(w, "seq:\t%d\ntime:\t%s\nreason:\t%s\ndetail:\t%s\nsubject:\t%s\njob seq:\t%d\ndeliveries:\t%d\nconsumer:\t%s\nhistory:\t%s\n",
 			d.Seq, d.Time.UTC().Format(time.RFC3339Nano), d.Reason, d.Detail, d.Subject, d.JobSeq, d.Deliveries, d.Consumer, d.History)
 		for k, v := range d.Header {
@@ -176,9 +179,9 @@ func runReplay(ctx context.Context, args []string, stdio cli.IO, getenv func(str
 		if replayed == nil {
 			replayed = []operate.Replayed{}
 		}
-		return printJSON(stdio, replayed)
+		return cli.PrintJSON(stdio.Out, replayed)
 	}
-	w := tabwriter.NewWriter(stdio.Out, 0, 4, 2, ' ', 0)
+	w := cli.NewTable(stdio.Out)
 	fmt.Fprintln(w, "SEQ\tNEW SEQ\tSUBJECT\tKEY\tTOOL_USE_ID")
 	for _, rep := range replayed {
 		newSeq := "-"

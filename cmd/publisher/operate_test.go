@@ -11,6 +11,7 @@ import (
 
 	"github.com/toolq/toolq/demo/sandbox"
 	"github.com/toolq/toolq/embedded"
+	"github.com/toolq/toolq/internal/testenv"
 	"github.com/toolq/toolq/jobs"
 	"github.com/toolq/toolq/operate"
 	"github.com/toolq/toolq/worker"
@@ -42,17 +43,13 @@ func TestOperatorWorksTheDeadLetters(t *testing.T) {
 		t.Fatal(err)
 	}
 	var dls []operate.DeadLetter
-	deadline := time.Now().Add(20 * time.Second)
-	for len(dls) == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("the job was never dead-lettered")
-		}
-		time.Sleep(50 * time.Millisecond)
+	testenv.Eventually(t, 20*time.Second, "the job dead-lettered", func() bool {
 		out, err := run("dlq", "ls", "--json")
 		if err != nil || json.Unmarshal([]byte(out), &dls) != nil {
 			t.Fatalf("dlq ls: %q %v", out, err)
 		}
-	}
+		return len(dls) > 0
+	})
 	if dls[0].Reason != jobs.DLQMaxDeliver || dls[0].ToolUseID != "toolu_ops" || !strings.Contains(dls[0].Detail, "http_500") {
 		t.Fatalf("dead letter %+v", dls[0])
 	}
@@ -89,13 +86,12 @@ func TestOperatorWorksTheDeadLetters(t *testing.T) {
 	if out, err := run("replay", "--subject", "toolq.jobs.send_payment", "--from-seq", "1"); err != nil || !strings.Contains(out, "replayed 1 job(s)") {
 		t.Fatalf("replay: %q %v", out, err)
 	}
-	deadline = time.Now().Add(20 * time.Second)
-	for w.Stats().Snapshot()["duplicate"] < 1 {
-		if time.Now().After(deadline) {
-			t.Fatalf("the replay was not answered from the ledger: %v", w.Stats().Snapshot())
+	defer func() {
+		if s := w.Stats().Snapshot(); s["duplicate"] < 1 {
+			t.Logf("stats %v", s)
 		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	}()
+	testenv.Eventually(t, 20*time.Second, "the replay answered from the ledger", func() bool { return w.Stats().Snapshot()["duplicate"] >= 1 })
 	if len(sb.Payments()) != 1 {
 		t.Fatalf("the replay paid again: %d payments", len(sb.Payments()))
 	}

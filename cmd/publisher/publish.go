@@ -55,7 +55,7 @@ func runPublish(ctx context.Context, args []string, stdio cli.IO, getenv func(st
 		if err != nil {
 			return err
 		}
-		return printJSON(stdio, map[string]any{"stream": pub.Stream, "seq": pub.Sequence, "key": pub.Key,
+		return cli.PrintJSON(stdio.Out, map[string]any{"stream": pub.Stream, "seq": pub.Sequence, "key": pub.Key,
 			"tool_use_id": job.ToolUseID, "duplicate": pub.Duplicate})
 	}
 	r, err := client.PublishAndAwait(ctx, &job)
@@ -65,7 +65,7 @@ func runPublish(ctx context.Context, args []string, stdio cli.IO, getenv func(st
 		}
 		return err
 	}
-	if err := printJSON(stdio, r); err != nil {
+	if err := cli.PrintJSON(stdio.Out, r); err != nil {
 		return err
 	}
 	if r.Status != jobs.StatusOK {
@@ -83,10 +83,4 @@ func newToolUseID() string {
 		b[i] = alphabet[int(b[i])%len(alphabet)]
 	}
 	return "toolu_" + string(b)
-}
-
-func printJSON(stdio cli.IO, v any) error {
-	enc := json.NewEncoder(stdio.Out)
-	enc.SetIndent("", "  ")
-	return enc.Encode(v)
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/toolq/toolq/embedded"
+	"github.com/toolq/toolq/internal/testenv"
 	"github.com/toolq/toolq/jobs"
 	"github.com/toolq/toolq/worker"
 )
@@ -73,17 +74,13 @@ func TestPublish(t *testing.T) {
 		}
 		Ledger map[string]int64
 	}
-	eventually := time.Now().Add(10 * time.Second)
-	for {
+	testenv.Eventually(t, 10*time.Second, "the durable to have nothing pending", func() bool {
 		out, err = runPublisher(t, "", "status", "--json", "--nats-url", n.NATSURL, "--data-dir", dataDir)
 		if err != nil || json.Unmarshal([]byte(out), &st) != nil {
 			t.Fatalf("status: %q %v", out, err)
 		}
-		if len(st.Consumers) == 1 && st.Consumers[0].Pending == 0 && st.Consumers[0].AckPending == 0 || time.Now().After(eventually) {
-			break
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return len(st.Consumers) == 1 && st.Consumers[0].Pending == 0 && st.Consumers[0].AckPending == 0
+	})
 	if len(st.Streams) != 3 || st.Consumers[0].Name != "toolq" || st.Consumers[0].Pending != 0 || st.Ledger["completed"] != 1 {
 		t.Fatalf("status %+v", st)
 	}

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -69,9 +68,9 @@ func runSimulate(ctx context.Context, args []string, stdio cli.IO, getenv func(s
 		tally("toolq", viaToolq, env.Sandbox.Payments()),
 	}
 	if *asJSON {
-		return printJSON(stdio, rows)
+		return cli.PrintJSON(stdio.Out, rows)
 	}
-	w := tabwriter.NewWriter(stdio.Out, 0, 4, 2, ' ', 0)
+	w := cli.NewTable(stdio.Out)
 	fmt.Fprintln(w, "DISPATCHER\tTURNS\tSTREAM FAILURES\tAFTER DISPATCH\tDISPATCHES\tPAYMENTS\tTURNS PAID TWICE OR MORE\tEXTRA PAYMENTS")
 	for _, r := range rows {
 		fmt.Fprintf(w, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\n", r.Dispatcher, r.Turns, r.StreamFailures, r.AfterDispatch, r.Dispatches, r.Payments, r.DuplicatedTurns, r.ExtraPayments)

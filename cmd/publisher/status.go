@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"text/tabwriter"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -98,9 +97,9 @@ func runStatus(ctx context.Context, args []string, stdio cli.IO, getenv func(str
 		}
 	}
 	if *asJSON {
-		return printJSON(stdio, st)
+		return cli.PrintJSON(stdio.Out, st)
 	}
-	w := tabwriter.NewWriter(stdio.Out, 0, 4, 2, ' ', 0)
+	w := cli.NewTable(stdio.Out)
 	fmt.Fprintln(w, "STREAM\tMESSAGES\tBYTES\tFIRST SEQ\tLAST SEQ")
 	for _, s := range st.Streams {
 		fmt.Fprintf(w, "%s\t%d\t%d\t%d\t%d\n", s.Name, s.Messages, s.Bytes, s.FirstSeq, s.LastSeq)

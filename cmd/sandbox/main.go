@@ -5,25 +5,15 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
-	"os"
-	"os/signal"
-	"syscall"
 	"time"
 
 	"github.com/toolq/toolq/demo/sandbox"
 	"github.com/toolq/toolq/internal/cli"
 )
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := run(ctx, os.Args[1:], cli.IO{In: os.Stdin, Out: os.Stdout, Err: os.Stderr}, os.Getenv)
-	stop()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "sandbox:", err)
-		os.Exit(1)
-	}
-}
+func main() { cli.Main("sandbox", run) }
 
 func run(ctx context.Context, args []string, stdio cli.IO, getenv func(string) string) error {
 	fs := cli.NewFlagSet("sandbox", "sandbox [--listen ADDR] [--state FILE] [fault flags]\n\n"+
@@ -35,10 +25,10 @@ func run(ctx context.Context, args []string, stdio cli.IO, getenv func(string) s
 	errorRate := fs.Float64("error-rate", 0, "probability of a definite failure (402/400), no effect")
 	serverErrorRate := fs.Float64("server-error-rate", 0, "probability of a 500, no effect")
 	dropRate := fs.Float64("drop-after-effect-rate", 0, "probability of applying the effect, then resetting the connection")
-	if pos, help, err := cli.Parse(fs, args); help || err != nil {
+	if err := cli.ParseNone(fs, args); errors.Is(err, cli.ErrHelp) {
+		return nil
+	} else if err != nil {
 		return err
-	} else if len(pos) > 0 {
-		return fmt.Errorf("unexpected argument %q", pos[0])
 	}
 	srv, err := sandbox.New(sandbox.Config{StatePath: *statePath, Faults: sandbox.Faults{
 		LatencyMS: int(*latency / time.Millisecond), ErrorRate: *errorRate, ServerErrorRate: *serverErrorRate, DropAfterEffectRate: *dropRate}})

@@ -14,6 +14,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/toolq/toolq/internal/cli"
+	"github.com/toolq/toolq/internal/testenv"
 )
 
 func TestSandboxCommand(t *testing.T) {
@@ -26,18 +27,14 @@ func TestSandboxCommand(t *testing.T) {
 	go func() {
 		done <- run(ctx, []string{"--listen", addr}, cli.IO{Out: io.Discard, Err: io.Discard}, func(string) string { return "" })
 	}()
-	deadline := time.Now().Add(10 * time.Second)
 	var resp *http.Response
 	var err error
-	for time.Now().Before(deadline) {
+	testenv.Eventually(t, 10*time.Second, "the sandbox to answer", func() bool {
 		resp, err = http.Post("http://"+addr+"/v1/tickets", "application/json", strings.NewReader(`{"title":"t","body":"b"}`))
-		if err == nil {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	if err != nil || resp.StatusCode != 200 {
-		t.Fatalf("sandbox did not answer: %v", err)
+		return err == nil
+	})
+	if resp.StatusCode != 200 {
+		t.Fatalf("sandbox answered %s", resp.Status)
 	}
 	resp.Body.Close()
 	// A taken port is a one-line error that says how to choose another.

@@ -1,6 +1,9 @@
-// Package cli holds what toolq's commands share: flag sets that fail in one
-// line and print their usage only on --help, flags interspersed with
-// arguments, environment defaults and day-aware durations.
+// Package cli holds the one convention of toolq's commands: Main as the
+// whole of a binary's main, a Commands table that dispatches subcommands,
+// flag sets that fail in one line and print their usage (on standard output)
+// only on --help, flags interspersed with arguments, PrintJSON for every
+// --json and NewTable for every table, environment defaults and day-aware
+// durations.
 package cli
 
 import (
@@ -20,19 +23,19 @@ type IO struct {
 }
 
 // NewFlagSet returns a flag set whose usage ("usage: " and the synopsis,
-// then the flags) goes to stdio.Err on --help, and whose errors come back
-// from Parse as one line instead of being printed.
+// then the flags) goes to stdio.Out on --help, as a Commands list does, and
+// whose errors come back from Parse as one line instead of being printed.
 func NewFlagSet(name, synopsis string, stdio IO) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	fs.Usage = func() {
-		fmt.Fprintf(stdio.Err, "usage: %s\n", synopsis)
+		fmt.Fprintf(stdio.Out, "usage: %s\n", synopsis)
 		var b strings.Builder
 		fs.SetOutput(&b)
 		fs.PrintDefaults()
 		fs.SetOutput(io.Discard)
 		if b.Len() > 0 {
-			fmt.Fprintf(stdio.Err, "\nflags:\n%s", b.String())
+			fmt.Fprintf(stdio.Out, "\nflags:\n%s", b.String())
 		}
 	}
 	return fs
@@ -96,8 +99,9 @@ func ParseDuration(s string) (time.Duration, error) {
 	return d, nil
 }
 
-// ErrHelp is returned by ParseNone and ParseOne when --help printed the
-// usage: the command should end successfully.
+// ErrHelp is returned by ParseNone and ParseN when --help printed the
+// usage: the command should end successfully (Commands and Main take it as
+// success).
 var ErrHelp = errors.New("help requested")
 
 // ParseNone parses args and refuses positional arguments.

@@ -2,6 +2,8 @@ package cli_test
 
 import (
 	"bytes"
+	"context"
+	"errors"
 	"flag"
 	"strings"
 	"testing"
@@ -13,7 +15,7 @@ import (
 func TestParseInterspersed(t *testing.T) {
 	t.Parallel()
 	var out bytes.Buffer
-	fs := cli.NewFlagSet("show", "consumer ledger show KEY [--json]", cli.IO{Err: &out})
+	fs := cli.NewFlagSet("show", "consumer ledger show KEY [--json]", cli.IO{Out: &out})
 	asJSON := fs.Bool("json", false, "print JSON")
 	pos, help, err := cli.Parse(fs, []string{"abc", "--json", "def"})
 	if err != nil || help || !*asJSON || strings.Join(pos, ",") != "abc,def" {
@@ -23,7 +25,7 @@ func TestParseInterspersed(t *testing.T) {
 	if !help || err != nil || !strings.Contains(out.String(), "usage: consumer ledger show KEY") || !strings.Contains(out.String(), "-json") {
 		t.Fatalf("help: %v %v %q", help, err, out.String())
 	}
-	fs2 := cli.NewFlagSet("p", "p x", cli.IO{Err: &out})
+	fs2 := cli.NewFlagSet("p", "p x", cli.IO{Out: &out})
 	fs2.Int("n", 0, "")
 	if _, _, err := cli.Parse(fs2, []string{"-n", "x"}); err == nil || strings.Contains(err.Error(), "\n") {
 		t.Fatalf("bad value: %v", err)
@@ -44,5 +46,74 @@ func TestParseDuration(t *testing.T) {
 		if _, err := cli.ParseDuration(bad); err == nil {
 			t.Errorf("%q accepted", bad)
 		}
+	}
+}
+
+func TestCommands(t *testing.T) {
+	t.Parallel()
+	var ran []string
+	cmd := func(name string) cli.Func {
+		return func(_ context.Context, args []string, stdio cli.IO, _ func(string) string) error {
+			ran = append(ran, name+" "+strings.Join(args, " "))
+			if len(args) > 0 && args[0] == "--help" {
+				return cli.ErrHelp
+			}
+			return nil
+		}
+	}
+	group := &cli.Commands{Name: "bin group", List: []cli.Command{{Name: "a", Run: cmd("a")}, {Name: "b", Run: cmd("b")}}}
+	top := &cli.Commands{Name: "bin", Default: "run", List: []cli.Command{
+		{Name: "run", Summary: "do it", Run: cmd("run")},
+		{Name: "group", Summary: "a or b", Run: group.Run},
+	}}
+	for _, tc := range []struct {
+		args      []string
+		ran, out  string
+		errSubstr string
+	}{
+		{args: nil, ran: "run "},
+		{args: []string{"--x", "1"}, ran: "run --x 1"},
+		{args: []string{"run", "--help"}, ran: "run --help"},
+		{args: []string{"group", "b", "k"}, ran: "b k"},
+		{args: []string{"--help"}, out: "usage: bin [command] [flags]\n\ncommands:\n  run    (the default) do it\n  group  a or b\n\nRun 'bin <command> --help' for the flags of a command.\n"},
+		{args: []string{"group", "help"}, out: "usage: bin group <command> [flags]"},
+		{args: []string{"frob"}, errSubstr: `unknown command "frob" (want run or group)`},
+		{args: []string{"group"}, errSubstr: "group: want a command: a or b"},
+		{args: []string{"group", "c"}, errSubstr: `group: unknown command "c" (want a or b)`},
+	} {
+		ran = nil
+		var out strings.Builder
+		err := top.Run(context.Background(), tc.args, cli.IO{Out: &out, Err: &out}, func(string) string { return "" })
+		switch {
+		case tc.errSubstr != "":
+			if err == nil || !strings.Contains(err.Error(), tc.errSubstr) || strings.Contains(err.Error(), "\n") {
+				t.Errorf("%q: err %v, want %q", tc.args, err, tc.errSubstr)
+			}
+		case err != nil:
+			t.Errorf("%q: %v", tc.args, err)
+		case tc.ran != "" && strings.Join(ran, ";") != tc.ran:
+			t.Errorf("%q ran %q, want %q", tc.args, ran, tc.ran)
+		case tc.out != "" && !strings.HasPrefix(out.String(), tc.out):
+			t.Errorf("%q printed %q, want %q", tc.args, out.String(), tc.out)
+		}
+	}
+}
+
+func TestExit(t *testing.T) {
+	t.Parallel()
+	var out strings.Builder
+	if cli.Exit(&out, "bin", nil) != 0 || cli.Exit(&out, "bin", cli.ErrHelp) != 0 || out.Len() != 0 {
+		t.Fatalf("success: %q", out.String())
+	}
+	if code := cli.Exit(&out, "bin", errors.New("no such key")); code != 1 || out.String() != "bin: no such key\n" {
+		t.Fatalf("failure: %d %q", code, out.String())
+	}
+}
+
+func TestPrintJSON(t *testing.T) {
+	t.Parallel()
+	var out strings.Builder
+	if err := cli.PrintJSON(&out, map[string]any{"a": []int{1}}); err != nil || out.String() != "{\n  \"a\": [\n    1\n  ]\n}\n" {
+		t.Fatalf("%q %v", out.String(), err)
 	}
 }

@@ -2,6 +2,8 @@ package testenv_test
 
 import (
 	"context"
+	"fmt"
+	"runtime"
 	"testing"
 	"time"
 
@@ -77,4 +79,32 @@ func TestPostgresSmoke(t *testing.T) {
 	if other == url {
 		t.Fatal("two tests share a database")
 	}
+}
+
+func TestEventually(t *testing.T) {
+	t.Parallel()
+	start := time.Now()
+	testenv.Eventually(t, 5*time.Second, "a tenth of a second", func() bool { return time.Since(start) > 100*time.Millisecond })
+	ft := &fatalT{TB: t}
+	done := make(chan struct{})
+	go func() { // Fatalf ends the goroutine, as it ends a test
+		defer close(done)
+		testenv.Eventually(ft, 50*time.Millisecond, "nothing", func() bool { return false })
+	}()
+	<-done
+	if ft.msg != "timed out after 50ms waiting for nothing" {
+		t.Fatalf("message %q", ft.msg)
+	}
+}
+
+type fatalT struct {
+	testing.TB
+	msg string
+}
+
+func (f *fatalT) Helper() {}
+
+func (f *fatalT) Fatalf(format string, args ...any) {
+	f.msg = fmt.Sprintf(format, args...)
+	runtime.Goexit()
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/toolq/toolq/demo/sandbox"
+	"github.com/toolq/toolq/internal/testenv"
 	"github.com/toolq/toolq/jobs"
 	"github.com/toolq/toolq/ledger"
 	"github.com/toolq/toolq/worker"
@@ -149,7 +150,7 @@ func TestMalformedMessagesGoToTheDLQ(t *testing.T) {
 		t.Fatalf("the good job after the bad ones: %+v", r)
 	}
 	var dead []string
-	eventually(t, 10*time.Second, "every bad message dead-lettered", func() bool { return len(e.deadLetters()) == len(bad) })
+	testenv.Eventually(t, 10*time.Second, "every bad message dead-lettered", func() bool { return len(e.deadLetters()) == len(bad) })
 	for _, m := range e.deadLetters() {
 		i := 0
 		fmt.Sscan(m.Headers().Get("X-Test"), &i)
@@ -237,7 +238,7 @@ func TestInFlightDuplicateWaitsForTheFirstAttempt(t *testing.T) {
 	rw := e.startWorker(o, nil)
 	first := job(conv(t), 0, "send_payment", payment("slow"))
 	p := e.publish(first)
-	eventually(t, 10*time.Second, "the first attempt in flight", func() bool {
+	testenv.Eventually(t, 10*time.Second, "the first attempt in flight", func() bool {
 		r, err := e.store.Get(context.Background(), p.Key)
 		return err == nil && r.State == ledger.InFlight
 	})
@@ -265,13 +266,13 @@ func TestLongInFlightWaitIsNotDeadLettered(t *testing.T) {
 	rw := e.startWorker(o, nil)
 	first := job(conv(t), 0, "gated_write", `{"n":1}`)
 	p := e.publish(first)
-	eventually(t, 10*time.Second, "the first attempt in flight", func() bool {
+	testenv.Eventually(t, 10*time.Second, "the first attempt in flight", func() bool {
 		r, err := e.store.Get(context.Background(), p.Key)
 		return err == nil && r.State == ledger.InFlight
 	})
 	dup := job(conv(t), 0, "gated_write", `{"n":1}`)
 	e.publish(dup)
-	eventually(t, 20*time.Second, "the duplicate to come back more often than max-deliver", func() bool {
+	testenv.Eventually(t, 20*time.Second, "the duplicate to come back more often than max-deliver", func() bool {
 		return rw.w.Stats().Snapshot()["retry"] > 3
 	})
 	close(e.gate)
@@ -297,7 +298,7 @@ func (e *env) seedExpired(j *jobs.Job) string {
 	if _, err := e.store.Claim(context.Background(), []ledger.Claim{c}); err != nil {
 		e.t.Fatal(err)
 	}
-	eventually(e.t, 5*time.Second, "the seeded lease to expire", func() bool { r := e.row(c.Key); return r.LeaseExpired() })
+	testenv.Eventually(e.t, 5*time.Second, "the seeded lease to expire", func() bool { r := e.row(c.Key); return r.LeaseExpired() })
 	return c.Key
 }
 
@@ -354,7 +355,7 @@ func TestNotSentReleasesAndDeadLettersAfterTheLimit(t *testing.T) {
 	rw := e.startWorker(o, nil)
 	j := job(conv(t), 0, "refused_payment", `{"n":1}`)
 	p := e.publish(j)
-	eventually(t, 20*time.Second, "the job dead-lettered", func() bool { return len(e.deadLetters()) == 1 })
+	testenv.Eventually(t, 20*time.Second, "the job dead-lettered", func() bool { return len(e.deadLetters()) == 1 })
 	m := e.deadLetters()[0]
 	if m.Subject() != jobs.DLQSubject(jobs.DLQMaxDeliver) || m.Headers().Get(jobs.HeaderDLQDeliveries) != "3" ||
 		!strings.Contains(m.Headers().Get(jobs.HeaderDLQDetail), "connection_refused") {
@@ -461,7 +462,7 @@ func TestZombieWritesNothing(t *testing.T) {
 	j := job(conv(t), 0, "gated_write", `{"n":1}`)
 	p := e.publish(j)
 	var row ledger.Row
-	eventually(t, 10*time.Second, "the call in flight", func() bool {
+	testenv.Eventually(t, 10*time.Second, "the call in flight", func() bool {
 		r, err := e.store.Get(context.Background(), p.Key)
 		row = r
 		return err == nil && r.State == ledger.InFlight

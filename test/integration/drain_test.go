@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/toolq/toolq/demo/sandbox"
+	"github.com/toolq/toolq/internal/testenv"
 	"github.com/toolq/toolq/jobs"
 	"github.com/toolq/toolq/ledger"
 )
@@ -27,7 +28,7 @@ func TestSIGTERMDrains(t *testing.T) {
 		e.publish(j)
 		js = append(js, j)
 	}
-	eventually(t, 10*time.Second, "tools running in the worker process", func() bool {
+	testenv.Eventually(t, 10*time.Second, "tools running in the worker process", func() bool {
 		rows, _ := e.store.List(context.Background(), ledger.Filter{State: ledger.InFlight})
 		return len(rows) > 0
 	})

@@ -332,18 +332,6 @@ func readAll[T any](t *testing.T, js jetstream.JetStream, stream, subject string
 	return out
 }
 
-// eventually waits for cond, failing the test after timeout.
-func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // consumerInfo returns the durable's state as JetStream sees it.
 func (e *env) consumerInfo() *jetstream.ConsumerInfo {
 	e.t.Helper()
@@ -362,7 +350,7 @@ func (e *env) consumerInfo() *jetstream.ConsumerInfo {
 func (e *env) settled() *jetstream.ConsumerInfo {
 	e.t.Helper()
 	var info *jetstream.ConsumerInfo
-	eventually(e.t, 30*time.Second, "every job acknowledged", func() bool {
+	testenv.Eventually(e.t, 30*time.Second, "every job acknowledged", func() bool {
 		info = e.consumerInfo()
 		return info.NumPending == 0 && info.NumAckPending == 0
 	})
@@ -396,17 +384,17 @@ func (l *logBuffer) String() string {
 	return l.b.String()
 }
 
-// statsWhen waits until the worker's counts satisfy cond and returns them,
-// failing with the counts it saw. A delivery is counted when settle has
+// statsWhen waits until the worker's counts satisfy cond, failing with the
+// counts it saw. A delivery is counted when settle has
 // answered JetStream, which can come just after its result or dead letter
 // is seen.
 func statsWhen(t *testing.T, rw *runningWorker, what string, cond func(s map[string]int64) bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for s := rw.w.Stats().Snapshot(); !cond(s); s = rw.w.Stats().Snapshot() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: stats %v", what, s)
+	var s map[string]int64
+	defer func() {
+		if !cond(s) {
+			t.Logf("%s: stats %v", what, s)
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	}()
+	testenv.Eventually(t, 10*time.Second, what, func() bool { s = rw.w.Stats().Snapshot(); return cond(s) })
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/toolq/toolq/demo/sandbox"
+	"github.com/toolq/toolq/internal/testenv"
 	"github.com/toolq/toolq/jobs"
 	"github.com/toolq/toolq/ledger"
 )
@@ -22,7 +23,7 @@ func TestLedgerOutage(t *testing.T) {
 	e.startWorker(o, nil)
 	running := job(conv(t), 0, "send_payment", payment("outage_running"))
 	p := e.publish(running)
-	eventually(t, 10*time.Second, "the call in flight", func() bool {
+	testenv.Eventually(t, 10*time.Second, "the call in flight", func() bool {
 		r, err := e.store.Get(context.Background(), p.Key)
 		return err == nil && r.State == ledger.InFlight
 	})
@@ -31,7 +32,7 @@ func TestLedgerOutage(t *testing.T) {
 	}
 	arriving := job(conv(t), 1, "send_payment", payment("outage_arriving"))
 	e.publish(arriving)
-	eventually(t, 20*time.Second, "the worker to notice the outage", func() bool {
+	testenv.Eventually(t, 20*time.Second, "the worker to notice the outage", func() bool {
 		logs := e.logs.String()
 		return strings.Contains(logs, "complete failed; retrying") && strings.Contains(logs, "claim failed; retrying")
 	})
@@ -66,7 +67,7 @@ func TestBrokerRestart(t *testing.T) {
 	e.await(before)
 	e.nats.Restart()
 	after := job(conv(t), 1, "send_payment", payment("after_restart"))
-	eventually(t, 20*time.Second, "publishing after the restart", func() bool {
+	testenv.Eventually(t, 20*time.Second, "publishing after the restart", func() bool {
 		_, err := e.client.Publish(context.Background(), after)
 		return err == nil
 	})

@@ -1,0 +1,144 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/toolq/toolq/tracing"
+)
+
+// Func is a command: a binary's run and each of its subcommands. It returns
+// nil after --help, and an error of one line otherwise.
+type Func func(ctx context.Context, args []string, stdio IO, getenv func(string) string) error
+
+// Main is the whole of a binary's main: it runs run with the process's
+// arguments, streams and environment until SIGINT or SIGTERM cancels ctx,
+// then prints an error as one line "<name>: <error>" on standard error and
+// exits 1. It exits 0 when run returns nil or ErrHelp.
+func Main(name string, run Func) {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], IO{In: os.Stdin, Out: os.Stdout, Err: os.Stderr}, os.Getenv)
+	stop()
+	os.Exit(Exit(os.Stderr, name, err))
+}
+
+// Exit reports err on w as Main does and returns the exit code: 0 for nil
+// and ErrHelp, 1 for any other error.
+func Exit(w io.Writer, name string, err error) int {
+	if err == nil || errors.Is(err, ErrHelp) {
+		return 0
+	}
+	fmt.Fprintf(w, "%s: %v\n", name, err)
+	return 1
+}
+
+// Traced runs run with tracing set up from its environment for service (see
+// tracing.Setup), and flushes the last spans after it returns.
+func Traced(service string, run Func) Func {
+	return func(ctx context.Context, args []string, stdio IO, getenv func(string) string) error {
+		shutdown, err := tracing.Setup(ctx, service, getenv)
+		if err != nil {
+			return err
+		}
+		err = run(ctx, args, stdio, getenv)
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		shutdown(sctx)
+		return err
+	}
+}
+
+// Command is one entry of a Commands table.
+type Command struct {
+	Name    string
+	Summary string // one line for the list that help prints
+	Run     Func
+}
+
+// Commands runs the command its first argument names. "help", "-h" and
+// "--help" print the list of commands on stdio.Out; a missing or unknown
+// command is a one-line error that names the known ones. ErrHelp from a
+// command (its --help) is success.
+type Commands struct {
+	// Name is what comes before the command on the command line:
+	// "publisher", or "consumer ledger" for a group of subcommands.
+	Name string
+	// Default is the command run when there is no argument or the first is
+	// a flag; empty: a command must be given.
+	Default string
+	List    []Command
+}
+
+// Run dispatches args. It is a Func, so that a group of subcommands can be
+// an entry of another table.
+func (c *Commands) Run(ctx context.Context, args []string, stdio IO, getenv func(string) string) error {
+	name := ""
+	if len(args) > 0 {
+		name = args[0]
+	}
+	switch {
+	case name == "help" || name == "-h" || name == "--help":
+		c.printHelp(stdio.Out)
+		return nil
+	case c.Default != "" && (name == "" || strings.HasPrefix(name, "-")):
+		name = c.Default
+	case name == "":
+		return fmt.Errorf("%swant a command: %s", c.prefix(), c.names())
+	default:
+		args = args[1:]
+	}
+	for _, cmd := range c.List {
+		if cmd.Name == name {
+			if err := cmd.Run(ctx, args, stdio, getenv); err != nil && !errors.Is(err, ErrHelp) {
+				return err
+			}
+			return nil
+		}
+	}
+	return fmt.Errorf("%sunknown command %q (want %s)", c.prefix(), name, c.names())
+}
+
+// prefix names a group in its errors ("ledger: "); a binary's own errors
+// are prefixed by Main.
+func (c *Commands) prefix() string {
+	if _, group, ok := strings.Cut(c.Name, " "); ok {
+		return group + ": "
+	}
+	return ""
+}
+
+func (c *Commands) names() string {
+	var names []string
+	for _, cmd := range c.List {
+		names = append(names, cmd.Name)
+	}
+	if len(names) < 2 {
+		return strings.Join(names, "")
+	}
+	return strings.Join(names[:len(names)-1], ", ") + " or " + names[len(names)-1]
+}
+
+func (c *Commands) printHelp(w io.Writer) {
+	command := "<command>"
+	if c.Default != "" {
+		command = "[command]"
+	}
+	fmt.Fprintf(w, "usage: %s %s [flags]\n\ncommands:\n", c.Name, command)
+	t := NewTable(w)
+	for _, cmd := range c.List {
+		summary := cmd.Summary
+		if cmd.Name == c.Default {
+			summary = "(the default) " + summary
+		}
+		fmt.Fprintf(t, "  %s\t%s\n", cmd.Name, summary)
+	}
+	t.Flush()
+	fmt.Fprintf(w, "\nRun '%s <command> --help' for the flags of a command.\n", c.Name)
+}
