@@ -55,7 +55,7 @@ func newBreaker(name string, s Breaker, logger *slog.Logger) *breaker {
 		},
 		IsExcluded: func(err error) bool {
 			var te *Error
-			return errors.As(err, &te) && te.Code == "cancelled"
+			return errors.As(err, &te) && te.Code == CodeCancelled
 		},
 		OnStateChange: func(name string, from, to gobreaker.State) {
 			if to == gobreaker.StateOpen {
@@ -74,7 +74,7 @@ func newBreaker(name string, s Breaker, logger *slog.Logger) *breaker {
 func (b *breaker) run(call func() (json.RawMessage, error)) (json.RawMessage, error) {
 	out, err := b.cb.Execute(call)
 	if errors.Is(err, gobreaker.ErrOpenState) || errors.Is(err, gobreaker.ErrTooManyRequests) {
-		return nil, NotSentError("breaker_open", fmt.Sprintf("circuit breaker for %s is %s", b.cb.Name(), b.cb.State()), b.remaining(err), err)
+		return nil, NotSentError(CodeBreakerOpen, fmt.Sprintf("circuit breaker for %s is %s", b.cb.Name(), b.cb.State()), b.remaining(err), err)
 	}
 	return out, err
 }

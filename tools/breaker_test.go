@@ -16,7 +16,7 @@ import (
 func breakerTool(t *testing.T, b tools.Breaker, exec tools.ExecutorFunc) *tools.Tool {
 	t.Helper()
 	reg, err := tools.NewRegistry([]tools.Definition{{Name: "pay", Class: tools.KeyedWrite, Schema: json.RawMessage(anySchema),
-		Executor: exec, Timeout: time.Second, Concurrency: 64, Breaker: b}})
+		Executor: exec, Timeout: time.Second, Concurrency: 64, Breaker: b}}, tools.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
