@@ -30,7 +30,7 @@ import (
 // State is the state of a ledger row.
 type State string
 
-// The states of DESIGN.md's state machine.
+// The states of a row (docs/design.md, "The ledger row").
 const (
 	InFlight      State = "in_flight"     // claimed; the holder's lease says until when
 	Completed     State = "completed"     // the tool succeeded; Result is its output
