@@ -59,6 +59,11 @@ const (
 	HeaderDLQDeliveries = "Toolq-Dlq-Deliveries" // how many times it was delivered
 	HeaderDLQConsumer   = "Toolq-Dlq-Consumer"   // the durable that gave up on it
 	HeaderDLQHistory    = "Toolq-Dlq-History"    // what the ledger knew of the call, if anything
+	// HeaderDLQBodyOmitted is set, to the body's size in bytes, on a dead
+	// letter whose original would not fit in the DLQ with its headers: its
+	// body is then empty, and the original stays the job at
+	// Toolq-Dlq-Stream-Seq in TOOLQ_JOBS.
+	HeaderDLQBodyOmitted = "Toolq-Dlq-Body-Omitted"
 )
 
 // Reasons a job is dead-lettered.
