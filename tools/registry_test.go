@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/toolq/toolq/demo"
 	"github.com/toolq/toolq/tools"
@@ -261,5 +262,33 @@ func TestConcurrencyLimit(t *testing.T) {
 	}
 	if peak.Load() != 2 {
 		t.Fatalf("peak concurrency %d, want 2", peak.Load())
+	}
+}
+
+// TestRunGivesValidUTF8: whatever bytes a built-in executor returns, the
+// output and the error message that Run gives back are valid UTF-8 (the
+// ledger and the results stream store them as text; Postgres refuses
+// anything else, and would fail the whole group commit).
+func TestRunGivesValidUTF8(t *testing.T) {
+	t.Parallel()
+	exec := tools.ExecutorFunc(func(ctx context.Context, r tools.Request) (json.RawMessage, error) {
+		if r.ToolUseID == "fail" {
+			return nil, tools.DefiniteError("declined", "caf\xe9 declined")
+		}
+		return json.RawMessage("{\"name\":\"caf\xe9\"}"), nil
+	})
+	reg, err := tools.NewRegistry([]tools.Definition{{Name: "t", Class: tools.KeyedWrite, Schema: json.RawMessage(`{"type":"object"}`), Executor: exec}}, tools.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tool, _ := reg.Lookup("t")
+	out, err := tool.Run(context.Background(), tools.Request{Tool: "t", Args: json.RawMessage(`{}`)})
+	if err != nil || !utf8.Valid(out) || !json.Valid(out) || string(out) != "{\"name\":\"caf\uFFFD\"}" {
+		t.Fatalf("output %q %v", out, err)
+	}
+	_, err = tool.Run(context.Background(), tools.Request{Tool: "t", ToolUseID: "fail", Args: json.RawMessage(`{}`)})
+	outcome, te := tools.Classify(err)
+	if outcome != tools.Definite || te.Code != "declined" || !utf8.ValidString(te.Message) {
+		t.Fatalf("error %v %+v", outcome, te)
 	}
 }

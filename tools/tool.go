@@ -15,6 +15,7 @@ import (
 	"sort"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/santhosh-tekuri/jsonschema/v6"
 
@@ -320,12 +321,19 @@ func (t *Tool) Run(ctx context.Context, req Request) (json.RawMessage, error) {
 		out, err := t.executor.Execute(ctx, req)
 		if err != nil {
 			_, classified := Classify(err)
+			if !utf8.ValidString(classified.Message) { // it is stored and published as text
+				copied := *classified
+				copied.Message = strings.ToValidUTF8(copied.Message, "\uFFFD")
+				classified = &copied
+			}
 			return nil, classified
 		}
 		if !json.Valid(out) {
 			return nil, AmbiguousError("invalid_output", "the executor returned output that is not JSON", 0, nil)
 		}
-		return out, nil
+		// json.Valid accepts invalid UTF-8 inside strings; the ledger and
+		// the results stream take only valid text.
+		return validUTF8(out), nil
 	})
 }
 
