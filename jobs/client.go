@@ -120,14 +120,20 @@ func (c *Client) Await(ctx context.Context, conversationID, toolUseID string) (*
 
 // PublishAndAwait publishes the job and waits for its result. It reads only
 // the results published after the job, so a long conversation costs nothing
-// extra.
+// extra; when JetStream drops the job as an exact re-publication (the same
+// key and tool_use_id, already published), its result may be older than
+// that, and it reads the conversation from the start.
 func (c *Client) PublishAndAwait(ctx context.Context, j *Job) (*Result, error) {
 	from, err := c.resultsCursor(ctx)
 	if err != nil {
 		return nil, err
 	}
-	if _, err := c.Publish(ctx, j); err != nil {
+	pub, err := c.Publish(ctx, j)
+	if err != nil {
 		return nil, err
+	}
+	if pub.Duplicate {
+		from = 0
 	}
 	got, err := c.awaitAll(ctx, j.ConversationID, []string{j.ToolUseID}, from)
 	if err != nil {

@@ -69,3 +69,33 @@ func TestResultLargerThanTheBrokerTakesIsStillAnswered(t *testing.T) {
 		t.Fatalf("the ledger does not keep the whole output: %v, %d bytes", err, len(row.Result))
 	}
 }
+
+// TestPublishAndAwaitTwiceWithOneToolUseID: publishing the same job again,
+// same tool_use_id (JetStream drops it as an exact re-publication), still
+// returns its result, which was published before the second call began.
+func TestPublishAndAwaitTwiceWithOneToolUseID(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	reg, err := tools.NewRegistry([]tools.Definition{{Name: "pay", Class: tools.KeyedWrite, Schema: json.RawMessage(`{"type":"object"}`),
+		Executor: tools.ExecutorFunc(func(ctx context.Context, r tools.Request) (json.RawMessage, error) { return json.RawMessage(`{"paid":1}`), nil })}}, tools.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, _ := startWorker(t, reg, worker.Config{})
+	client := jobs.NewClient(js)
+	j := &jobs.Job{ConversationID: "c", Tool: "pay", ToolUseID: "toolu_same", Args: json.RawMessage(`{"amount":5}`)}
+	var first *jobs.Result
+	for i := range 2 {
+		actx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		r, err := client.PublishAndAwait(actx, j)
+		cancel()
+		if err != nil {
+			t.Fatalf("publication %d: %v", i+1, err)
+		}
+		if first == nil {
+			first = r
+		} else if r.Key != first.Key || string(r.Output) != string(first.Output) || r.ToolUseID != "toolu_same" {
+			t.Fatalf("second answer %+v differs from the first %+v", r, first)
+		}
+	}
+}
