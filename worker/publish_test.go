@@ -77,7 +77,9 @@ func TestPublishAndAwaitTwiceWithOneToolUseID(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	reg, err := tools.NewRegistry([]tools.Definition{{Name: "pay", Class: tools.KeyedWrite, Schema: json.RawMessage(`{"type":"object"}`),
-		Executor: tools.ExecutorFunc(func(ctx context.Context, r tools.Request) (json.RawMessage, error) { return json.RawMessage(`{"paid":1}`), nil })}}, tools.Config{})
+		Executor: tools.ExecutorFunc(func(ctx context.Context, r tools.Request) (json.RawMessage, error) {
+			return json.RawMessage(`{"paid":1}`), nil
+		})}}, tools.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
