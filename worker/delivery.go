@@ -290,7 +290,9 @@ func (d *delivery) execute(row ledger.Row) outcome {
 // retried: the call has no effect, or its downstream collapses a repeat.
 func (d *delivery) runUnclaimed() outcome {
 	d.ledgerOutcome(ledgerNone, nil)
+	stop := d.heartbeat(ledger.Fence{})
 	out, result, te := d.runTool(0)
+	stop()
 	d.hook(DuringTool)
 	r := jobs.NewResult(d.job, d.key, jobs.StatusOK)
 	r.Attempts = d.deliveries

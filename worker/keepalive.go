@@ -53,7 +53,8 @@ func transient(err error) bool {
 
 // heartbeat extends the lease and tells JetStream the job is in progress
 // until stop is called, so neither the claim nor the delivery runs out while
-// a tool runs.
+// a tool runs. With a zero fence (a tool without a ledger row) it only
+// keeps the delivery.
 func (d *delivery) heartbeat(fence ledger.Fence) (stop func()) {
 	every := max(min(d.tool.Lease, d.w.ackWait)/3, 50*time.Millisecond)
 	done := make(chan struct{})
@@ -68,8 +69,10 @@ func (d *delivery) heartbeat(fence ledger.Fence) (stop func()) {
 			case <-done:
 				return
 			case <-t.C:
-				if err := d.w.cfg.Ledger.Extend(d.runCtx, fence, d.tool.Lease); err != nil {
-					d.w.log.Warn("lease extension failed", d.attrs("error", err)...)
+				if fence.Key != "" {
+					if err := d.w.cfg.Ledger.Extend(d.runCtx, fence, d.tool.Lease); err != nil {
+						d.w.log.Warn("lease extension failed", d.attrs("error", err)...)
+					}
 				}
 				d.msg.InProgress()
 			}

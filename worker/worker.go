@@ -227,9 +227,7 @@ loop:
 				err = fmt.Errorf("worker: the pull from %s ended (was the consumer deleted?)", jobs.JobsStream)
 				break loop
 			}
-			select {
-			case w.slots <- struct{}{}:
-			case <-startCtx.Done(): // draining: never start what waited for a slot
+			if !w.takeSlot(startCtx, msg) { // draining: never start what waited for a slot
 				w.handBack(runCtx, msg)
 				break loop
 			}
@@ -267,6 +265,29 @@ loop:
 		cancelRun()
 	}
 	return err
+}
+
+// takeSlot waits for a free slot, telling JetStream the message is in
+// progress meanwhile so that it is not redelivered to another worker while
+// it waits here. It reports false when the drain starts first.
+func (w *Worker) takeSlot(startCtx context.Context, msg jetstream.Msg) bool {
+	select {
+	case w.slots <- struct{}{}:
+		return true
+	default:
+	}
+	progress := time.NewTicker(max(w.ackWait/3, 10*time.Millisecond))
+	defer progress.Stop()
+	for {
+		select {
+		case w.slots <- struct{}{}:
+			return true
+		case <-startCtx.Done():
+			return false
+		case <-progress.C:
+			msg.InProgress()
+		}
+	}
 }
 
 // process runs one delivery in its own goroutine, holding a slot.
