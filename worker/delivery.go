@@ -153,15 +153,39 @@ func (d *delivery) claim() (ledger.ClaimResult, error) {
 	defer span.End()
 	start := time.Now()
 	var claim ledger.ClaimResult
+	unanswered := false // a claim may have committed without its answer reaching us
 	err := d.durably(d.startCtx, "claim", func() (err error) {
 		claim, err = d.w.claims.do(ctx, d.w.claimOf(d))
+		unanswered = unanswered || (err != nil && transient(err))
 		return err
 	})
 	d.w.metrics.claimLatency.Record(d.runCtx, time.Since(start).Seconds())
 	if err != nil {
 		span.RecordError(err)
+		return claim, err
 	}
-	return claim, err
+	if !claim.Claimed && claim.Err == nil && unanswered && d.ownClaim(claim.Row) {
+		d.w.log.Info("the claim had committed before its answer was lost; running it", d.attrs("attempt", claim.Row.Attempt)...)
+		claim.Claimed = true
+	}
+	if claim.Claimed {
+		d.w.held.Store(d.key, d)
+	}
+	return claim, nil
+}
+
+// ownClaim reports whether an in-flight row is this delivery's own claim,
+// committed by an attempt whose answer was lost: claimed by this process for
+// this tool_use_id, and held by no other delivery of this process.
+func (d *delivery) ownClaim(row ledger.Row) bool {
+	if row.State != ledger.InFlight || row.Owner != d.w.cfg.Owner || row.FirstToolUseID != d.job.ToolUseID {
+		return false
+	}
+	if sc := d.span.SpanContext(); sc.IsValid() && (row.TraceID != sc.TraceID().String() || row.SpanID != sc.SpanID().String()) {
+		return false
+	}
+	_, taken := d.w.held.LoadOrStore(d.key, d)
+	return !taken
 }
 
 // collision refuses a job whose key is held by a row with other material: a

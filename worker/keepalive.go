@@ -124,6 +124,9 @@ func (d *delivery) takeoverOf(row ledger.Row) (ledger.Row, error) {
 		taken, err = d.w.cfg.Ledger.Takeover(d.runCtx, row.Fence(), d.w.cfg.Owner, d.tool.Lease)
 		return err
 	})
+	if err == nil {
+		d.w.held.Store(d.key, d)
+	}
 	return taken, err
 }
 

@@ -80,6 +80,10 @@ type TestConfig struct {
 	// Hook, when set, is called at each FaultPoint of each job. The fault
 	// tests use it to kill the process at a precise point.
 	Hook func(FaultPoint, *jobs.Job)
+	// LoseClaimAnswer, when set and returning true, makes a claim batch
+	// that committed report a ledger outage instead, as when the
+	// connection breaks before the answer arrives.
+	LoseClaimAnswer func() bool
 }
 
 func (c *Config) fill() error {
@@ -142,6 +146,26 @@ type Worker struct {
 	claims     *batcher[ledger.Claim, ledger.ClaimResult]
 	commits    *batcher[ledger.Completion, error]
 	stats      Stats
+	// held maps a key to the delivery of this process that holds its
+	// claim, so that a claim whose answer was lost is recognised as this
+	// delivery's own, and never as another's.
+	held sync.Map
+}
+
+// claimFunc is the ledger's batch claim, with the test knob that loses its
+// answer.
+func claimFunc(cfg Config) func(context.Context, []ledger.Claim) ([]ledger.ClaimResult, error) {
+	lose := cfg.Test.LoseClaimAnswer
+	if lose == nil {
+		return cfg.Ledger.Claim
+	}
+	return func(ctx context.Context, cs []ledger.Claim) ([]ledger.ClaimResult, error) {
+		out, err := cfg.Ledger.Claim(ctx, cs)
+		if err == nil && lose() {
+			return nil, fmt.Errorf("%w: the claim's answer was lost (test)", ledger.ErrUnavailable)
+		}
+		return out, err
+	}
 }
 
 // New provisions the streams and the durable consumer (creating or updating
@@ -177,7 +201,7 @@ func New(ctx context.Context, cfg Config) (*Worker, error) {
 		slots:      make(chan struct{}, cfg.MaxInFlight),
 		tracer:     cfg.TracerProvider.Tracer(tracerName),
 		propagator: cfg.Propagator,
-		claims:     newBatcher(cfg.BatchSize, cfg.Ledger.Claim),
+		claims:     newBatcher(cfg.BatchSize, claimFunc(cfg)),
 		commits:    newBatcher(cfg.BatchSize, cfg.Ledger.CompleteBatch),
 	}, nil
 }
@@ -298,6 +322,9 @@ func (w *Worker) process(runCtx, startCtx context.Context, msg jetstream.Msg) {
 	}()
 	d := w.newDelivery(runCtx, startCtx, msg)
 	w.settle(runCtx, d, d.run())
+	if d.key != "" {
+		w.held.CompareAndDelete(d.key, d)
+	}
 }
 
 // handBack returns a message the drain will not process: it is delivered
