@@ -145,9 +145,16 @@ func (w *Worker) publishDeadLetter(ctx context.Context, d *delivery, o outcome) 
 			msg.Header.Set(jobs.HeaderDLQHistory, fmt.Sprintf("key=%s state=%s attempt=%d owner=%s error=%s", row.Key, row.State, row.Attempt, row.Owner, errorText(row.Error)))
 		}
 	}
+	msg.Header.Set(jetstream.MsgIDHeader, fmt.Sprintf("dlq:%d:%s", seq, o.reason))
+	if len(msg.Data) > w.payloadLimit(msg) {
+		// The copy would not fit with its headers: the original stays in
+		// TOOLQ_JOBS at seq, where requeue finds it.
+		msg.Header.Set(jobs.HeaderDLQBodyOmitted, strconv.Itoa(len(msg.Data)))
+		msg.Data = nil
+	}
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	_, err := w.cfg.JS.PublishMsg(pctx, msg, jetstream.WithMsgID(fmt.Sprintf("dlq:%d:%s", seq, o.reason)))
+	_, err := w.cfg.JS.PublishMsg(pctx, msg)
 	return err
 }
 

@@ -3,10 +3,14 @@ package worker_test
 import (
 	"context"
 	"encoding/json"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolq/toolq/internal/testenv"
 	"github.com/toolq/toolq/jobs"
 	"github.com/toolq/toolq/ledger"
 	"github.com/toolq/toolq/tools"
@@ -99,5 +103,41 @@ func TestPublishAndAwaitTwiceWithOneToolUseID(t *testing.T) {
 		} else if r.Key != first.Key || string(r.Output) != string(first.Output) || r.ToolUseID != "toolu_same" {
 			t.Fatalf("second answer %+v differs from the first %+v", r, first)
 		}
+	}
+}
+
+// TestDeadLetterOfABodyNearTheMaxPayload: a job body that fits the broker
+// but not with the dead letter's headers added is still dead-lettered: the
+// copy omits the body, says how large it was, and points at the original,
+// which stays in TOOLQ_JOBS.
+func TestDeadLetterOfABodyNearTheMaxPayload(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	reg, err := tools.NewRegistry(nil, tools.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, _ := startWorker(t, reg, worker.Config{})
+	body := strings.Repeat("x", int(js.Conn().MaxPayload())-200)
+	ack, err := js.Publish(ctx, jobs.JobSubject("pay"), []byte(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dlq, err := js.Stream(ctx, jobs.DLQStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m *jetstream.RawStreamMsg
+	testenv.Eventually(t, 10*time.Second, "the dead letter", func() bool {
+		m, err = dlq.GetLastMsgForSubject(ctx, jobs.DLQSubject(jobs.DLQTooLarge))
+		return err == nil
+	})
+	if m.Header.Get(jobs.HeaderDLQBodyOmitted) != strconv.Itoa(len(body)) || len(m.Data) != 0 ||
+		m.Header.Get(jobs.HeaderDLQStreamSeq) != strconv.FormatUint(ack.Sequence, 10) {
+		t.Fatalf("dead letter headers %v, %d body bytes", m.Header, len(m.Data))
+	}
+	jobsStream, _ := js.Stream(ctx, jobs.JobsStream)
+	if orig, err := jobsStream.GetMsg(ctx, ack.Sequence); err != nil || len(orig.Data) != len(body) {
+		t.Fatalf("the original is not in %s: %v", jobs.JobsStream, err)
 	}
 }
