@@ -77,6 +77,10 @@ type Claim struct {
 	SpanID         string
 }
 
+// SameCall reports whether the row was claimed for the same call as c (the
+// claim's check, for a reader that looked the row up without claiming).
+func (c *Claim) SameCall(r *Row) bool { return c.sameMaterial(r) }
+
 // sameMaterial reports whether the row was claimed for the same call.
 func (c *Claim) sameMaterial(r *Row) bool {
 	return c.ConversationID == r.ConversationID && c.TurnIndex == r.TurnIndex && c.Tool == r.Tool &&

@@ -97,3 +97,12 @@ func (b *breaker) remaining(refusal error) time.Duration {
 }
 
 func (b *breaker) state() string { return b.cb.State().String() }
+
+// wait is how long the breaker stays open, or 0 when it would let a call
+// through now.
+func (b *breaker) wait() time.Duration {
+	if b.cb.State() != gobreaker.StateOpen {
+		return 0
+	}
+	return b.remaining(gobreaker.ErrOpenState)
+}

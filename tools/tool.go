@@ -350,3 +350,9 @@ func (r *Registry) BreakerStates() map[string]string {
 // BreakerState returns the state of the tool's breaker: "closed", "open" or
 // "half-open".
 func (t *Tool) BreakerState() string { return t.breaker.state() }
+
+// BreakerWait reports how long the circuit breaker of the tool's downstream
+// stays open: 0 when it would let a call through now. The worker asks
+// before it claims a call, so that a call the breaker would refuse costs no
+// ledger write and no try.
+func (t *Tool) BreakerWait() time.Duration { return t.breaker.wait() }

@@ -61,6 +61,11 @@ func (d *delivery) run() outcome {
 	}
 
 	// 4. Claim the key before running, and act on what the ledger holds.
+	// While the downstream's breaker is open a claim would only be given
+	// back: answer a settled call from the ledger, hand the rest back.
+	if wait := d.tool.BreakerWait(); wait > 0 {
+		return d.breakerOpen(wait)
+	}
 	claim, err := d.claim()
 	if err != nil {
 		return retryUncounted(d.w.backoff(d), fmt.Errorf("claim: %w", err))
@@ -96,13 +101,6 @@ func (d *delivery) decode() *refusal {
 	msg := d.msg
 	if d.meta == nil {
 		return &refusal{reason: jobs.DLQInvalid, err: fmt.Errorf("not a JetStream message")}
-	}
-	// A job that keeps killing its worker never reaches the delivery limit
-	// in settle: stop it on arrival. The guard is wider than the limit
-	// because deliveries that waited on another attempt, or on an outage,
-	// do not count toward the limit but do toward JetStream's count.
-	if d.deliveries > crashGuard*d.w.limit {
-		return &refusal{reason: jobs.DLQMaxDeliver, err: fmt.Errorf("delivered %d times (more than %d × the limit of %d): a job that keeps stopping its worker, or one that never settles", d.deliveries, crashGuard, d.w.limit)}
 	}
 	if len(msg.Data()) > d.w.cfg.MaxBodySize {
 		return &refusal{reason: jobs.DLQTooLarge, err: fmt.Errorf("body of %d bytes exceeds the limit of %d", len(msg.Data()), d.w.cfg.MaxBodySize)}
@@ -229,6 +227,9 @@ func (d *delivery) awaitOther(row ledger.Row) outcome {
 // lease ran out: the downstream collapses a second effect.
 func (d *delivery) takeOver(row ledger.Row) outcome {
 	d.ledgerOutcome(ledgerTakeover, &row)
+	if o, stop := d.crashGuard(); stop {
+		return o
+	}
 	taken, err := d.takeoverOf(row)
 	if err != nil {
 		return d.lostRace(err)
@@ -273,7 +274,7 @@ func (d *delivery) execute(row ledger.Row) outcome {
 		if err := d.durably(ctx, "release", func() error { return store.Release(ctx, fence) }); err != nil {
 			return d.lostClaim(err)
 		}
-		return d.notSent(te)
+		return d.notSent(te, fence.Attempt)
 
 	case tools.Definite: // the downstream said no: that is the result from now on
 		info := infoOf(te)
@@ -288,7 +289,9 @@ func (d *delivery) execute(row ledger.Row) outcome {
 			if err := d.durably(ctx, "end lease", func() error { return store.EndLease(ctx, fence, info) }); err != nil {
 				return d.lostClaim(err)
 			}
-			return retryAfter(d.delay(te), te)
+			o := retryAfter(d.delay(te), te)
+			o.tries = fence.Attempt
+			return o
 		}
 		if err := d.durably(ctx, "mark indeterminate", func() error { return store.MarkIndeterminate(ctx, fence, info) }); err != nil {
 			return d.lostClaim(err)
@@ -314,6 +317,9 @@ func (d *delivery) execute(row ledger.Row) outcome {
 // retried: the call has no effect, or its downstream collapses a repeat.
 func (d *delivery) runUnclaimed() outcome {
 	d.ledgerOutcome(ledgerNone, nil)
+	if o, stop := d.crashGuard(); stop {
+		return o
+	}
 	stop := d.heartbeat(ledger.Fence{})
 	out, result, te := d.runTool(0)
 	stop()
@@ -323,7 +329,7 @@ func (d *delivery) runUnclaimed() outcome {
 	label := OutcomeOK
 	switch result {
 	case tools.NotSent:
-		return d.notSent(te)
+		return d.notSent(te, 0)
 	case tools.Ambiguous:
 		return retryAfter(d.delay(te), te)
 	case tools.Definite:
@@ -395,11 +401,40 @@ func (d *delivery) resultOf(row ledger.Row) *jobs.Result {
 // held back by an open circuit breaker (which other calls' failures
 // opened), or by the drain, did not fail. An open breaker's wait is what
 // remains of its open period.
-func (d *delivery) notSent(te *tools.Error) outcome {
+func (d *delivery) notSent(te *tools.Error, tries int64) outcome {
 	if d.startCtx.Err() != nil || (te != nil && te.Code == tools.CodeBreakerOpen) {
 		return retryUncounted(d.delay(te), te)
 	}
-	return retryAfter(d.delay(te), te)
+	o := retryAfter(d.delay(te), te)
+	o.tries = tries
+	return o
+}
+
+// breakerOpen answers a call whose downstream's breaker is open without
+// claiming it: from the ledger when another delivery settled it, else by
+// handing it back, uncounted, for when the open period ends.
+func (d *delivery) breakerOpen(wait time.Duration) outcome {
+	row, err := d.w.cfg.Ledger.Get(d.runCtx, d.key)
+	if err == nil && (row.State == ledger.Completed || row.State == ledger.Failed || row.State == ledger.Indeterminate) {
+		if claim := d.w.claimOf(d); !claim.SameCall(&row) {
+			return d.collision(fmt.Errorf("%w: %s", ledger.ErrMaterialMismatch, d.key))
+		}
+		return d.duplicate(row, ledgerDuplicate)
+	}
+	return retryUncounted(wait, fmt.Errorf("the circuit breaker for %s is open", d.tool.Downstream))
+}
+
+// crashGuard stops a job that keeps stopping its worker before it runs
+// again: its worker died with the call in flight (a takeover), or, for a
+// tool without a ledger row, it was delivered again and again. A process
+// that dies never reaches settle, so nothing else counts these deliveries.
+// Deliveries answered from the ledger or waiting on a live attempt never
+// come here.
+func (d *delivery) crashGuard() (outcome, bool) {
+	if d.deliveries <= crashGuard*d.w.limit {
+		return outcome{}, false
+	}
+	return deadLettered(jobs.DLQMaxDeliver, fmt.Errorf("delivered %d times (more than %d × the limit of %d) without settling: a job that keeps stopping its worker", d.deliveries, crashGuard, d.w.limit)), true
 }
 
 // lostClaim handles a refused write after the tool ran: another attempt
@@ -419,8 +454,8 @@ func (d *delivery) lostClaim(err error) outcome {
 // lostRace handles a takeover that another worker won, or a lease renewed
 // meanwhile: look again soon.
 func (d *delivery) lostRace(err error) outcome {
-	if isFenced(err) || errors.Is(err, ledger.ErrLeaseHeld) {
-		return retryAfter(200*time.Millisecond, err)
+	if isFenced(err) || errors.Is(err, ledger.ErrLeaseHeld) { // not this job failing
+		return retryUncounted(200*time.Millisecond, err)
 	}
 	return retryAfter(d.w.backoff(d), err)
 }

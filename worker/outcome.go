@@ -51,7 +51,11 @@ type outcome struct {
 	// counted (verbNak): this delivery failed and counts toward
 	// MaxDeliver. Waits on another attempt and outages do not.
 	counted bool
-	reason  string // verbDeadLetter: the DLQ reason (jobs.DLQ*)
+	// tries (verbNak, counted): how many times the call has been tried,
+	// from its ledger row's attempt; 0 for a tool without a row, whose
+	// deliveries count instead.
+	tries  int64
+	reason string // verbDeadLetter: the DLQ reason (jobs.DLQ*)
 	err     error  // verbNak and verbDeadLetter: why
 }
 
@@ -84,12 +88,17 @@ func orRetry(err error) error {
 
 // settle tells JetStream how the delivery ended, and is the only place that
 // does: Ack for a published result; NakWithDelay for a retry, or the DLQ
-// once a counted retry reaches the delivery limit; publish to the DLQ then
+// once a counted retry reaches the delivery limit (the call's tries, for a
+// call with a ledger row: deliveries that waited or rode out an outage do
+// not count); publish to the DLQ then
 // Term for a dead letter, or NakWithDelay when the dead letter cannot be
 // published (never dropped). It then counts the outcome and ends the
 // delivery's span, once.
 func (w *Worker) settle(ctx context.Context, d *delivery, o outcome) {
-	if o.verb == verbNak && o.counted && d.deliveries >= w.limit {
+	if o.verb == verbNak && o.counted && o.tries > 0 && o.tries >= int64(w.limit) {
+		o = deadLettered(jobs.DLQMaxDeliver, fmt.Errorf("still unsettled after %d tries: %w", o.tries, o.err))
+	}
+	if o.verb == verbNak && o.counted && o.tries == 0 && d.deliveries >= w.limit {
 		o = deadLettered(jobs.DLQMaxDeliver, fmt.Errorf("still unsettled after %d deliveries: %w", d.deliveries, o.err))
 	}
 	if o.verb == verbDeadLetter {
