@@ -9,7 +9,6 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/toolq/toolq/internal/testenv"
 	"github.com/toolq/toolq/jobs"
 	"github.com/toolq/toolq/ledger"
 	"github.com/toolq/toolq/tools"
@@ -116,5 +115,3 @@ func TestReviewInvalidUTF8OutputOfUnkeyedWriteIsReportedHolderLost(t *testing.T)
 		t.Errorf("a call that succeeded on attempt 1 is reported %s/%s: %q", r.Status, r.Error.Code, r.Error.Message)
 	}
 }
-
-var _ = testenv.Eventually

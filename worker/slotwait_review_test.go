@@ -2,8 +2,8 @@ package worker_test
 
 import (
 	"context"
-	"log/slog"
 	"encoding/json"
+	"log/slog"
 	"sync/atomic"
 	"testing"
 	"time"
