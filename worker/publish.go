@@ -76,6 +76,11 @@ func (w *Worker) payloadLimit(msg *nats.Msg) int {
 	return int(w.cfg.JS.Conn().MaxPayload()) - headers - 512
 }
 
+// resultEnvelope bounds what a result holds besides its output: the ids
+// (bounded by the contract), the key, the flags, and an error message cut to
+// its first KiB.
+const resultEnvelope = 4 << 10
+
 // encodeResult encodes r in at most limit bytes. HTML characters are not
 // escaped (a web page as output would grow sixfold). An output that does
 // not fit is replaced by {"response_too_large":true,"bytes":N}, and an
@@ -83,11 +88,14 @@ func (w *Worker) payloadLimit(msg *nats.Msg) int {
 // and the ledger keeps the whole output.
 func encodeResult(r *jobs.Result, limit int) ([]byte, error) {
 	body, err := marshal(r)
-	if err != nil || len(body) <= limit {
+	if err != nil || (len(body) <= limit && len(r.Output) <= limit-resultEnvelope) {
 		return body, err
 	}
 	small := *r
-	if len(r.Output) > 0 {
+	// Whether the output fits is decided from the output alone, so that
+	// the original and every duplicate (whose envelope is longer) get the
+	// same answer.
+	if len(r.Output) > limit-resultEnvelope || limit <= 0 {
 		small.Output = json.RawMessage(fmt.Sprintf(`{"response_too_large":true,"bytes":%d}`, len(r.Output)))
 	}
 	if r.Error != nil && len(r.Error.Message) > 1024 {
