@@ -56,7 +56,7 @@ type outcome struct {
 	// deliveries count instead.
 	tries  int64
 	reason string // verbDeadLetter: the DLQ reason (jobs.DLQ*)
-	err     error  // verbNak and verbDeadLetter: why
+	err    error  // verbNak and verbDeadLetter: why
 }
 
 // answered acks a delivery whose result is published.
