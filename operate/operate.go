@@ -149,29 +149,70 @@ func Requeue(ctx context.Context, js jetstream.JetStream, seq uint64) (uint64, e
 	return ack.Sequence, nil
 }
 
-// PurgeDeadLetters deletes the dead letters (of one reason, when reason is
-// not empty) and returns how many there were. Errors are JetStream's, wrapped.
-func PurgeDeadLetters(ctx context.Context, js jetstream.JetStream, reason string) (uint64, error) {
+// DeadLetterCount is what CountDeadLetters found: N dead letters of Reason
+// (every reason, when empty), the last of them at or before sequence Through
+// of TOOLQ_DLQ. PurgeDeadLetters deletes those and no later one.
+type DeadLetterCount struct {
+	Reason  string `json:"reason,omitempty"`
+	N       uint64 `json:"n"`
+	Through uint64 `json:"through"` // the stream's last sequence when counted; 0: it was empty
+}
+
+// CountDeadLetters counts the dead letters (of one reason, when reason is not
+// empty) and notes the last sequence the count covers, for PurgeDeadLetters.
+// Errors are JetStream's, wrapped.
+func CountDeadLetters(ctx context.Context, js jetstream.JetStream, reason string) (DeadLetterCount, error) {
 	s, err := js.Stream(ctx, jobs.DLQStream)
 	if err != nil {
-		return 0, fmt.Errorf("operate: stream %s: %w", jobs.DLQStream, err)
+		return DeadLetterCount{}, fmt.Errorf("operate: stream %s: %w", jobs.DLQStream, err)
 	}
-	filter := jobs.DLQSubjects
-	if reason != "" {
-		filter = jobs.DLQSubject(reason)
+	c := DeadLetterCount{Reason: reason}
+	filter := dlqFilter(reason)
+	// The server reads the last sequence and the per-subject totals one after
+	// the other: a count is only taken when no dead letter arrived around it.
+	for try := 0; ; try++ {
+		info, err := s.Info(ctx, jetstream.WithSubjectFilter(filter))
+		if err != nil {
+			return DeadLetterCount{}, fmt.Errorf("operate: count %s: %w", filter, err)
+		}
+		var n uint64
+		for _, k := range info.State.Subjects {
+			n += k
+		}
+		if try > 0 && info.State.LastSeq == c.Through && n == c.N {
+			return c, nil
+		}
+		if try == 10 {
+			return DeadLetterCount{}, fmt.Errorf("operate: count %s: dead letters keep arriving; try again", filter)
+		}
+		c.N, c.Through = n, info.State.LastSeq
 	}
-	info, err := s.Info(ctx, jetstream.WithSubjectFilter(filter))
+}
+
+// PurgeDeadLetters deletes the dead letters that c counted: those of
+// c.Reason up to sequence c.Through. One that arrived after the count stays.
+// Errors are JetStream's, wrapped.
+func PurgeDeadLetters(ctx context.Context, js jetstream.JetStream, c DeadLetterCount) error {
+	if c.N == 0 || c.Through == 0 {
+		return nil
+	}
+	s, err := js.Stream(ctx, jobs.DLQStream)
 	if err != nil {
-		return 0, err
+		return fmt.Errorf("operate: stream %s: %w", jobs.DLQStream, err)
 	}
-	var n uint64
-	for _, c := range info.State.Subjects {
-		n += c
+	filter := dlqFilter(c.Reason)
+	// The purge sequence is the first one kept.
+	if err := s.Purge(ctx, jetstream.WithPurgeSubject(filter), jetstream.WithPurgeSequence(c.Through+1)); err != nil {
+		return fmt.Errorf("operate: purge %s through %d: %w", filter, c.Through, err)
 	}
-	if err := s.Purge(ctx, jetstream.WithPurgeSubject(filter)); err != nil {
-		return 0, fmt.Errorf("operate: purge %s: %w", filter, err)
+	return nil
+}
+
+func dlqFilter(reason string) string {
+	if reason == "" {
+		return jobs.DLQSubjects
 	}
-	return n, nil
+	return jobs.DLQSubject(reason)
 }
 
 // ReplayRange selects the jobs to replay: a subject (wildcards allowed,

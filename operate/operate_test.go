@@ -114,10 +114,63 @@ func TestDeadLetters(t *testing.T) {
 	if _, err := operate.Requeue(ctx, js, 1); err == nil {
 		t.Fatal("requeued twice")
 	}
-	if n, err := operate.PurgeDeadLetters(ctx, js, ""); err != nil || n != 1 {
-		t.Fatalf("purge: %d %v", n, err)
+	c, err := operate.CountDeadLetters(ctx, js, "")
+	if err != nil || c.N != 1 {
+		t.Fatalf("count: %+v %v", c, err)
+	}
+	if err := operate.PurgeDeadLetters(ctx, js, c); err != nil {
+		t.Fatal(err)
 	}
 	if left, _ := operate.ListDeadLetters(ctx, js, ""); len(left) != 0 {
 		t.Fatalf("after purge: %+v", left)
+	}
+}
+
+// publishDeadLetter publishes a dead letter of reason for the job at jobSeq,
+// as the worker does, and returns its sequence in TOOLQ_DLQ.
+func publishDeadLetter(t *testing.T, js jetstream.JetStream, reason string, jobSeq uint64, body string, set ...string) uint64 {
+	t.Helper()
+	msg := nats.NewMsg(jobs.DLQSubject(reason))
+	msg.Data = []byte(body)
+	msg.Header.Set(jobs.HeaderDLQReason, reason)
+	msg.Header.Set(jobs.HeaderDLQDetail, "gave up")
+	msg.Header.Set(jobs.HeaderDLQSubject, "toolq.jobs.send_payment")
+	msg.Header.Set(jobs.HeaderDLQStreamSeq, strconv.FormatUint(jobSeq, 10))
+	for i := 0; i+1 < len(set); i += 2 {
+		msg.Header.Set(set[i], set[i+1])
+	}
+	ack, err := js.PublishMsg(context.Background(), msg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ack.Sequence
+}
+
+// TestPurgeKeepsWhatArrivedAfterTheCount: a dead letter that arrives
+// between the count an operator was shown and the purge is not deleted.
+func TestPurgeKeepsWhatArrivedAfterTheCount(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	n := testenv.StartNATS(t)
+	js, _ := jetstream.New(n.Connect())
+	if err := jobs.ProvisionStreams(ctx, js, jobs.Streams{}); err != nil {
+		t.Fatal(err)
+	}
+	publishDeadLetter(t, js, jobs.DLQMaxDeliver, 1, "{}")
+	publishDeadLetter(t, js, jobs.DLQInvalid, 2, "{}")
+	c, err := operate.CountDeadLetters(ctx, js, jobs.DLQMaxDeliver)
+	if err != nil || c.N != 1 || c.Through != 2 {
+		t.Fatalf("count: %+v %v", c, err)
+	}
+	late := publishDeadLetter(t, js, jobs.DLQMaxDeliver, 3, "{}")
+	if err := operate.PurgeDeadLetters(ctx, js, c); err != nil {
+		t.Fatal(err)
+	}
+	left, err := operate.ListDeadLetters(ctx, js, "")
+	if err != nil || len(left) != 2 || left[0].Seq != 2 || left[1].Seq != late {
+		t.Fatalf("left after the purge: %+v %v (want the invalid one and the late one, %d)", left, err, late)
+	}
+	if empty, err := operate.CountDeadLetters(ctx, js, "nothing_here"); err != nil || empty.N != 0 {
+		t.Fatalf("count of a reason with none: %+v %v", empty, err)
 	}
 }

@@ -24,7 +24,7 @@ func dlq(ctx context.Context, sub string, args []string, stdio cli.IO, getenv fu
 		"ls":      "publisher dlq ls [--reason R] [--json]",
 		"show":    "publisher dlq show SEQ [--json]",
 		"requeue": "publisher dlq requeue SEQ… | --all [--reason R]\n\nPublishes each dead letter again on its original subject (with Toolq-Replay-Of: dlq:SEQ)\nand removes it from the DLQ. The ledger keeps a requeued call from running twice.",
-		"purge":   "publisher dlq purge [--reason R] --yes",
+		"purge":   "publisher dlq purge [--reason R] --yes\n\nCounts the dead letters (of --reason), then deletes exactly those: one that arrives\nafter the count stays in the DLQ.",
 	}[sub], stdio)
 	var nf cli.NATSFlags
 	nf.Register(fs, getenv, "nats://127.0.0.1:4222", "NATS server URL")
@@ -126,11 +126,14 @@ func dlq(ctx context.Context, sub string, args []string, stdio cli.IO, getenv fu
 		}
 		return nil
 	default: // purge
-		n, err := operate.PurgeDeadLetters(ctx, js, *reason)
+		c, err := operate.CountDeadLetters(ctx, js, *reason)
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(stdio.Out, "purged %d dead letter(s)\n", n)
+		if err := operate.PurgeDeadLetters(ctx, js, c); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdio.Out, "purged %d dead letter(s), through sequence %d\n", c.N, c.Through)
 		return nil
 	}
 }
