@@ -22,19 +22,23 @@ import (
 // DeadLetter is one message of TOOLQ_DLQ, with what the consumer recorded
 // about why it gave up.
 type DeadLetter struct {
-	Seq          uint64      `json:"seq"`     // in TOOLQ_DLQ
-	Time         time.Time   `json:"time"`    // when it was dead-lettered
-	Reason       string      `json:"reason"`  // invalid, too_large, max_deliver
-	Detail       string      `json:"detail"`  // the error, one line
-	Subject      string      `json:"subject"` // where the job was published
-	JobSeq       uint64      `json:"job_seq"` // its sequence in TOOLQ_JOBS
-	Deliveries   int         `json:"deliveries"`
-	Consumer     string      `json:"consumer"`
-	History      string      `json:"history,omitempty"` // what the ledger knew
-	Header       nats.Header `json:"header,omitempty"`  // the original headers
-	Body         string      `json:"body,omitempty"`    // the original body
-	ToolUseID    string      `json:"tool_use_id,omitempty"`
-	Conversation string      `json:"conversation_id,omitempty"`
+	Seq        uint64      `json:"seq"`     // in TOOLQ_DLQ
+	Time       time.Time   `json:"time"`    // when it was dead-lettered
+	Reason     string      `json:"reason"`  // invalid, too_large, max_deliver
+	Detail     string      `json:"detail"`  // the error, one line
+	Subject    string      `json:"subject"` // where the job was published
+	JobSeq     uint64      `json:"job_seq"` // its sequence in TOOLQ_JOBS
+	Deliveries int         `json:"deliveries"`
+	Consumer   string      `json:"consumer"`
+	History    string      `json:"history,omitempty"` // what the ledger knew
+	Header     nats.Header `json:"header,omitempty"`  // the original headers
+	Body       string      `json:"body,omitempty"`    // the original body
+	// BodyOmitted is the size in bytes of a body too large to fit in the
+	// DLQ with its headers: Body is then empty, and the original stays the
+	// job at JobSeq in TOOLQ_JOBS until that stream's max age.
+	BodyOmitted  int    `json:"body_omitted,omitempty"`
+	ToolUseID    string `json:"tool_use_id,omitempty"`
+	Conversation string `json:"conversation_id,omitempty"`
 }
 
 func deadLetterOf(seq uint64, t time.Time, subject string, h nats.Header, data []byte) DeadLetter {
@@ -46,6 +50,11 @@ func deadLetterOf(seq uint64, t time.Time, subject string, h nats.Header, data [
 	}
 	d.JobSeq, _ = strconv.ParseUint(h.Get(jobs.HeaderDLQStreamSeq), 10, 64)
 	d.Deliveries, _ = strconv.Atoi(h.Get(jobs.HeaderDLQDeliveries))
+	if v := h.Get(jobs.HeaderDLQBodyOmitted); v != "" {
+		if d.BodyOmitted, _ = strconv.Atoi(v); d.BodyOmitted <= 0 {
+			d.BodyOmitted = 1 // omitted, of a size the header does not say
+		}
+	}
 	for k, v := range h {
 		if !strings.HasPrefix(k, "Toolq-Dlq-") {
 			d.Header[k] = v
@@ -112,13 +121,46 @@ func GetDeadLetter(ctx context.Context, js jetstream.JetStream, seq uint64) (Dea
 	return deadLetterOf(m.Sequence, m.Time, m.Subject, m.Header, m.Data), nil
 }
 
+// ErrOriginalGone is the error of a dead letter whose body was omitted and
+// whose original job is no longer in TOOLQ_JOBS (it aged out, or was
+// deleted): nothing is left to requeue.
+var ErrOriginalGone = errors.New("operate: the original job is no longer in " + jobs.JobsStream)
+
+// Original returns the job a dead letter was made of, read from TOOLQ_JOBS
+// at d.JobSeq. Errors: ErrOriginalGone when that sequence holds no message,
+// or one of another subject than the dead letter's; JetStream's, wrapped.
+func Original(ctx context.Context, js jetstream.JetStream, d DeadLetter) (*jetstream.RawStreamMsg, error) {
+	if d.JobSeq == 0 {
+		return nil, fmt.Errorf("%w: dead letter %d names no job sequence", ErrOriginalGone, d.Seq)
+	}
+	s, err := js.Stream(ctx, jobs.JobsStream)
+	if err != nil {
+		return nil, fmt.Errorf("operate: stream %s: %w", jobs.JobsStream, err)
+	}
+	m, err := s.GetMsg(ctx, d.JobSeq)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return nil, fmt.Errorf("%w (job %d)", ErrOriginalGone, d.JobSeq)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("operate: job %d: %w", d.JobSeq, err)
+	}
+	if m.Subject != d.Subject {
+		return nil, fmt.Errorf("%w: job %d is on %s, the dead letter's was on %s", ErrOriginalGone, d.JobSeq, m.Subject, d.Subject)
+	}
+	return m, nil
+}
+
 // Requeue publishes the dead letter at seq again on its original subject,
 // with its original headers and Toolq-Replay-Of: dlq:<seq>, then deletes it
-// from the DLQ. The consumer processes it as any delivery: the ledger keeps
-// it from running twice. It returns the new job's sequence in TOOLQ_JOBS.
+// from the DLQ. A dead letter whose body was omitted is requeued from its
+// original in TOOLQ_JOBS, body and headers. The consumer processes it as any
+// delivery: the ledger keeps it from running twice. It returns the new job's
+// sequence in TOOLQ_JOBS.
 // Errors: those of GetDeadLetter, a dead letter whose original subject is not
-// under toolq.jobs., the publish error; when the job was published but the
-// dead letter could not be deleted, the new sequence comes back with the error.
+// under toolq.jobs., ErrOriginalGone (for an omitted body), the publish
+// error; when the job was published but the dead letter could not be
+// deleted, the new sequence comes back with the error. A dead letter that
+// was not requeued stays in the DLQ.
 func Requeue(ctx context.Context, js jetstream.JetStream, seq uint64) (uint64, error) {
 	d, err := GetDeadLetter(ctx, js, seq)
 	if err != nil {
@@ -127,9 +169,17 @@ func Requeue(ctx context.Context, js jetstream.JetStream, seq uint64) (uint64, e
 	if !strings.HasPrefix(d.Subject, jobs.JobsPrefix) {
 		return 0, fmt.Errorf("operate: dead letter %d has no original subject under %s", seq, jobs.JobsPrefix)
 	}
+	header, body := d.Header, []byte(d.Body)
+	if d.BodyOmitted > 0 {
+		m, err := Original(ctx, js, d)
+		if err != nil {
+			return 0, fmt.Errorf("%w: dead letter %d cannot be requeued, its body (%d bytes) was omitted from the DLQ", err, seq, d.BodyOmitted)
+		}
+		header, body = m.Header, m.Data
+	}
 	msg := nats.NewMsg(d.Subject)
-	msg.Data = []byte(d.Body)
-	for k, v := range d.Header {
+	msg.Data = body
+	for k, v := range header {
 		if !strings.HasPrefix(k, "Nats-") {
 			msg.Header[k] = v
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -172,5 +173,58 @@ func TestPurgeKeepsWhatArrivedAfterTheCount(t *testing.T) {
 	}
 	if empty, err := operate.CountDeadLetters(ctx, js, "nothing_here"); err != nil || empty.N != 0 {
 		t.Fatalf("count of a reason with none: %+v %v", empty, err)
+	}
+}
+
+// TestRequeueOfAnOmittedBody: a dead letter whose body did not fit in the
+// DLQ is requeued with the original's body and headers, read from
+// TOOLQ_JOBS; once the original is gone from there, it is refused and stays.
+func TestRequeueOfAnOmittedBody(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	n := testenv.StartNATS(t)
+	js, _ := jetstream.New(n.Connect())
+	if err := jobs.ProvisionStreams(ctx, js, jobs.Streams{}); err != nil {
+		t.Fatal(err)
+	}
+	body := `{"version":1,"conversation_id":"c","turn_index":0,"tool":"send_payment","tool_use_id":"toolu_big","args":{"memo":"` +
+		strings.Repeat("x", 4000) + `"}}`
+	job := nats.NewMsg("toolq.jobs.send_payment")
+	job.Data = []byte(body)
+	job.Header.Set(jobs.HeaderKey, "k-big")
+	job.Header.Set("X-Agent", "a1")
+	ack, err := js.PublishMsg(ctx, job)
+	if err != nil {
+		t.Fatal(err)
+	}
+	omitted := func() uint64 {
+		return publishDeadLetter(t, js, jobs.DLQTooLarge, ack.Sequence, "", jobs.HeaderDLQBodyOmitted, strconv.Itoa(len(body)))
+	}
+	dl := omitted()
+	d, err := operate.GetDeadLetter(ctx, js, dl)
+	if err != nil || d.Body != "" || d.Header.Get(jobs.HeaderDLQBodyOmitted) != "" {
+		t.Fatalf("dead letter %+v %v", d, err)
+	}
+	newSeq, err := operate.Requeue(ctx, js, dl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, _ := js.Stream(ctx, jobs.JobsStream)
+	m, err := s.GetMsg(ctx, newSeq)
+	if err != nil || string(m.Data) != body || m.Header.Get(jobs.HeaderKey) != "k-big" || m.Header.Get("X-Agent") != "a1" ||
+		m.Header.Get(jobs.HeaderReplayOf) != "dlq:"+strconv.FormatUint(dl, 10) || m.Subject != "toolq.jobs.send_payment" {
+		t.Fatalf("requeued %+v %v", m, err)
+	}
+	// The original ages out of TOOLQ_JOBS: the dead letter cannot be requeued.
+	gone := omitted()
+	if err := s.DeleteMsg(ctx, ack.Sequence); err != nil {
+		t.Fatal(err)
+	}
+	_, err = operate.Requeue(ctx, js, gone)
+	if err == nil || !strings.Contains(err.Error(), "omitted") || !strings.Contains(err.Error(), "no longer in "+jobs.JobsStream) {
+		t.Fatalf("requeue of an omitted body whose original is gone: %v", err)
+	}
+	if _, err := operate.GetDeadLetter(ctx, js, gone); err != nil {
+		t.Fatalf("the refused dead letter left the DLQ: %v", err)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/toolq/toolq/internal/cli"
+	"github.com/toolq/toolq/jobs"
 	"github.com/toolq/toolq/operate"
 )
 
@@ -23,7 +24,7 @@ func dlq(ctx context.Context, sub string, args []string, stdio cli.IO, getenv fu
 	fs := cli.NewFlagSet("dlq "+sub, map[string]string{
 		"ls":      "publisher dlq ls [--reason R] [--json]",
 		"show":    "publisher dlq show SEQ [--json]",
-		"requeue": "publisher dlq requeue SEQ… | --all [--reason R]\n\nPublishes each dead letter again on its original subject (with Toolq-Replay-Of: dlq:SEQ)\nand removes it from the DLQ. The ledger keeps a requeued call from running twice.",
+		"requeue": "publisher dlq requeue SEQ… | --all [--reason R]\n\nPublishes each dead letter again on its original subject (with Toolq-Replay-Of: dlq:SEQ)\nand removes it from the DLQ. The ledger keeps a requeued call from running twice. A dead\nletter whose body was omitted (too large for the DLQ) is requeued from its original in\nTOOLQ_JOBS; once that has aged out, it cannot be.",
 		"purge":   "publisher dlq purge [--reason R] --yes\n\nCounts the dead letters (of --reason), then deletes exactly those: one that arrives\nafter the count stays in the DLQ.",
 	}[sub], stdio)
 	var nf cli.NATSFlags
@@ -105,7 +106,17 @@ func dlq(ctx context.Context, sub string, args []string, stdio cli.IO, getenv fu
 		for k, v := range d.Header {
 			fmt.Fprintf(w, "header %s:\t%s\n", k, strings.Join(v, ", "))
 		}
-		fmt.Fprintf(w, "body:\t%s\n", d.Body)
+		if d.BodyOmitted == 0 {
+			fmt.Fprintf(w, "body:\t%s\n", d.Body)
+			return w.Flush()
+		}
+		where := fmt.Sprintf("the original is job %d in %s (requeue reads it from there)", d.JobSeq, jobs.JobsStream)
+		if _, err := operate.Original(ctx, js, d); errors.Is(err, operate.ErrOriginalGone) {
+			where = fmt.Sprintf("the original was job %d, no longer in %s: it cannot be requeued", d.JobSeq, jobs.JobsStream)
+		} else if err != nil {
+			return err
+		}
+		fmt.Fprintf(w, "body:\tomitted (%d bytes): %s\n", d.BodyOmitted, where)
 		return w.Flush()
 	case "requeue":
 		if *all {

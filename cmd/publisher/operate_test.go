@@ -9,6 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/toolq/toolq/demo/sandbox"
 	"github.com/toolq/toolq/embedded"
 	"github.com/toolq/toolq/internal/testenv"
@@ -108,5 +111,42 @@ func TestOperatorWorksTheDeadLetters(t *testing.T) {
 		if _, err := run(bad...); err == nil || strings.Contains(err.Error(), "\n") {
 			t.Errorf("%v: %v", bad, err)
 		}
+	}
+}
+
+// TestShowOfAnOmittedBody: dlq show says that a dead letter's body was
+// omitted, how large it was, and where the original is.
+func TestShowOfAnOmittedBody(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	n := testenv.StartNATS(t)
+	js, _ := jetstream.New(n.Connect())
+	if err := jobs.ProvisionStreams(ctx, js, jobs.Streams{}); err != nil {
+		t.Fatal(err)
+	}
+	job := nats.NewMsg("toolq.jobs.send_payment")
+	job.Data = []byte(`{"version":1}`)
+	if _, err := js.PublishMsg(ctx, job); err != nil {
+		t.Fatal(err)
+	}
+	dl := nats.NewMsg(jobs.DLQSubject(jobs.DLQTooLarge))
+	dl.Header.Set(jobs.HeaderDLQReason, jobs.DLQTooLarge)
+	dl.Header.Set(jobs.HeaderDLQSubject, "toolq.jobs.send_payment")
+	dl.Header.Set(jobs.HeaderDLQStreamSeq, "1")
+	dl.Header.Set(jobs.HeaderDLQBodyOmitted, "2000000")
+	if _, err := js.PublishMsg(ctx, dl); err != nil {
+		t.Fatal(err)
+	}
+	out, err := runPublisher(t, "", "dlq", "show", "1", "--nats-url", n.URL)
+	if err != nil || !strings.Contains(out, "omitted (2000000 bytes): the original is job 1 in TOOLQ_JOBS") {
+		t.Fatalf("dlq show: %q %v", out, err)
+	}
+	s, _ := js.Stream(ctx, jobs.JobsStream)
+	if err := s.DeleteMsg(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	out, err = runPublisher(t, "", "dlq", "show", "1", "--nats-url", n.URL)
+	if err != nil || !strings.Contains(out, "omitted (2000000 bytes)") || !strings.Contains(out, "no longer in TOOLQ_JOBS") {
+		t.Fatalf("dlq show once the original is gone: %q %v", out, err)
 	}
 }
