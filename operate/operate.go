@@ -159,12 +159,20 @@ func Original(ctx context.Context, js jetstream.JetStream, d DeadLetter) (*jetst
 // Errors: those of GetDeadLetter, a dead letter whose original subject is not
 // under toolq.jobs., ErrOriginalGone (for an omitted body), the publish
 // error; when the job was published but the dead letter could not be
-// deleted, the new sequence comes back with the error. A dead letter that
-// was not requeued stays in the DLQ.
-func Requeue(ctx context.Context, js jetstream.JetStream, seq uint64) (uint64, error) {
+// deleted, the new sequence comes back with the error; ErrRowMayBePurged
+// with PurgedBefore. A dead letter that was not requeued stays in the DLQ.
+func Requeue(ctx context.Context, js jetstream.JetStream, seq uint64, opts ...RequeueOption) (uint64, error) {
+	var o requeueOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
 	d, err := GetDeadLetter(ctx, js, seq)
 	if err != nil {
 		return 0, err
+	}
+	if d.Time.Before(o.purgedBefore) {
+		return 0, fmt.Errorf("%w: dead letter %d is from %s, before the ledger's purge cutoff %s: if its call completed since, requeued it would run again",
+			ErrRowMayBePurged, seq, d.Time.UTC().Format(time.RFC3339), o.purgedBefore.UTC().Format(time.RFC3339))
 	}
 	if !strings.HasPrefix(d.Subject, jobs.JobsPrefix) {
 		return 0, fmt.Errorf("operate: dead letter %d has no original subject under %s", seq, jobs.JobsPrefix)

@@ -3,6 +3,7 @@ package operate_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"strconv"
 	"strings"
 	"testing"
@@ -115,6 +116,9 @@ func TestDeadLetters(t *testing.T) {
 	if _, err := operate.Requeue(ctx, js, 1); err == nil {
 		t.Fatal("requeued twice")
 	}
+	if _, err := operate.Requeue(ctx, js, 2, operate.PurgedBefore(time.Now().Add(time.Minute))); !errors.Is(err, operate.ErrRowMayBePurged) {
+		t.Fatalf("requeue of a dead letter from before the purge cutoff: %v", err)
+	}
 	c, err := operate.CountDeadLetters(ctx, js, "")
 	if err != nil || c.N != 1 {
 		t.Fatalf("count: %+v %v", c, err)
@@ -226,5 +230,32 @@ func TestRequeueOfAnOmittedBody(t *testing.T) {
 	}
 	if _, err := operate.GetDeadLetter(ctx, js, gone); err != nil {
 		t.Fatalf("the refused dead letter left the DLQ: %v", err)
+	}
+}
+
+func TestCheckRetention(t *testing.T) {
+	t.Parallel()
+	const day = 24 * time.Hour
+	jobsAge := operate.Comeback{Stream: jobs.JobsStream, Setting: "max age", Age: 7 * day, Risk: "replay"}
+	dlqAge := operate.Comeback{Stream: jobs.DLQStream, Setting: "max age", Age: 30 * day, Risk: "requeue"}
+	window := operate.Comeback{Stream: jobs.JobsStream, Setting: "duplicate window", Age: 2 * time.Minute, Risk: "dup"}
+	forever := operate.Comeback{Stream: jobs.DLQStream, Setting: "max age", Risk: "requeue"}
+	for _, c := range []struct {
+		retention time.Duration
+		cs        []operate.Comeback
+		want      string // the error; empty: nil
+	}{
+		{31 * day, []operate.Comeback{jobsAge, dlqAge, window}, ""},
+		{8 * day, []operate.Comeback{jobsAge, dlqAge, window}, "operate: a retention of 8d is not longer than TOOLQ_DLQ's max age 30d: requeue"},
+		{30 * day, []operate.Comeback{jobsAge, dlqAge, window}, "operate: a retention of 30d is not longer than TOOLQ_DLQ's max age 30d: requeue"},
+		{36 * time.Hour, []operate.Comeback{dlqAge, jobsAge}, "operate: a retention of 1d12h is not longer than TOOLQ_DLQ's max age 30d: requeue"},
+		{time.Minute, []operate.Comeback{window}, "operate: a retention of 1m is not longer than TOOLQ_JOBS's duplicate window 2m: dup"},
+		{400 * day, []operate.Comeback{jobsAge, forever}, "operate: a retention of 400d is not longer than TOOLQ_DLQ's max age (none: it keeps messages until they are deleted): requeue"},
+		{31 * day, nil, ""},
+	} {
+		err := operate.CheckRetention(c.retention, c.cs)
+		if (err == nil) != (c.want == "") || err != nil && err.Error() != c.want {
+			t.Errorf("CheckRetention(%v): %v, want %q", c.retention, err, c.want)
+		}
 	}
 }
