@@ -9,13 +9,21 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
+// The defaults of Streams.
+const (
+	DefaultJobsMaxAge      = 7 * 24 * time.Hour
+	DefaultDuplicateWindow = 2 * time.Minute
+	DefaultResultsMaxAge   = 7 * 24 * time.Hour
+	DefaultDLQMaxAge       = 30 * 24 * time.Hour
+)
+
 // Streams configures the three streams. Zero fields take the defaults.
 type Streams struct {
 	Replicas        int           // 1 (embedded) or 3 (a cluster)
-	JobsMaxAge      time.Duration // how long jobs stay replayable (default 7 days); the ledger's retention must exceed it
+	JobsMaxAge      time.Duration // how long jobs stay replayable (default 7 days); the ledger's retention must exceed it and DLQMaxAge
 	DuplicateWindow time.Duration // exact re-publications inside it are dropped (default 2 minutes)
 	ResultsMaxAge   time.Duration // default 7 days
-	DLQMaxAge       time.Duration // default 30 days
+	DLQMaxAge       time.Duration // how long dead letters stay requeueable (default 30 days)
 	Storage         jetstream.StorageType
 }
 
@@ -24,16 +32,16 @@ func (s Streams) withDefaults() Streams {
 		s.Replicas = 1
 	}
 	if s.JobsMaxAge == 0 {
-		s.JobsMaxAge = 7 * 24 * time.Hour
+		s.JobsMaxAge = DefaultJobsMaxAge
 	}
 	if s.DuplicateWindow == 0 {
-		s.DuplicateWindow = 2 * time.Minute
+		s.DuplicateWindow = DefaultDuplicateWindow
 	}
 	if s.ResultsMaxAge == 0 {
-		s.ResultsMaxAge = 7 * 24 * time.Hour
+		s.ResultsMaxAge = DefaultResultsMaxAge
 	}
 	if s.DLQMaxAge == 0 {
-		s.DLQMaxAge = 30 * 24 * time.Hour
+		s.DLQMaxAge = DefaultDLQMaxAge
 	}
 	return s
 }

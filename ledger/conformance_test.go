@@ -592,3 +592,46 @@ func TestMigrateConcurrently(t *testing.T) {
 		})
 	}
 }
+
+// TestPurgeIsRecorded: every purge leaves its cutoff, and the record keeps
+// the latest one, so that a purge with a longer retention after one with a
+// shorter does not hide what the shorter deleted.
+func TestPurgeIsRecorded(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, s *ledger.Store) {
+		ctx := context.Background()
+		if r, err := s.LastPurge(ctx); err != nil || !r.PurgedBefore.IsZero() {
+			t.Fatalf("record of a ledger never purged: %+v %v", r, err)
+		}
+		row := mustClaim(t, s, newClaim(time.Hour))
+		if err := s.Complete(ctx, row.Fence(), json.RawMessage(`{}`)); err != nil {
+			t.Fatal(err)
+		}
+		testenv.Eventually(t, 10*time.Second, "the row to age past 10ms", func() bool {
+			n, err := s.PurgeCount(ctx, 10*time.Millisecond)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return n == 1
+		})
+		if r, err := s.LastPurge(ctx); err != nil || !r.PurgedBefore.IsZero() {
+			t.Fatalf("a count was recorded as a purge: %+v %v", r, err)
+		}
+		before := time.Now()
+		if n, err := s.Purge(ctx, 10*time.Millisecond, 0); err != nil || n != 1 {
+			t.Fatalf("purge: %d %v", n, err)
+		}
+		first, err := s.LastPurge(ctx)
+		if err != nil || first.OlderThan != 10*time.Millisecond || first.PurgedBefore.Before(before.Add(-time.Second)) ||
+			first.PurgedBefore.After(time.Now()) || first.At.Sub(first.PurgedBefore) != 10*time.Millisecond {
+			t.Fatalf("after the first purge: %+v %v", first, err)
+		}
+		if _, err := s.Purge(ctx, 30*24*time.Hour, 0); err != nil {
+			t.Fatal(err)
+		}
+		second, err := s.LastPurge(ctx)
+		if err != nil || second.OlderThan != 30*24*time.Hour || !second.PurgedBefore.Equal(first.PurgedBefore) || second.At.Before(first.At) {
+			t.Fatalf("after a purge with a longer retention: %+v %v (first %+v)", second, err, first)
+		}
+	})
+}

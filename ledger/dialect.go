@@ -5,12 +5,15 @@ import "strings"
 // dialect holds the statements of one backend. They are written once, below,
 // with placeholders for what differs: {now} (the database clock in Unix
 // milliseconds on SQLite, now() on Postgres), {ms:X} (a time column as Unix
-// milliseconds), {plus:$N} and {minus:$N} (now plus or minus $N milliseconds),
+// milliseconds), {at:$N} (the time $N Unix milliseconds, for a time column),
+// {nowms} (the database clock in Unix milliseconds), {plus:$N} and {minus:$N}
+// (now plus or minus $N milliseconds),
 // {text:$N} (a text parameter Postgres must be told the type of) and {cols}
 // (the columns scanRow reads).
 type dialect struct {
 	takeover, extend, complete, fail, endLease, indeterminate, release   string
 	get, list, listStale, counts, resolveNotRun, resolveCompleted, purge string
+	clock, purgeCount, recordPurge, lastPurge                            string
 	cols                                                                 string
 }
 
@@ -38,6 +41,9 @@ const claimConflict = `ON CONFLICT (key) DO UPDATE SET conversation_id = exclude
 	result = '', error = '', updated_at = excluded.updated_at
 	WHERE toolq_ledger.state = 'released'`
 
+// purgeable are the rows a purge with cutoff $1 (Unix milliseconds) deletes.
+const purgeable = `state IN ('completed', 'failed', ` + released + `) AND updated_at < {at:$1}`
+
 func newDialect(expand func(string) string) *dialect {
 	d := &dialect{
 		takeover: `UPDATE toolq_ledger SET attempt = attempt + 1, owner = $3, lease_until = {plus:$4}, updated_at = {now}
@@ -60,11 +66,22 @@ func newDialect(expand func(string) string) *dialect {
 			WHERE key = $1 AND state = 'indeterminate'`,
 		resolveCompleted: `UPDATE toolq_ledger SET state = 'completed', result = $2, updated_at = {now} WHERE key = $1 AND state = 'indeterminate'`,
 		purge: `DELETE FROM toolq_ledger WHERE key IN (SELECT key FROM toolq_ledger
-			WHERE state IN ('completed', 'failed', ` + released + `) AND updated_at < {minus:$1} LIMIT $2)`,
-		cols: columnsTemplate,
+			WHERE ` + purgeable + ` LIMIT $2)`,
+		clock:      `SELECT {nowms}`,
+		purgeCount: `SELECT count(*) FROM toolq_ledger WHERE ` + purgeable,
+		// The record keeps the latest cutoff of any purge: one with a longer
+		// retention after one with a shorter does not hide what the
+		// shorter one deleted.
+		recordPurge: `INSERT INTO toolq_purge (id, purged_before, older_than_ms, purged_at) VALUES (1, {at:$1}, $2, {at:$3})
+			ON CONFLICT (id) DO UPDATE SET older_than_ms = excluded.older_than_ms, purged_at = excluded.purged_at,
+			purged_before = CASE WHEN excluded.purged_before > toolq_purge.purged_before
+				THEN excluded.purged_before ELSE toolq_purge.purged_before END`,
+		lastPurge: `SELECT {ms:purged_before}, older_than_ms, {ms:purged_at} FROM toolq_purge WHERE id = 1`,
+		cols:      columnsTemplate,
 	}
 	for _, s := range []*string{&d.takeover, &d.extend, &d.complete, &d.fail, &d.endLease, &d.indeterminate, &d.release,
-		&d.get, &d.list, &d.listStale, &d.counts, &d.resolveNotRun, &d.resolveCompleted, &d.purge, &d.cols} {
+		&d.get, &d.list, &d.listStale, &d.counts, &d.resolveNotRun, &d.resolveCompleted, &d.purge,
+		&d.clock, &d.purgeCount, &d.recordPurge, &d.lastPurge, &d.cols} {
 		*s = expand(strings.ReplaceAll(*s, "{cols}", columnsTemplate))
 	}
 	return d

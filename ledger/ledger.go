@@ -568,21 +568,31 @@ func (s *Store) Resolve(ctx context.Context, key string, r Resolution) error {
 
 // Purge deletes completed, failed and released rows last updated more than
 // olderThan ago, in batches of batchSize rows (0: 1000) so that no statement
-// holds locks for long. In-flight and indeterminate rows are never purged. The
-// retention must exceed the jobs stream's max age, or a replay would run a call
-// again; it also bounds how long a holder may stall and still be fenced out,
-// since a purged key's next claim starts again at attempt 1.
+// holds locks for long. In-flight and indeterminate rows are never purged.
+// Before it deletes anything it records the purge (see LastPurge), so that a
+// dead letter older than what it may have deleted is not requeued. The
+// retention must exceed every way a job can come back (the jobs stream's and
+// the DLQ's max age), or a replay or a requeue would run a call again; it also
+// bounds how long a holder may stall and still be fenced out, since a purged
+// key's next claim starts again at attempt 1.
 func (s *Store) Purge(ctx context.Context, olderThan time.Duration, batchSize int) (int64, error) {
-	if olderThan <= 0 {
-		return 0, errors.New("ledger: purge: the age must be positive")
+	cutoff, err := s.purgeCutoff(ctx, olderThan)
+	if err != nil {
+		return 0, err
 	}
 	if batchSize <= 0 {
 		batchSize = 1000
 	}
+	rctx, cancel := withDefaultTimeout(ctx)
+	_, err = s.db.exec(rctx, s.db.sql().recordPurge, cutoff, olderThan.Milliseconds(), cutoff+olderThan.Milliseconds())
+	cancel()
+	if err != nil {
+		return 0, s.translate("purge", err)
+	}
 	var total int64
 	for {
 		bctx, cancel := withDefaultTimeout(ctx)
-		n, err := s.db.exec(bctx, s.db.sql().purge, olderThan.Milliseconds(), batchSize)
+		n, err := s.db.exec(bctx, s.db.sql().purge, cutoff, batchSize)
 		cancel()
 		if err != nil {
 			return total, s.translate("purge", err)
@@ -592,6 +602,67 @@ func (s *Store) Purge(ctx context.Context, olderThan time.Duration, batchSize in
 			return total, nil
 		}
 	}
+}
+
+// PurgeCount returns how many rows Purge would delete now with olderThan,
+// and deletes nothing.
+func (s *Store) PurgeCount(ctx context.Context, olderThan time.Duration) (int64, error) {
+	cutoff, err := s.purgeCutoff(ctx, olderThan)
+	if err != nil {
+		return 0, err
+	}
+	ctx, cancel := withDefaultTimeout(ctx)
+	defer cancel()
+	var n int64
+	err = s.db.queryRows(ctx, s.db.sql().purgeCount, []any{cutoff}, func(sc scanner) error { return sc.Scan(&n) })
+	return n, s.translate("purge count", err)
+}
+
+// purgeCutoff is the database's now less olderThan, in Unix milliseconds:
+// one instant for the record and every batch of a purge.
+func (s *Store) purgeCutoff(ctx context.Context, olderThan time.Duration) (int64, error) {
+	if olderThan <= 0 {
+		return 0, errors.New("ledger: purge: the age must be positive")
+	}
+	ctx, cancel := withDefaultTimeout(ctx)
+	defer cancel()
+	var now int64
+	err := s.db.queryRows(ctx, s.db.sql().clock, nil, func(sc scanner) error { return sc.Scan(&now) })
+	if err != nil {
+		return 0, s.translate("purge", err)
+	}
+	return now - olderThan.Milliseconds(), nil
+}
+
+// PurgeRecord is what the ledger remembers of its purges.
+type PurgeRecord struct {
+	// PurgedBefore: rows finished before it may have been deleted. It is
+	// the latest cutoff of any purge; zero when the ledger was never purged.
+	PurgedBefore time.Time     `json:"purged_before"`
+	OlderThan    time.Duration `json:"older_than"` // the last purge's retention
+	At           time.Time     `json:"at"`         // when the last purge began
+}
+
+// LastPurge returns what the ledger remembers of its purges, the zero
+// PurgeRecord when it was never purged. A ledger whose schema predates the
+// record is an error: migrate it (the worker does at start).
+func (s *Store) LastPurge(ctx context.Context) (PurgeRecord, error) {
+	ctx, cancel := withDefaultTimeout(ctx)
+	defer cancel()
+	var r PurgeRecord
+	err := s.db.queryRows(ctx, s.db.sql().lastPurge, nil, func(sc scanner) error {
+		var before, olderThan, at int64
+		if err := sc.Scan(&before, &olderThan, &at); err != nil {
+			return err
+		}
+		r = PurgeRecord{PurgedBefore: time.UnixMilli(before).UTC(), OlderThan: time.Duration(olderThan) * time.Millisecond,
+			At: time.UnixMilli(at).UTC()}
+		return nil
+	})
+	if err != nil {
+		return PurgeRecord{}, s.translate("last purge", err)
+	}
+	return r, nil
 }
 
 func encodeError(e ErrorInfo) string {

@@ -30,6 +30,10 @@ var postgresDialect = newDialect(expandWith(func(name, arg string) string {
 		return "(now() - " + arg + "::bigint * interval '1 millisecond')"
 	case "text":
 		return arg + "::text"
+	case "at":
+		return "to_timestamp(" + arg + "::bigint / 1000.0)"
+	case "nowms":
+		return "(extract(epoch from now()) * 1000)::bigint"
 	}
 	panic("ledger: unknown placeholder " + name)
 }))

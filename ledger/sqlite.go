@@ -22,8 +22,10 @@ var sqliteDialect = newDialect(expandWith(func(name, arg string) string {
 	switch name {
 	case "now":
 		return "(" + sqliteNow + ")"
-	case "ms", "text":
+	case "ms", "text", "at":
 		return arg
+	case "nowms":
+		return "(" + sqliteNow + ")"
 	case "remaining":
 		return "max(0, lease_until - (" + sqliteNow + "))"
 	case "plus":

@@ -22,19 +22,23 @@ import (
 // DeadLetter is one message of TOOLQ_DLQ, with what the consumer recorded
 // about why it gave up.
 type DeadLetter struct {
-	Seq          uint64      `json:"seq"`     // in TOOLQ_DLQ
-	Time         time.Time   `json:"time"`    // when it was dead-lettered
-	Reason       string      `json:"reason"`  // invalid, too_large, max_deliver
-	Detail       string      `json:"detail"`  // the error, one line
-	Subject      string      `json:"subject"` // where the job was published
-	JobSeq       uint64      `json:"job_seq"` // its sequence in TOOLQ_JOBS
-	Deliveries   int         `json:"deliveries"`
-	Consumer     string      `json:"consumer"`
-	History      string      `json:"history,omitempty"` // what the ledger knew
-	Header       nats.Header `json:"header,omitempty"`  // the original headers
-	Body         string      `json:"body,omitempty"`    // the original body
-	ToolUseID    string      `json:"tool_use_id,omitempty"`
-	Conversation string      `json:"conversation_id,omitempty"`
+	Seq        uint64      `json:"seq"`     // in TOOLQ_DLQ
+	Time       time.Time   `json:"time"`    // when it was dead-lettered
+	Reason     string      `json:"reason"`  // invalid, too_large, max_deliver
+	Detail     string      `json:"detail"`  // the error, one line
+	Subject    string      `json:"subject"` // where the job was published
+	JobSeq     uint64      `json:"job_seq"` // its sequence in TOOLQ_JOBS
+	Deliveries int         `json:"deliveries"`
+	Consumer   string      `json:"consumer"`
+	History    string      `json:"history,omitempty"` // what the ledger knew
+	Header     nats.Header `json:"header,omitempty"`  // the original headers
+	Body       string      `json:"body,omitempty"`    // the original body
+	// BodyOmitted is the size in bytes of a body too large to fit in the
+	// DLQ with its headers: Body is then empty, and the original stays the
+	// job at JobSeq in TOOLQ_JOBS until that stream's max age.
+	BodyOmitted  int    `json:"body_omitted,omitempty"`
+	ToolUseID    string `json:"tool_use_id,omitempty"`
+	Conversation string `json:"conversation_id,omitempty"`
 }
 
 func deadLetterOf(seq uint64, t time.Time, subject string, h nats.Header, data []byte) DeadLetter {
@@ -46,6 +50,11 @@ func deadLetterOf(seq uint64, t time.Time, subject string, h nats.Header, data [
 	}
 	d.JobSeq, _ = strconv.ParseUint(h.Get(jobs.HeaderDLQStreamSeq), 10, 64)
 	d.Deliveries, _ = strconv.Atoi(h.Get(jobs.HeaderDLQDeliveries))
+	if v := h.Get(jobs.HeaderDLQBodyOmitted); v != "" {
+		if d.BodyOmitted, _ = strconv.Atoi(v); d.BodyOmitted <= 0 {
+			d.BodyOmitted = 1 // omitted, of a size the header does not say
+		}
+	}
 	for k, v := range h {
 		if !strings.HasPrefix(k, "Toolq-Dlq-") {
 			d.Header[k] = v
@@ -112,24 +121,73 @@ func GetDeadLetter(ctx context.Context, js jetstream.JetStream, seq uint64) (Dea
 	return deadLetterOf(m.Sequence, m.Time, m.Subject, m.Header, m.Data), nil
 }
 
+// ErrOriginalGone is the error of a dead letter whose body was omitted and
+// whose original job is no longer in TOOLQ_JOBS (it aged out, or was
+// deleted): nothing is left to requeue.
+var ErrOriginalGone = errors.New("operate: the original job is no longer in " + jobs.JobsStream)
+
+// Original returns the job a dead letter was made of, read from TOOLQ_JOBS
+// at d.JobSeq. Errors: ErrOriginalGone when that sequence holds no message,
+// or one of another subject than the dead letter's; JetStream's, wrapped.
+func Original(ctx context.Context, js jetstream.JetStream, d DeadLetter) (*jetstream.RawStreamMsg, error) {
+	if d.JobSeq == 0 {
+		return nil, fmt.Errorf("%w: dead letter %d names no job sequence", ErrOriginalGone, d.Seq)
+	}
+	s, err := js.Stream(ctx, jobs.JobsStream)
+	if err != nil {
+		return nil, fmt.Errorf("operate: stream %s: %w", jobs.JobsStream, err)
+	}
+	m, err := s.GetMsg(ctx, d.JobSeq)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return nil, fmt.Errorf("%w (job %d)", ErrOriginalGone, d.JobSeq)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("operate: job %d: %w", d.JobSeq, err)
+	}
+	if m.Subject != d.Subject {
+		return nil, fmt.Errorf("%w: job %d is on %s, the dead letter's was on %s", ErrOriginalGone, d.JobSeq, m.Subject, d.Subject)
+	}
+	return m, nil
+}
+
 // Requeue publishes the dead letter at seq again on its original subject,
 // with its original headers and Toolq-Replay-Of: dlq:<seq>, then deletes it
-// from the DLQ. The consumer processes it as any delivery: the ledger keeps
-// it from running twice. It returns the new job's sequence in TOOLQ_JOBS.
+// from the DLQ. A dead letter whose body was omitted is requeued from its
+// original in TOOLQ_JOBS, body and headers. The consumer processes it as any
+// delivery: the ledger keeps it from running twice. It returns the new job's
+// sequence in TOOLQ_JOBS.
 // Errors: those of GetDeadLetter, a dead letter whose original subject is not
-// under toolq.jobs., the publish error; when the job was published but the
-// dead letter could not be deleted, the new sequence comes back with the error.
-func Requeue(ctx context.Context, js jetstream.JetStream, seq uint64) (uint64, error) {
+// under toolq.jobs., ErrOriginalGone (for an omitted body), the publish
+// error; when the job was published but the dead letter could not be
+// deleted, the new sequence comes back with the error; ErrRowMayBePurged
+// with PurgedBefore. A dead letter that was not requeued stays in the DLQ.
+func Requeue(ctx context.Context, js jetstream.JetStream, seq uint64, opts ...RequeueOption) (uint64, error) {
+	var o requeueOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
 	d, err := GetDeadLetter(ctx, js, seq)
 	if err != nil {
 		return 0, err
 	}
+	if d.Time.Before(o.purgedBefore) {
+		return 0, fmt.Errorf("%w: dead letter %d is from %s, before the ledger's purge cutoff %s: if its call completed since, requeued it would run again",
+			ErrRowMayBePurged, seq, d.Time.UTC().Format(time.RFC3339), o.purgedBefore.UTC().Format(time.RFC3339))
+	}
 	if !strings.HasPrefix(d.Subject, jobs.JobsPrefix) {
 		return 0, fmt.Errorf("operate: dead letter %d has no original subject under %s", seq, jobs.JobsPrefix)
 	}
+	header, body := d.Header, []byte(d.Body)
+	if d.BodyOmitted > 0 {
+		m, err := Original(ctx, js, d)
+		if err != nil {
+			return 0, fmt.Errorf("%w: dead letter %d cannot be requeued, its body (%d bytes) was omitted from the DLQ", err, seq, d.BodyOmitted)
+		}
+		header, body = m.Header, m.Data
+	}
 	msg := nats.NewMsg(d.Subject)
-	msg.Data = []byte(d.Body)
-	for k, v := range d.Header {
+	msg.Data = body
+	for k, v := range header {
 		if !strings.HasPrefix(k, "Nats-") {
 			msg.Header[k] = v
 		}
@@ -149,29 +207,70 @@ func Requeue(ctx context.Context, js jetstream.JetStream, seq uint64) (uint64, e
 	return ack.Sequence, nil
 }
 
-// PurgeDeadLetters deletes the dead letters (of one reason, when reason is
-// not empty) and returns how many there were. Errors are JetStream's, wrapped.
-func PurgeDeadLetters(ctx context.Context, js jetstream.JetStream, reason string) (uint64, error) {
+// DeadLetterCount is what CountDeadLetters found: N dead letters of Reason
+// (every reason, when empty), the last of them at or before sequence Through
+// of TOOLQ_DLQ. PurgeDeadLetters deletes those and no later one.
+type DeadLetterCount struct {
+	Reason  string `json:"reason,omitempty"`
+	N       uint64 `json:"n"`
+	Through uint64 `json:"through"` // the stream's last sequence when counted; 0: it was empty
+}
+
+// CountDeadLetters counts the dead letters (of one reason, when reason is not
+// empty) and notes the last sequence the count covers, for PurgeDeadLetters.
+// Errors are JetStream's, wrapped.
+func CountDeadLetters(ctx context.Context, js jetstream.JetStream, reason string) (DeadLetterCount, error) {
 	s, err := js.Stream(ctx, jobs.DLQStream)
 	if err != nil {
-		return 0, fmt.Errorf("operate: stream %s: %w", jobs.DLQStream, err)
+		return DeadLetterCount{}, fmt.Errorf("operate: stream %s: %w", jobs.DLQStream, err)
 	}
-	filter := jobs.DLQSubjects
-	if reason != "" {
-		filter = jobs.DLQSubject(reason)
+	c := DeadLetterCount{Reason: reason}
+	filter := dlqFilter(reason)
+	// The server reads the last sequence and the per-subject totals one after
+	// the other: a count is only taken when no dead letter arrived around it.
+	for try := 0; ; try++ {
+		info, err := s.Info(ctx, jetstream.WithSubjectFilter(filter))
+		if err != nil {
+			return DeadLetterCount{}, fmt.Errorf("operate: count %s: %w", filter, err)
+		}
+		var n uint64
+		for _, k := range info.State.Subjects {
+			n += k
+		}
+		if try > 0 && info.State.LastSeq == c.Through && n == c.N {
+			return c, nil
+		}
+		if try == 10 {
+			return DeadLetterCount{}, fmt.Errorf("operate: count %s: dead letters keep arriving; try again", filter)
+		}
+		c.N, c.Through = n, info.State.LastSeq
 	}
-	info, err := s.Info(ctx, jetstream.WithSubjectFilter(filter))
+}
+
+// PurgeDeadLetters deletes the dead letters that c counted: those of
+// c.Reason up to sequence c.Through. One that arrived after the count stays.
+// Errors are JetStream's, wrapped.
+func PurgeDeadLetters(ctx context.Context, js jetstream.JetStream, c DeadLetterCount) error {
+	if c.N == 0 || c.Through == 0 {
+		return nil
+	}
+	s, err := js.Stream(ctx, jobs.DLQStream)
 	if err != nil {
-		return 0, err
+		return fmt.Errorf("operate: stream %s: %w", jobs.DLQStream, err)
 	}
-	var n uint64
-	for _, c := range info.State.Subjects {
-		n += c
+	filter := dlqFilter(c.Reason)
+	// The purge sequence is the first one kept.
+	if err := s.Purge(ctx, jetstream.WithPurgeSubject(filter), jetstream.WithPurgeSequence(c.Through+1)); err != nil {
+		return fmt.Errorf("operate: purge %s through %d: %w", filter, c.Through, err)
 	}
-	if err := s.Purge(ctx, jetstream.WithPurgeSubject(filter)); err != nil {
-		return 0, fmt.Errorf("operate: purge %s: %w", filter, err)
+	return nil
+}
+
+func dlqFilter(reason string) string {
+	if reason == "" {
+		return jobs.DLQSubjects
 	}
-	return n, nil
+	return jobs.DLQSubject(reason)
 }
 
 // ReplayRange selects the jobs to replay: a subject (wildcards allowed,

@@ -3,7 +3,9 @@ package operate_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -114,10 +116,146 @@ func TestDeadLetters(t *testing.T) {
 	if _, err := operate.Requeue(ctx, js, 1); err == nil {
 		t.Fatal("requeued twice")
 	}
-	if n, err := operate.PurgeDeadLetters(ctx, js, ""); err != nil || n != 1 {
-		t.Fatalf("purge: %d %v", n, err)
+	if _, err := operate.Requeue(ctx, js, 2, operate.PurgedBefore(time.Now().Add(time.Minute))); !errors.Is(err, operate.ErrRowMayBePurged) {
+		t.Fatalf("requeue of a dead letter from before the purge cutoff: %v", err)
+	}
+	c, err := operate.CountDeadLetters(ctx, js, "")
+	if err != nil || c.N != 1 {
+		t.Fatalf("count: %+v %v", c, err)
+	}
+	if err := operate.PurgeDeadLetters(ctx, js, c); err != nil {
+		t.Fatal(err)
 	}
 	if left, _ := operate.ListDeadLetters(ctx, js, ""); len(left) != 0 {
 		t.Fatalf("after purge: %+v", left)
+	}
+}
+
+// publishDeadLetter publishes a dead letter of reason for the job at jobSeq,
+// as the worker does, and returns its sequence in TOOLQ_DLQ.
+func publishDeadLetter(t *testing.T, js jetstream.JetStream, reason string, jobSeq uint64, body string, set ...string) uint64 {
+	t.Helper()
+	msg := nats.NewMsg(jobs.DLQSubject(reason))
+	msg.Data = []byte(body)
+	msg.Header.Set(jobs.HeaderDLQReason, reason)
+	msg.Header.Set(jobs.HeaderDLQDetail, "gave up")
+	msg.Header.Set(jobs.HeaderDLQSubject, "toolq.jobs.send_payment")
+	msg.Header.Set(jobs.HeaderDLQStreamSeq, strconv.FormatUint(jobSeq, 10))
+	for i := 0; i+1 < len(set); i += 2 {
+		msg.Header.Set(set[i], set[i+1])
+	}
+	ack, err := js.PublishMsg(context.Background(), msg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ack.Sequence
+}
+
+// TestPurgeKeepsWhatArrivedAfterTheCount: a dead letter that arrives
+// between the count an operator was shown and the purge is not deleted.
+func TestPurgeKeepsWhatArrivedAfterTheCount(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	n := testenv.StartNATS(t)
+	js, _ := jetstream.New(n.Connect())
+	if err := jobs.ProvisionStreams(ctx, js, jobs.Streams{}); err != nil {
+		t.Fatal(err)
+	}
+	publishDeadLetter(t, js, jobs.DLQMaxDeliver, 1, "{}")
+	publishDeadLetter(t, js, jobs.DLQInvalid, 2, "{}")
+	c, err := operate.CountDeadLetters(ctx, js, jobs.DLQMaxDeliver)
+	if err != nil || c.N != 1 || c.Through != 2 {
+		t.Fatalf("count: %+v %v", c, err)
+	}
+	late := publishDeadLetter(t, js, jobs.DLQMaxDeliver, 3, "{}")
+	if err := operate.PurgeDeadLetters(ctx, js, c); err != nil {
+		t.Fatal(err)
+	}
+	left, err := operate.ListDeadLetters(ctx, js, "")
+	if err != nil || len(left) != 2 || left[0].Seq != 2 || left[1].Seq != late {
+		t.Fatalf("left after the purge: %+v %v (want the invalid one and the late one, %d)", left, err, late)
+	}
+	if empty, err := operate.CountDeadLetters(ctx, js, "nothing_here"); err != nil || empty.N != 0 {
+		t.Fatalf("count of a reason with none: %+v %v", empty, err)
+	}
+}
+
+// TestRequeueOfAnOmittedBody: a dead letter whose body did not fit in the
+// DLQ is requeued with the original's body and headers, read from
+// TOOLQ_JOBS; once the original is gone from there, it is refused and stays.
+func TestRequeueOfAnOmittedBody(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	n := testenv.StartNATS(t)
+	js, _ := jetstream.New(n.Connect())
+	if err := jobs.ProvisionStreams(ctx, js, jobs.Streams{}); err != nil {
+		t.Fatal(err)
+	}
+	body := `{"version":1,"conversation_id":"c","turn_index":0,"tool":"send_payment","tool_use_id":"toolu_big","args":{"memo":"` +
+		strings.Repeat("x", 4000) + `"}}`
+	job := nats.NewMsg("toolq.jobs.send_payment")
+	job.Data = []byte(body)
+	job.Header.Set(jobs.HeaderKey, "k-big")
+	job.Header.Set("X-Agent", "a1")
+	ack, err := js.PublishMsg(ctx, job)
+	if err != nil {
+		t.Fatal(err)
+	}
+	omitted := func() uint64 {
+		return publishDeadLetter(t, js, jobs.DLQTooLarge, ack.Sequence, "", jobs.HeaderDLQBodyOmitted, strconv.Itoa(len(body)))
+	}
+	dl := omitted()
+	d, err := operate.GetDeadLetter(ctx, js, dl)
+	if err != nil || d.Body != "" || d.Header.Get(jobs.HeaderDLQBodyOmitted) != "" {
+		t.Fatalf("dead letter %+v %v", d, err)
+	}
+	newSeq, err := operate.Requeue(ctx, js, dl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, _ := js.Stream(ctx, jobs.JobsStream)
+	m, err := s.GetMsg(ctx, newSeq)
+	if err != nil || string(m.Data) != body || m.Header.Get(jobs.HeaderKey) != "k-big" || m.Header.Get("X-Agent") != "a1" ||
+		m.Header.Get(jobs.HeaderReplayOf) != "dlq:"+strconv.FormatUint(dl, 10) || m.Subject != "toolq.jobs.send_payment" {
+		t.Fatalf("requeued %+v %v", m, err)
+	}
+	// The original ages out of TOOLQ_JOBS: the dead letter cannot be requeued.
+	gone := omitted()
+	if err := s.DeleteMsg(ctx, ack.Sequence); err != nil {
+		t.Fatal(err)
+	}
+	_, err = operate.Requeue(ctx, js, gone)
+	if err == nil || !strings.Contains(err.Error(), "omitted") || !strings.Contains(err.Error(), "no longer in "+jobs.JobsStream) {
+		t.Fatalf("requeue of an omitted body whose original is gone: %v", err)
+	}
+	if _, err := operate.GetDeadLetter(ctx, js, gone); err != nil {
+		t.Fatalf("the refused dead letter left the DLQ: %v", err)
+	}
+}
+
+func TestCheckRetention(t *testing.T) {
+	t.Parallel()
+	const day = 24 * time.Hour
+	jobsAge := operate.Comeback{Stream: jobs.JobsStream, Setting: "max age", Age: 7 * day, Risk: "replay"}
+	dlqAge := operate.Comeback{Stream: jobs.DLQStream, Setting: "max age", Age: 30 * day, Risk: "requeue"}
+	window := operate.Comeback{Stream: jobs.JobsStream, Setting: "duplicate window", Age: 2 * time.Minute, Risk: "dup"}
+	forever := operate.Comeback{Stream: jobs.DLQStream, Setting: "max age", Risk: "requeue"}
+	for _, c := range []struct {
+		retention time.Duration
+		cs        []operate.Comeback
+		want      string // the error; empty: nil
+	}{
+		{31 * day, []operate.Comeback{jobsAge, dlqAge, window}, ""},
+		{8 * day, []operate.Comeback{jobsAge, dlqAge, window}, "operate: a retention of 8d is not longer than TOOLQ_DLQ's max age 30d: requeue"},
+		{30 * day, []operate.Comeback{jobsAge, dlqAge, window}, "operate: a retention of 30d is not longer than TOOLQ_DLQ's max age 30d: requeue"},
+		{36 * time.Hour, []operate.Comeback{dlqAge, jobsAge}, "operate: a retention of 1d12h is not longer than TOOLQ_DLQ's max age 30d: requeue"},
+		{time.Minute, []operate.Comeback{window}, "operate: a retention of 1m is not longer than TOOLQ_JOBS's duplicate window 2m: dup"},
+		{400 * day, []operate.Comeback{jobsAge, forever}, "operate: a retention of 400d is not longer than TOOLQ_DLQ's max age (none: it keeps messages until they are deleted): requeue"},
+		{31 * day, nil, ""},
+	} {
+		err := operate.CheckRetention(c.retention, c.cs)
+		if (err == nil) != (c.want == "") || err != nil && err.Error() != c.want {
+			t.Errorf("CheckRetention(%v): %v, want %q", c.retention, err, c.want)
+		}
 	}
 }

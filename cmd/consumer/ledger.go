@@ -10,6 +10,7 @@ import (
 
 	"github.com/toolq/toolq/internal/cli"
 	"github.com/toolq/toolq/ledger"
+	"github.com/toolq/toolq/operate"
 )
 
 // storeFlags are the flags that name the ledger.
@@ -185,21 +186,36 @@ func ledgerResolve(ctx context.Context, args []string, stdio cli.IO, getenv func
 	return nil
 }
 
+const purgeSynopsis = `consumer ledger purge --older-than D [--dry-run] [--batch N] [NATS flags] [--horizon H]
+
+Deletes completed, failed and released rows last updated more than D ago (e.g. 31d,
+36h); a released row is a claim given up because its call was not sent. In-flight and
+indeterminate rows are kept.
+
+A finished call's row is what keeps a job that comes back from running it again, so D
+must be longer than every way a job can come back: TOOLQ_JOBS's max age (a replay),
+TOOLQ_DLQ's max age (a requeued dead letter) and the duplicate window. purge reads them
+from the live streams (the NATS flags, default the embedded server's address) and
+refuses a shorter D, naming the setting. When the streams cannot be read, give
+--horizon H, the longest they keep a job (at least 30d, the DLQ's default); streams
+that can be read still count. Each purge is recorded in the ledger, so that
+'publisher dlq requeue' refuses a dead letter older than what it may have deleted.`
+
 func ledgerPurge(ctx context.Context, args []string, stdio cli.IO, getenv func(string) string) error {
-	fs := cli.NewFlagSet("purge", "consumer ledger purge --older-than D [--batch N]\n\n"+
-		"Deletes completed, failed and released rows last updated more than D ago (e.g.\n"+
-		"30d, 36h); a released row is a claim given up because its call was not sent.\n"+
-		"In-flight and indeterminate rows are kept. D must exceed the jobs stream's max age,\n"+
-		"or a replay of an older job would run its call again.", stdio)
+	fs := cli.NewFlagSet("purge", purgeSynopsis, stdio)
 	var sf storeFlags
 	sf.register(fs, getenv)
-	olderThan := fs.String("older-than", "", "retention, e.g. 30d")
+	var nf cli.NATSFlags
+	nf.Register(fs, getenv, "nats://127.0.0.1:4222", "NATS server whose streams bound the retention")
+	olderThan := fs.String("older-than", "", "retention, e.g. 31d")
+	horizon := fs.String("horizon", "", "when the streams cannot be read: the longest they keep a job, at least 30d")
+	dry := fs.Bool("dry-run", false, "count the rows a purge would delete, delete nothing")
 	batch := fs.Int("batch", 1000, "rows deleted per statement")
 	if err := cli.ParseNone(fs, args); err != nil {
 		return err
 	}
 	if *olderThan == "" {
-		return errors.New("--older-than is required (e.g. --older-than 30d)")
+		return errors.New("--older-than is required (e.g. --older-than 31d)")
 	}
 	d, err := cli.ParseDuration(*olderThan)
 	if err != nil {
@@ -208,15 +224,69 @@ func ledgerPurge(ctx context.Context, args []string, stdio cli.IO, getenv func(s
 	if d <= 0 {
 		return errors.New("--older-than must be positive")
 	}
+	comebacks, err := purgeComebacks(ctx, &nf, *horizon)
+	if err != nil {
+		return err
+	}
+	var re *operate.RetentionError
+	if err := operate.CheckRetention(d, comebacks); errors.As(err, &re) {
+		return fmt.Errorf("refused: --older-than %s is not longer than %s: %s", *olderThan, re.Comeback, re.Comeback.Risk)
+	}
 	st, err := sf.open(ctx)
 	if err != nil {
 		return err
 	}
 	defer st.Close()
+	before := time.Now().Add(-d).UTC().Format(time.RFC3339)
+	if *dry {
+		n, err := st.PurgeCount(ctx, d)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdio.Out, "would purge %d row(s) finished before %s\n", n, before)
+		return nil
+	}
 	n, err := st.Purge(ctx, d, *batch)
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdio.Out, "purged %d row(s) finished before %s\n", n, time.Now().Add(-d).UTC().Format(time.RFC3339))
+	fmt.Fprintf(stdio.Out, "purged %d row(s) finished before %s\n", n, before)
 	return nil
+}
+
+// purgeComebacks returns the ways a job can come back that a purge must
+// outlive: those of the live streams, and the --horizon when given. Without
+// the streams and without a horizon it refuses.
+func purgeComebacks(ctx context.Context, nf *cli.NATSFlags, horizonFlag string) ([]operate.Comeback, error) {
+	var cs []operate.Comeback
+	if horizonFlag != "" {
+		h, err := cli.ParseDuration(horizonFlag)
+		if err != nil {
+			return nil, fmt.Errorf("--horizon: %w", err)
+		}
+		for _, def := range operate.DefaultComebacks() {
+			if h < def.Age {
+				return nil, fmt.Errorf("refused: --horizon %s is shorter than %s: state at least the longest max age of the streams", horizonFlag, def)
+			}
+		}
+		cs = append(cs, operate.Comeback{Setting: "--horizon", Age: h, Risk: "a job that comes back within it would run its call again"})
+	}
+	live, err := liveComebacks(ctx, nf)
+	if err != nil {
+		if horizonFlag != "" {
+			return cs, nil
+		}
+		return nil, fmt.Errorf("refused: cannot read the streams at %s (%v), whose max ages the retention must outlive; "+
+			"give the NATS flags of toolq's server, or --horizon H (at least 30d), the longest the streams keep a job", nf.URL, err)
+	}
+	return append(cs, live...), nil
+}
+
+func liveComebacks(ctx context.Context, nf *cli.NATSFlags) ([]operate.Comeback, error) {
+	nc, js, err := nf.JetStream("toolq ledger purge")
+	if err != nil {
+		return nil, err
+	}
+	defer nc.Close()
+	return operate.Comebacks(ctx, js)
 }

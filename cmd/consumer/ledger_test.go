@@ -9,8 +9,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/toolq/toolq/internal/cli"
 	"github.com/toolq/toolq/internal/testenv"
+	"github.com/toolq/toolq/jobs"
 	"github.com/toolq/toolq/ledger"
 )
 
@@ -31,7 +34,12 @@ func TestLedgerCommands(t *testing.T) {
 		t.Run(backend, func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
-			env := map[string]string{"TOOLQ_DATA_DIR": t.TempDir()}
+			n := testenv.StartNATS(t)
+			js, _ := jetstream.New(n.Connect())
+			if err := jobs.ProvisionStreams(ctx, js, jobs.Streams{}); err != nil {
+				t.Fatal(err)
+			}
+			env := map[string]string{"TOOLQ_DATA_DIR": t.TempDir(), "NATS_URL": n.URL}
 			if backend == "postgres" {
 				env["DATABASE_URL"] = testenv.Postgres(t)
 			}
@@ -108,7 +116,7 @@ func TestLedgerCommands(t *testing.T) {
 			if _, err := st.Get(ctx, "k-notrun"); err == nil {
 				t.Fatal("resolve --not-run kept the row")
 			}
-			out, err = runConsumer(t, env, "ledger", "purge", "--older-than", "30d")
+			out, err = runConsumer(t, env, "ledger", "purge", "--older-than", "31d")
 			if err != nil || !strings.Contains(out, "purged 0 row") {
 				t.Fatalf("purge: %q %v", out, err)
 			}
@@ -143,5 +151,75 @@ func TestToolsAudit(t *testing.T) {
 	}
 	if _, err := runConsumer(t, nil, "tools", "audit", "--tools", path+".missing"); err == nil {
 		t.Fatal("missing file accepted")
+	}
+}
+
+// TestLedgerPurgeOutlivesTheStreams: a purge whose retention does not
+// outlive every way a job can come back is refused, with the stream setting
+// it fails, read from the live streams; without them it takes a stated
+// horizon, never one shorter than the defaults. A purge is recorded.
+func TestLedgerPurgeOutlivesTheStreams(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	streams := func(s jobs.Streams) string {
+		n := testenv.StartNATS(t)
+		js, _ := jetstream.New(n.Connect())
+		if err := jobs.ProvisionStreams(ctx, js, s); err != nil {
+			t.Fatal(err)
+		}
+		return n.URL
+	}
+	defaults, longJobs := streams(jobs.Streams{}), streams(jobs.Streams{JobsMaxAge: 45 * 24 * time.Hour})
+	bare := testenv.StartNATS(t).URL // JetStream, and none of toolq's streams
+	down := testenv.StartNATS(t)
+	down.Shutdown()
+	dir := t.TempDir()
+	env := func(natsURL string) map[string]string {
+		return map[string]string{"TOOLQ_DATA_DIR": dir, "NATS_URL": natsURL}
+	}
+	if _, err := runConsumer(t, env(defaults), "migrate"); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		nats string
+		args []string
+		want string // in the error; empty: accepted
+	}{
+		{defaults, []string{"--older-than", "8d"}, "refused: --older-than 8d is not longer than TOOLQ_DLQ's max age 30d: a dead letter requeued after the purge would run its call again"},
+		{defaults, []string{"--older-than", "30d"}, "TOOLQ_DLQ's max age 30d"},
+		{defaults, []string{"--older-than", "3d", "--dry-run"}, "TOOLQ_DLQ's max age 30d"},
+		{longJobs, []string{"--older-than", "31d"}, "TOOLQ_JOBS's max age 45d: a replay of an older job would run its call again"},
+		{bare, []string{"--older-than", "31d"}, "refused: cannot read the streams at " + bare},
+		{down.URL, []string{"--older-than", "31d"}, "--horizon"},
+		{down.URL, []string{"--older-than", "31d", "--horizon", "10d"}, "--horizon 10d is shorter than TOOLQ_DLQ's default max age 30d"},
+		{down.URL, []string{"--older-than", "20d", "--horizon", "30d"}, "--older-than 20d is not longer than --horizon 30d"},
+		{longJobs, []string{"--older-than", "40d", "--horizon", "30d"}, "TOOLQ_JOBS's max age 45d"},
+		{defaults, []string{"--older-than", "31d", "--dry-run"}, ""},
+	} {
+		out, err := runConsumer(t, env(c.nats), append([]string{"ledger", "purge"}, c.args...)...)
+		switch {
+		case c.want == "" && err != nil:
+			t.Errorf("%v: %v", c.args, err)
+		case c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want) || strings.Contains(err.Error(), "\n")):
+			t.Errorf("%v on %s: %q %v, want a one-line refusal with %q", c.args, c.nats, out, err, c.want)
+		}
+	}
+	st, err := ledger.Open(ctx, "", dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if r, err := st.LastPurge(ctx); err != nil || !r.PurgedBefore.IsZero() {
+		t.Fatalf("a refused purge or a dry run was recorded: %+v %v", r, err)
+	}
+	out, err := runConsumer(t, env(down.URL), "ledger", "purge", "--older-than", "31d", "--horizon", "30d")
+	if err != nil || !strings.Contains(out, "purged 0 row(s)") {
+		t.Fatalf("purge with a horizon: %q %v", out, err)
+	}
+	if out, err := runConsumer(t, env(defaults), "ledger", "purge", "--older-than", "31d", "--dry-run"); err != nil || !strings.Contains(out, "would purge 0 row(s)") {
+		t.Fatalf("dry run: %q %v", out, err)
+	}
+	if r, err := st.LastPurge(ctx); err != nil || r.OlderThan != 31*24*time.Hour {
+		t.Fatalf("the purge was not recorded: %+v %v", r, err)
 	}
 }

@@ -4,11 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/toolq/toolq/internal/cli"
+	"github.com/toolq/toolq/jobs"
+	"github.com/toolq/toolq/ledger"
 	"github.com/toolq/toolq/operate"
 )
 
@@ -23,8 +27,8 @@ func dlq(ctx context.Context, sub string, args []string, stdio cli.IO, getenv fu
 	fs := cli.NewFlagSet("dlq "+sub, map[string]string{
 		"ls":      "publisher dlq ls [--reason R] [--json]",
 		"show":    "publisher dlq show SEQ [--json]",
-		"requeue": "publisher dlq requeue SEQ… | --all [--reason R]\n\nPublishes each dead letter again on its original subject (with Toolq-Replay-Of: dlq:SEQ)\nand removes it from the DLQ. The ledger keeps a requeued call from running twice.",
-		"purge":   "publisher dlq purge [--reason R] --yes",
+		"requeue": requeueSynopsis,
+		"purge":   "publisher dlq purge [--reason R] --yes\n\nCounts the dead letters (of --reason), then deletes exactly those: one that arrives\nafter the count stays in the DLQ.",
 	}[sub], stdio)
 	var nf cli.NATSFlags
 	nf.Register(fs, getenv, "nats://127.0.0.1:4222", "NATS server URL")
@@ -32,6 +36,8 @@ func dlq(ctx context.Context, sub string, args []string, stdio cli.IO, getenv fu
 	asJSON := fs.Bool("json", false, "print JSON")
 	all := fs.Bool("all", false, "requeue: every dead letter (of --reason)")
 	yes := fs.Bool("yes", false, "purge: yes, delete them")
+	databaseURL := fs.String("database-url", cli.Env(getenv, "DATABASE_URL", ""), "requeue: the ledger (env DATABASE_URL); empty: the SQLite ledger under --data-dir")
+	dataDir := fs.String("data-dir", cli.Env(getenv, "TOOLQ_DATA_DIR", "./toolq-data"), "requeue: data directory of an embedded consumer (env TOOLQ_DATA_DIR)")
 	pos, help, err := cli.Parse(fs, args)
 	if help {
 		return cli.ErrHelp
@@ -105,7 +111,17 @@ func dlq(ctx context.Context, sub string, args []string, stdio cli.IO, getenv fu
 		for k, v := range d.Header {
 			fmt.Fprintf(w, "header %s:\t%s\n", k, strings.Join(v, ", "))
 		}
-		fmt.Fprintf(w, "body:\t%s\n", d.Body)
+		if d.BodyOmitted == 0 {
+			fmt.Fprintf(w, "body:\t%s\n", d.Body)
+			return w.Flush()
+		}
+		where := fmt.Sprintf("the original is job %d in %s (requeue reads it from there)", d.JobSeq, jobs.JobsStream)
+		if _, err := operate.Original(ctx, js, d); errors.Is(err, operate.ErrOriginalGone) {
+			where = fmt.Sprintf("the original was job %d, no longer in %s: it cannot be requeued", d.JobSeq, jobs.JobsStream)
+		} else if err != nil {
+			return err
+		}
+		fmt.Fprintf(w, "body:\tomitted (%d bytes): %s\n", d.BodyOmitted, where)
 		return w.Flush()
 	case "requeue":
 		if *all {
@@ -117,8 +133,15 @@ func dlq(ctx context.Context, sub string, args []string, stdio cli.IO, getenv fu
 				seqs = append(seqs, d.Seq)
 			}
 		}
+		guard, err := purgeGuard(ctx, *databaseURL, *dataDir, stdio)
+		if err != nil {
+			return err
+		}
 		for _, seq := range seqs {
-			n, err := operate.Requeue(ctx, js, seq)
+			n, err := operate.Requeue(ctx, js, seq, guard.opt)
+			if errors.Is(err, operate.ErrRowMayBePurged) {
+				return fmt.Errorf("refused: %w (the last purge ran --older-than %s at %s)", err, guard.olderThan, guard.at)
+			}
 			if err != nil {
 				return err
 			}
@@ -126,13 +149,68 @@ func dlq(ctx context.Context, sub string, args []string, stdio cli.IO, getenv fu
 		}
 		return nil
 	default: // purge
-		n, err := operate.PurgeDeadLetters(ctx, js, *reason)
+		c, err := operate.CountDeadLetters(ctx, js, *reason)
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(stdio.Out, "purged %d dead letter(s)\n", n)
+		if err := operate.PurgeDeadLetters(ctx, js, c); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdio.Out, "purged %d dead letter(s), through sequence %d\n", c.N, c.Through)
 		return nil
 	}
+}
+
+const requeueSynopsis = `publisher dlq requeue SEQ… | --all [--reason R] [--database-url URL | --data-dir DIR]
+
+Publishes each dead letter again on its original subject (with Toolq-Replay-Of: dlq:SEQ)
+and removes it from the DLQ. The ledger keeps a requeued call from running twice, as long
+as it still has the call's row. A dead letter whose body was omitted (too large for the
+DLQ) is requeued from its original in TOOLQ_JOBS; once that has aged out, it cannot be.
+
+'consumer ledger purge' records in the ledger up to when it may have deleted finished
+calls. Requeue reads that record (--database-url, or the SQLite ledger under --data-dir)
+and refuses a dead letter from before it: if its call completed since (a retried turn),
+the row that says so may be gone, and requeued it would run again. Without a ledger to
+read it requeues with a warning.`
+
+// requeueGuard is what requeue learned of the ledger's purges.
+type requeueGuard struct {
+	opt           operate.RequeueOption
+	olderThan, at string
+}
+
+// purgeGuard reads the ledger's purge record without changing the ledger:
+// no migration, and no SQLite file created where there is none. Without a
+// ledger it warns and guards nothing.
+func purgeGuard(ctx context.Context, databaseURL, dataDir string, stdio cli.IO) (requeueGuard, error) {
+	if databaseURL == "" {
+		path := filepath.Join(dataDir, "ledger.db")
+		if _, err := os.Stat(path); err != nil {
+			fmt.Fprintf(stdio.Err, "warning: no ledger at %s (give --database-url or the consumer's --data-dir): "+
+				"requeue cannot check that a purge left the rows of these calls\n", path)
+			return requeueGuard{opt: operate.PurgedBefore(time.Time{})}, nil
+		}
+	}
+	st, err := ledger.Open(ctx, databaseURL, dataDir)
+	if err != nil {
+		return requeueGuard{}, err
+	}
+	defer st.Close()
+	r, err := st.LastPurge(ctx)
+	if err != nil {
+		return requeueGuard{}, fmt.Errorf("cannot read the ledger's purge record ('consumer migrate' adds it): %w", err)
+	}
+	return requeueGuard{opt: operate.PurgedBefore(r.PurgedBefore), olderThan: days(r.OlderThan),
+		at: r.At.Format(time.RFC3339)}, nil
+}
+
+// days writes a retention as purge was given it when it was whole days.
+func days(d time.Duration) string {
+	if d > 0 && d%(24*time.Hour) == 0 {
+		return fmt.Sprintf("%dd", d/(24*time.Hour))
+	}
+	return d.String()
 }
 
 func runReplay(ctx context.Context, args []string, stdio cli.IO, getenv func(string) string) error {

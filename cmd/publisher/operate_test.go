@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"io"
@@ -9,10 +10,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/toolq/toolq/demo/sandbox"
 	"github.com/toolq/toolq/embedded"
+	"github.com/toolq/toolq/internal/cli"
 	"github.com/toolq/toolq/internal/testenv"
 	"github.com/toolq/toolq/jobs"
+	"github.com/toolq/toolq/ledger"
 	"github.com/toolq/toolq/operate"
 	"github.com/toolq/toolq/worker"
 )
@@ -108,5 +114,113 @@ func TestOperatorWorksTheDeadLetters(t *testing.T) {
 		if _, err := run(bad...); err == nil || strings.Contains(err.Error(), "\n") {
 			t.Errorf("%v: %v", bad, err)
 		}
+	}
+}
+
+// TestShowOfAnOmittedBody: dlq show says that a dead letter's body was
+// omitted, how large it was, and where the original is.
+func TestShowOfAnOmittedBody(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	n := testenv.StartNATS(t)
+	js, _ := jetstream.New(n.Connect())
+	if err := jobs.ProvisionStreams(ctx, js, jobs.Streams{}); err != nil {
+		t.Fatal(err)
+	}
+	job := nats.NewMsg("toolq.jobs.send_payment")
+	job.Data = []byte(`{"version":1}`)
+	if _, err := js.PublishMsg(ctx, job); err != nil {
+		t.Fatal(err)
+	}
+	dl := nats.NewMsg(jobs.DLQSubject(jobs.DLQTooLarge))
+	dl.Header.Set(jobs.HeaderDLQReason, jobs.DLQTooLarge)
+	dl.Header.Set(jobs.HeaderDLQSubject, "toolq.jobs.send_payment")
+	dl.Header.Set(jobs.HeaderDLQStreamSeq, "1")
+	dl.Header.Set(jobs.HeaderDLQBodyOmitted, "2000000")
+	if _, err := js.PublishMsg(ctx, dl); err != nil {
+		t.Fatal(err)
+	}
+	out, err := runPublisher(t, "", "dlq", "show", "1", "--nats-url", n.URL)
+	if err != nil || !strings.Contains(out, "omitted (2000000 bytes): the original is job 1 in TOOLQ_JOBS") {
+		t.Fatalf("dlq show: %q %v", out, err)
+	}
+	s, _ := js.Stream(ctx, jobs.JobsStream)
+	if err := s.DeleteMsg(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	out, err = runPublisher(t, "", "dlq", "show", "1", "--nats-url", n.URL)
+	if err != nil || !strings.Contains(out, "omitted (2000000 bytes)") || !strings.Contains(out, "no longer in TOOLQ_JOBS") {
+		t.Fatalf("dlq show once the original is gone: %q %v", out, err)
+	}
+}
+
+func runPublisherEnv(t *testing.T, env map[string]string, args ...string) (stdout, stderr string, err error) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	err = run(context.Background(), args, cli.IO{In: strings.NewReader(""), Out: &out, Err: &errOut}, func(k string) string { return env[k] })
+	return out.String(), errOut.String(), err
+}
+
+// TestRequeueRefusesWhatAPurgeMayHaveDeleted: a call dead-lettered, then
+// completed by a retried turn, loses its ledger row to a purge; requeued, it
+// would run again. Requeue reads the ledger's purge record and refuses a dead
+// letter from before the purge's cutoff, requeues a later one, and without a
+// ledger requeues with a warning.
+func TestRequeueRefusesWhatAPurgeMayHaveDeleted(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	n := testenv.StartNATS(t)
+	js, _ := jetstream.New(n.Connect())
+	if err := jobs.ProvisionStreams(ctx, js, jobs.Streams{}); err != nil {
+		t.Fatal(err)
+	}
+	deadLetter := func() time.Time {
+		msg := nats.NewMsg(jobs.DLQSubject(jobs.DLQMaxDeliver))
+		msg.Data = []byte(`{"version":1,"conversation_id":"c","turn_index":0,"tool":"send_payment","tool_use_id":"toolu_1","args":{}}`)
+		msg.Header.Set(jobs.HeaderDLQReason, jobs.DLQMaxDeliver)
+		msg.Header.Set(jobs.HeaderDLQSubject, "toolq.jobs.send_payment")
+		ack, err := js.PublishMsg(ctx, msg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, _ := js.Stream(ctx, jobs.DLQStream)
+		m, err := s.GetMsg(ctx, ack.Sequence)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m.Time
+	}
+	first := deadLetter()
+	dir := t.TempDir()
+	st, err := ledger.Open(ctx, "", dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if err := st.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// A purge with a short retention, as an override would run it: its
+	// cutoff passes the first dead letter.
+	testenv.Eventually(t, 10*time.Second, "the first dead letter to be 50ms old", func() bool { return time.Since(first) > 50*time.Millisecond })
+	if _, err := st.Purge(ctx, 10*time.Millisecond, 0); err != nil {
+		t.Fatal(err)
+	}
+	deadLetter()
+	env := map[string]string{"NATS_URL": n.URL, "TOOLQ_DATA_DIR": dir}
+	_, _, err = runPublisherEnv(t, env, "dlq", "requeue", "1")
+	if err == nil || !strings.Contains(err.Error(), "may have purged") || !strings.Contains(err.Error(), "--older-than 10ms") || strings.Contains(err.Error(), "\n") {
+		t.Fatalf("requeue of a dead letter older than the purge: %v", err)
+	}
+	if _, err := operate.GetDeadLetter(ctx, js, 1); err != nil {
+		t.Fatalf("the refused dead letter left the DLQ: %v", err)
+	}
+	if out, _, err := runPublisherEnv(t, env, "dlq", "requeue", "2"); err != nil || !strings.Contains(out, "dead letter 2 requeued") {
+		t.Fatalf("requeue of a dead letter after the purge: %q %v", out, err)
+	}
+	deadLetter()
+	out, warn, err := runPublisherEnv(t, map[string]string{"NATS_URL": n.URL, "TOOLQ_DATA_DIR": t.TempDir()}, "dlq", "requeue", "3")
+	if err != nil || !strings.Contains(out, "dead letter 3 requeued") || !strings.Contains(warn, "warning: no ledger") {
+		t.Fatalf("requeue without a ledger: %q %q %v", out, warn, err)
 	}
 }
