@@ -86,3 +86,55 @@ func hasMetric(rm metricdata.ResourceMetrics, name string) bool {
 	}
 	return false
 }
+
+// TestEachDeliveryIsCountedOnce: an unkeyed write left indeterminate and a
+// job for a tool nobody registered are each counted once, under their one
+// outcome; a tool name the registry lacks becomes the label "unknown", so
+// a sender cannot grow the label set.
+func TestEachDeliveryIsCountedOnce(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	reg, _ := tools.NewRegistry([]tools.Definition{{Name: "ticket", Class: tools.UnkeyedWrite, Schema: json.RawMessage(`{"type":"object"}`),
+		Executor: tools.ExecutorFunc(func(ctx context.Context, r tools.Request) (json.RawMessage, error) {
+			return nil, tools.AmbiguousError("reset", "connection reset after the request was sent", 0, nil)
+		})}}, tools.Config{})
+	reader := sdkmetric.NewManualReader()
+	js, _ := startWorker(t, reg, worker.Config{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))})
+	client := jobs.NewClient(js)
+	actx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if r, err := client.PublishAndAwait(actx, &jobs.Job{ConversationID: "c", Tool: "ticket", ToolUseID: "toolu_t", Args: json.RawMessage(`{}`)}); err != nil || r.Status != jobs.StatusIndeterminate {
+		t.Fatalf("%+v %v", r, err)
+	}
+	for _, name := range []string{"made_up_1", "made_up_2"} {
+		if r, err := client.PublishAndAwait(actx, &jobs.Job{ConversationID: "c", Tool: name, ToolUseID: "toolu_" + name, Args: json.RawMessage(`{}`)}); err != nil || r.Status != jobs.StatusRejected {
+			t.Fatalf("%+v %v", r, err)
+		}
+	}
+	counts := map[string]int64{}
+	testenv.Eventually(t, 10*time.Second, "three deliveries counted", func() bool {
+		var rm metricdata.ResourceMetrics
+		if err := reader.Collect(ctx, &rm); err != nil {
+			t.Fatal(err)
+		}
+		clear(counts)
+		var total int64
+		for _, sm := range rm.ScopeMetrics {
+			for _, m := range sm.Metrics {
+				if sum, ok := m.Data.(metricdata.Sum[int64]); ok && m.Name == "toolq.jobs" {
+					for _, dp := range sum.DataPoints {
+						outcome, _ := dp.Attributes.Value(attribute.Key("toolq.outcome"))
+						tool, _ := dp.Attributes.Value(attribute.Key("toolq.tool"))
+						counts[outcome.AsString()+"/"+tool.AsString()] += dp.Value
+						total += dp.Value
+					}
+				}
+			}
+		}
+		return total >= 3
+	})
+	want := map[string]int64{"indeterminate/ticket": 1, "rejected/unknown": 2}
+	if len(counts) != len(want) || counts["indeterminate/ticket"] != 1 || counts["rejected/unknown"] != 2 {
+		t.Fatalf("toolq.jobs %v, want %v", counts, want)
+	}
+}
