@@ -17,6 +17,7 @@ var commands = &cli.Commands{Name: "publisher", List: []cli.Command{
 	{Name: "replay", Summary: "re-publish history from TOOLQ_JOBS (--subject, --since/--until or --from-seq/--to-seq)", Run: runReplay},
 	{Name: "dlq", Summary: "dead letters: ls, show SEQ, requeue SEQ…|--all, purge --yes", Run: dlqCommands.Run},
 	{Name: "simulate", Summary: "the streaming-agent scenario, naive dispatcher against toolq, in-process", Run: runSimulate},
+	{Name: "bench", Summary: "throughput and latency of toolq next to a dispatcher with no memory (--quick, --json)", Run: runBench},
 }}
 
 var dlqCommands = &cli.Commands{Name: "publisher dlq", List: []cli.Command{
@@ -27,5 +28,8 @@ var dlqCommands = &cli.Commands{Name: "publisher dlq", List: []cli.Command{
 }}
 
 func run(ctx context.Context, args []string, stdio cli.IO, getenv func(string) string) error {
+	if len(args) == 3 && args[0] == natsServerCommand { // the bench's server process
+		return runNATSServer(args[1], args[2])
+	}
 	return commands.Run(ctx, args, stdio, getenv)
 }

@@ -113,19 +113,27 @@ func passwordParam(pw string) string {
 // on 127.0.0.1 on a free port, with trust authentication and durability off
 // (it lives for one test run).
 type Cluster struct {
-	dir  string
-	bin  string
-	Port int
-	cred *syscall.Credential // run as this user (initdb refuses root)
+	dir     string
+	bin     string
+	Port    int
+	cred    *syscall.Credential // run as this user (initdb refuses root)
+	durable bool
 }
 
-// StartCluster runs initdb and starts the server.
-func StartCluster() (*Cluster, error) {
+// StartCluster runs initdb and starts the server, with fsync and
+// synchronous commit off: fast, for tests.
+func StartCluster() (*Cluster, error) { return startCluster(false) }
+
+// StartDurableCluster is StartCluster with fsync and synchronous commit on,
+// as a production server runs: for benchmarks.
+func StartDurableCluster() (*Cluster, error) { return startCluster(true) }
+
+func startCluster(durable bool) (*Cluster, error) {
 	bin, err := postgresBinDir()
 	if err != nil {
 		return nil, err
 	}
-	c := &Cluster{bin: bin}
+	c := &Cluster{bin: bin, durable: durable}
 	reapOrphans(bin)
 	if os.Geteuid() == 0 {
 		u, err := user.Lookup("postgres")
@@ -181,6 +189,9 @@ func (c *Cluster) Database(t testing.TB) string {
 func (c *Cluster) Start() error {
 	opts := fmt.Sprintf("-p %d -c listen_addresses=127.0.0.1 -k %s -c fsync=off -c synchronous_commit=off "+
 		"-c full_page_writes=off -c max_connections=300", c.Port, c.dir)
+	if c.durable {
+		opts = fmt.Sprintf("-p %d -c listen_addresses=127.0.0.1 -k %s -c max_connections=300", c.Port, c.dir)
+	}
 	return c.exec("pg_ctl", "-D", c.dataDir(), "-l", filepath.Join(c.dir, "log"), "-o", opts, "-w", "-t", "60", "start")
 }
 
@@ -259,4 +270,10 @@ func reapOrphans(bin string) {
 		c.exec("pg_ctl", "-D", c.dataDir(), "-m", "immediate", "-w", "stop")
 		os.RemoveAll(dir)
 	}
+}
+
+// Destroy stops the server and removes its directory.
+func (c *Cluster) Destroy() {
+	c.Stop()
+	os.RemoveAll(c.dir)
 }

@@ -1,0 +1,180 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/toolq/toolq/bench"
+	"github.com/toolq/toolq/internal/cli"
+	"github.com/toolq/toolq/internal/testenv"
+)
+
+const benchSynopsis = `publisher bench [--quick] [--jobs N] [--reps N] [--concurrency N] [--rate R] [--json]
+
+Measures, in one run on this machine, what toolq's exactly-once effects cost next to a
+naive dispatcher with no memory (pull, POST the sandbox, publish the result, ack):
+  naive      the naive dispatcher
+  fresh      toolq, every job new: the sandbox payments API over HTTP, Postgres ledger
+  duplicate  toolq, every job's call already completed (a retried turn: new tool_use_id)
+  slow       toolq with a tool that takes 50ms (the bound is concurrency / latency)
+  latency    publish-to-result percentiles of naive and toolq at one fixed rate, and at 100/s
+With no --nats-url it starts a nats-server process of its own; with no --database-url a
+throwaway Postgres cluster with fsync and synchronous commit on (initdb and pg_ctl must
+be installed). The JSON line (--json) is printed last.`
+
+func runBench(ctx context.Context, args []string, stdio cli.IO, getenv func(string) string) error {
+	fs := cli.NewFlagSet("bench", benchSynopsis, stdio)
+	natsURL := fs.String("nats-url", "", "a running NATS server (empty: start one as a separate process)")
+	dbURL := fs.String("database-url", "", "a Postgres database for the ledger (empty: start a throwaway cluster)")
+	var cfg bench.Config
+	fs.IntVar(&cfg.Jobs, "jobs", 20000, "jobs per throughput run")
+	fs.IntVar(&cfg.Reps, "reps", 3, "runs of each throughput scenario (the median is reported)")
+	fs.IntVar(&cfg.Concurrency, "concurrency", 64, "jobs in flight, for toolq and the naive dispatcher alike")
+	fs.IntVar(&cfg.Rate, "rate", 0, "jobs/s of the latency runs (0: half of toolq's fresh throughput)")
+	fs.DurationVar(&cfg.LatencyFor, "latency-for", 10*time.Second, "how long each latency run publishes")
+	quick := fs.Bool("quick", false, "a short run (about a minute): 2,000 jobs, one run each, 3s latency runs")
+	asJSON := fs.Bool("json", false, "print the figures as one JSON object, last")
+	if err := cli.ParseNone(fs, args); err != nil {
+		return err
+	}
+	if *quick {
+		cfg.Jobs, cfg.Reps, cfg.LatencyFor = 2000, 1, 3*time.Second
+	}
+	cfg.Logger = slog.New(slog.NewTextHandler(stdio.Err, nil))
+	cfg.NATSURL, cfg.DatabaseURL = *natsURL, *dbURL
+	if cfg.NATSURL == "" {
+		url, stop, err := startNATSProcess()
+		if err != nil {
+			return fmt.Errorf("bench: start nats-server: %w", err)
+		}
+		defer stop()
+		cfg.NATSURL = url
+	}
+	if cfg.DatabaseURL == "" {
+		c, err := testenv.StartDurableCluster()
+		if err != nil {
+			return fmt.Errorf("bench: start Postgres (or give --database-url): %w", err)
+		}
+		defer c.Destroy()
+		cfg.DatabaseURL = c.URL("postgres")
+	}
+	r, err := bench.Run(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	printBench(stdio, r)
+	if *asJSON {
+		return cli.PrintJSON(stdio.Out, benchJSON(r))
+	}
+	return nil
+}
+
+func printBench(stdio cli.IO, r *bench.Report) {
+	w := cli.NewTable(stdio.Out)
+	fmt.Fprintf(w, "scenario\tjobs/s\t× naive\tCPU s/1000 jobs\tledger commits/job\tpeak RSS MiB\n")
+	for _, row := range []struct {
+		name string
+		t    bench.Throughput
+	}{{"naive", r.Naive}, {"fresh", r.Fresh}, {"duplicate", r.Duplicate}, {"slow (50ms tool)", r.Slow}} {
+		fmt.Fprintf(w, "%s\t%.0f\t%.2f\t%.3f\t%.2f\t%.0f\n", row.name, row.t.JobsPerS, row.t.JobsPerS/r.Naive.JobsPerS, row.t.CPUPer1000, row.t.CommitsPerJob, row.t.PeakRSSMiB)
+	}
+	w.Flush()
+	fmt.Fprintf(stdio.Out, "slow tool: %.0f jobs/s of a bound of %.0f (concurrency %d / 50ms): %.0f%%\n\n",
+		r.Slow.JobsPerS, r.SlowBound, r.Concurrency, 100*r.Slow.JobsPerS/r.SlowBound)
+	w = cli.NewTable(stdio.Out)
+	fmt.Fprintf(w, "latency\trate\tp50 ms\tp90 ms\tp99 ms\tmax ms\n")
+	for _, row := range []struct {
+		name string
+		l    bench.Latency
+	}{{"naive", r.NaiveLat}, {"toolq", r.ToolqLat}, {"naive", r.NaiveLat100}, {"toolq", r.ToolqLat100}} {
+		fmt.Fprintf(w, "%s\t%d/s\t%.2f\t%.2f\t%.2f\t%.2f\n", row.name, row.l.Rate, row.l.P50ms, row.l.P90ms, row.l.P99ms, row.l.MaxMs)
+	}
+	w.Flush()
+}
+
+// benchJSON is the last line of --json: the figures a script compares.
+func benchJSON(r *bench.Report) map[string]any {
+	return map[string]any{
+		"naive_jobs_per_s": r.Naive.JobsPerS, "fresh_jobs_per_s": r.Fresh.JobsPerS,
+		"duplicate_jobs_per_s": r.Duplicate.JobsPerS, "slow_jobs_per_s": r.Slow.JobsPerS,
+		"fresh_p99_ms": r.ToolqLat.P99ms, "naive_p99_ms": r.NaiveLat.P99ms, "rate": r.ToolqLat.Rate,
+		"fresh_p50_ms_at_100": r.ToolqLat100.P50ms, "naive_p50_ms_at_100": r.NaiveLat100.P50ms,
+		"report": r,
+	}
+}
+
+// natsServerCommand is the hidden command the bench re-executes this binary
+// with, so that the server under test runs in a process of its own.
+const natsServerCommand = "__bench-nats-server"
+
+// startNATSProcess starts a nats-server with JetStream in a child process
+// and returns its URL.
+func startNATSProcess() (string, func(), error) {
+	self, err := os.Executable()
+	if err != nil {
+		return "", nil, err
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", nil, err
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	ln.Close()
+	dir, err := os.MkdirTemp("", "toolq-bench-nats-")
+	if err != nil {
+		return "", nil, err
+	}
+	cmd := exec.Command(self, natsServerCommand, strconv.Itoa(port), dir)
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		return "", nil, err
+	}
+	stop := func() {
+		cmd.Process.Signal(syscall.SIGTERM)
+		cmd.Wait()
+		os.RemoveAll(dir)
+	}
+	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		if c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", port)); err == nil {
+			c.Close()
+			return url, stop, nil
+		}
+	}
+	stop()
+	return "", nil, errors.New("the nats-server process did not listen within 20s")
+}
+
+// runNATSServer is the child: a nats-server with JetStream on port, its
+// store in dir, until SIGTERM.
+func runNATSServer(port, dir string) error {
+	p, err := strconv.Atoi(port)
+	if err != nil {
+		return err
+	}
+	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: p, JetStream: true, StoreDir: dir, NoLog: true, NoSigs: true})
+	if err != nil {
+		return err
+	}
+	go srv.Start()
+	if !srv.ReadyForConnections(20 * time.Second) {
+		return errors.New("nats-server not ready")
+	}
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
+	<-sig
+	srv.Shutdown()
+	srv.WaitForShutdown()
+	return nil
+}
