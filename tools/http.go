@@ -73,7 +73,7 @@ func HTTPExecutor(h HTTP) (*HTTP, error) {
 	}
 	client := h.Client
 	if client == nil {
-		client = &http.Client{CheckRedirect: sameOrigin}
+		client = &http.Client{CheckRedirect: sameOrigin, Transport: keepAliveTransport()}
 	}
 	next := client.Transport
 	if next == nil {
@@ -83,6 +83,23 @@ func HTTPExecutor(h HTTP) (*HTTP, error) {
 	c.Transport = noReplay{next: next}
 	h.Client = &c
 	return &h, nil
+}
+
+// IdleConnsPerHost is how many idle connections an HTTP executor keeps to
+// its downstream: enough for a tool's concurrency, so that calls reuse
+// connections (and TLS sessions) instead of opening one each. net/http's
+// default keeps two, which under load leaves a socket in TIME_WAIT for
+// almost every call.
+const IdleConnsPerHost = 256
+
+// keepAliveTransport is net/http's default transport (proxy from the
+// environment, HTTP/2 where the downstream offers it, its timeouts) keeping
+// IdleConnsPerHost idle connections per host.
+func keepAliveTransport() *http.Transport {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.MaxIdleConns = 4 * IdleConnsPerHost
+	t.MaxIdleConnsPerHost = IdleConnsPerHost
+	return t
 }
 
 // noReplay is the round tripper of every executor: it hands the transport

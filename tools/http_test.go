@@ -6,10 +6,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -403,5 +405,45 @@ func TestUnkeyedWriteIsNeverResentByTheHTTPClient(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestHTTPExecutorReusesConnections: concurrent calls to one downstream
+// reuse a pool of connections instead of opening one per call.
+func TestHTTPExecutorReusesConnections(t *testing.T) {
+	t.Parallel()
+	var conns atomic.Int32
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.Write([]byte(`{"ok":true}`))
+	}))
+	srv.Config.ConnState = func(c net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			conns.Add(1)
+		}
+	}
+	srv.Start()
+	defer srv.Close()
+	exec, err := tools.HTTPExecutor(tools.HTTP{Method: "POST", URL: srv.URL + "/v1/x"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const workers, calls = 16, 20
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range calls {
+				if _, err := exec.Execute(context.Background(), tools.Request{Tool: "t", Key: fmt.Sprintf("k%d-%d", w, i), Args: json.RawMessage(`{}`)}); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if n := conns.Load(); n > 2*workers {
+		t.Fatalf("%d connections for %d calls by %d concurrent callers: connections are not kept alive", n, workers*calls, workers)
 	}
 }
