@@ -30,7 +30,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	if helperMain() {
+	if helperMain() || natsNodeMain() {
 		return
 	}
 	testenv.Main(m)

@@ -1,0 +1,264 @@
+package integration
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolq/toolq/demo/sandbox"
+	"github.com/toolq/toolq/internal/testenv"
+	"github.com/toolq/toolq/jobs"
+	"github.com/toolq/toolq/ledger"
+	"github.com/toolq/toolq/worker"
+)
+
+const natsNodeEnv = "TOOLQ_IT_NATS_NODE"
+
+// natsNode is one server of a test cluster, run in its own process (the
+// test binary started again with natsNodeEnv set).
+type natsNode struct {
+	Name        string `json:"name"`
+	Port        int    `json:"port"`
+	ClusterPort int    `json:"cluster_port"`
+	Routes      string `json:"routes"`
+	Store       string `json:"store"`
+	cmd         *exec.Cmd
+}
+
+// natsNodeMain runs the server when the test binary is started as a node.
+func natsNodeMain() bool {
+	raw := os.Getenv(natsNodeEnv)
+	if raw == "" {
+		return false
+	}
+	var n natsNode
+	if err := json.Unmarshal([]byte(raw), &n); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	srv, err := server.NewServer(&server.Options{ServerName: n.Name, Host: "127.0.0.1", Port: n.Port, JetStream: true, StoreDir: n.Store,
+		Cluster: server.ClusterOpts{Name: "toolq-test", Host: "127.0.0.1", Port: n.ClusterPort},
+		Routes:  server.RoutesFromStr(n.Routes), NoLog: true, NoSigs: true})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	go srv.Start()
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGTERM)
+	<-sig
+	srv.Shutdown()
+	return true
+}
+
+func (n *natsNode) start(t *testing.T) {
+	t.Helper()
+	raw, _ := json.Marshal(n)
+	n.cmd = exec.Command(os.Args[0], "-test.run=^$")
+	n.cmd.Env = append(os.Environ(), natsNodeEnv+"="+string(raw))
+	if err := n.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	cmd := n.cmd
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+}
+
+func (n *natsNode) kill() {
+	n.cmd.Process.Signal(syscall.SIGKILL)
+	n.cmd.Wait()
+}
+
+func freePorts(t *testing.T, k int) []int {
+	t.Helper()
+	var ports []int
+	var lns []net.Listener
+	for range k {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		lns = append(lns, ln)
+		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
+	}
+	for _, ln := range lns {
+		ln.Close()
+	}
+	return ports
+}
+
+// TestClusterNodeKilledMidRun: three nats-server processes in a cluster,
+// the streams with three replicas, and a worker connected to all three.
+// One node is SIGKILLed while jobs (and retried turns of them) are being
+// published and processed, and started again later on its store. Every job
+// is answered, and every call makes exactly one payment.
+func TestClusterNodeKilledMidRun(t *testing.T) {
+	t.Parallel()
+	ports := freePorts(t, 6)
+	var routes []string
+	for i := range 3 {
+		routes = append(routes, fmt.Sprintf("nats://127.0.0.1:%d", ports[3+i]))
+	}
+	nodes := make([]*natsNode, 3)
+	var urls []string
+	for i := range nodes {
+		nodes[i] = &natsNode{Name: fmt.Sprintf("n%d", i+1), Port: ports[i], ClusterPort: ports[3+i], Routes: strings.Join(routes, ","), Store: t.TempDir()}
+		nodes[i].start(t)
+		urls = append(urls, fmt.Sprintf("nats://127.0.0.1:%d", ports[i]))
+	}
+	ctx := context.Background()
+	nc, err := nats.Connect(strings.Join(urls, ","), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond), nats.RetryOnFailedConnect(true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	streams := jobs.Streams{Replicas: 3}
+	testenv.Eventually(t, 60*time.Second, "the cluster to take the replicated streams", func() bool {
+		return jobs.ProvisionStreams(ctx, js, streams) == nil
+	})
+
+	logs := &logBuffer{}
+	logger := slog.New(slog.NewTextHandler(logs, nil))
+	sb, err := sandbox.New(sandbox.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(sb)
+	defer srv.Close()
+	reg, err := testRegistry(srv.URL, logger, make(chan struct{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	store, err := ledger.Open(ctx, testenv.Postgres(t), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	if err := store.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wctx, stop := context.WithCancel(ctx)
+	defer stop()
+	var w *worker.Worker
+	testenv.Eventually(t, 30*time.Second, "the worker to provision its consumer", func() bool {
+		w, err = worker.New(wctx, worker.Config{JS: js, Ledger: store, Tools: reg, Streams: streams, RetryDelay: 100 * time.Millisecond,
+			Consumer: worker.Consumer{AckWait: 3 * time.Second}, Logger: logger})
+		return err == nil
+	})
+	done := make(chan error, 1)
+	go func() { done <- w.Run(wctx) }()
+
+	client := jobs.NewClient(js)
+	c := conv(t)
+	const calls = 120
+	var victim *natsNode
+	var mu sync.Mutex
+	var published []*jobs.Job
+	publish := func(j *jobs.Job) {
+		for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+			pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			_, err := client.Publish(pctx, j) // the message id makes a retried publish a no-op
+			cancel()
+			if err == nil {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Errorf("publish %s: %v", j.ToolUseID, err)
+				return
+			}
+		}
+		mu.Lock()
+		published = append(published, j)
+		mu.Unlock()
+	}
+	for i := range calls {
+		j := job(c, int64(i), "send_payment", payment(fmt.Sprintf("cluster-%d", i)))
+		publish(j)
+		if i%3 == 0 { // the retried turn: the same call, a new tool_use_id
+			retry := *j
+			retry.ToolUseID += "_retry"
+			publish(&retry)
+		}
+		switch i {
+		case calls / 3: // the leader of the jobs stream, the hardest node to lose
+			victim = leaderOf(t, js, jobs.JobsStream, nodes)
+			t.Logf("killing %s, the leader of %s", victim.Name, jobs.JobsStream)
+			victim.kill()
+		case 2 * calls / 3:
+			victim.start(t) // back on its store
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+
+	actx, cancel := context.WithTimeout(ctx, 90*time.Second)
+	defer cancel()
+	for _, j := range published {
+		var r *jobs.Result
+		for r == nil && actx.Err() == nil {
+			r, err = client.Await(actx, j.ConversationID, j.ToolUseID)
+		}
+		if r == nil || r.Status != jobs.StatusOK {
+			t.Fatalf("%s: %+v %v\n%s", j.ToolUseID, r, err, tailOf(logs.String(), 3000))
+		}
+	}
+	if n := len(sb.Payments()); n != calls {
+		t.Fatalf("%d payments for %d calls", n, calls)
+	}
+	byKey := map[string]int{}
+	for _, p := range sb.Payments() {
+		byKey[p.IdempotencyKey]++
+	}
+	for k, n := range byKey {
+		if n != 1 {
+			t.Fatalf("key %s paid %d times", k, n)
+		}
+	}
+	stop()
+	if err := <-done; err != nil {
+		t.Fatalf("worker: %v", err)
+	}
+}
+
+// leaderOf is the node leading the stream's replicas.
+func leaderOf(t *testing.T, js jetstream.JetStream, stream string, nodes []*natsNode) *natsNode {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := js.Stream(ctx, stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil || info.Cluster == nil {
+		t.Fatalf("stream %s: %v", stream, err)
+	}
+	for _, n := range nodes {
+		if n.Name == info.Cluster.Leader {
+			return n
+		}
+	}
+	t.Fatalf("no node leads %s (%q)", stream, info.Cluster.Leader)
+	return nil
+}
+
+func tailOf(s string, n int) string {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
+}
