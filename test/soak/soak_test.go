@@ -38,7 +38,7 @@ var (
 	flagSeed   = flag.Uint64("soak.seed", envUint("TOOLQ_SOAK_SEED", 1), "seed of the plan and the fault schedule (env TOOLQ_SOAK_SEED)")
 	flagJobs   = flag.Int("soak.jobs", int(envUint("TOOLQ_SOAK_JOBS", 0)), "calls to publish, before duplicates (env TOOLQ_SOAK_JOBS; 0: 300, full 10000)")
 	flagFaults = flag.Int("soak.faults", int(envUint("TOOLQ_SOAK_FAULTS", 0)), "faults of each kind (env TOOLQ_SOAK_FAULTS; 0: 2, full 50)")
-	flagWindow = flag.Duration("soak.window", 0, "how long the load and the faults last (0: 25s, full 25m)")
+	flagWindow = flag.Duration("soak.window", 0, "how long the load and the faults last (0: 25s, full 15m)")
 	flagKeep   = flag.Bool("soak.keep", false, "keep the run's directory (logs, stores, report) even when it passes")
 )
 
@@ -64,7 +64,7 @@ type size struct {
 func sizeOf() size {
 	s := size{jobs: 300, faults: 2, window: 25 * time.Second, settle: 60 * time.Second}
 	if *flagFull {
-		s = size{jobs: 10000, faults: 50, window: 25 * time.Minute, settle: 10 * time.Minute}
+		s = size{jobs: 10000, faults: 50, window: 15 * time.Minute, settle: 10 * time.Minute}
 	}
 	if *flagJobs > 0 {
 		s.jobs = *flagJobs
