@@ -60,6 +60,7 @@ const (
 	VPhantomEffect   = "phantom_effect"     // an effect with a key no published job has
 	VSilentUncertain = "silent_uncertain"   // an unkeyed effect happened, the ledger neither completed nor indeterminate
 	VEffectOfFailure = "effect_of_failure"  // a definite failure whose effect happened
+	VForeignRow      = "foreign_row"        // a ledger row of no published call, or claimed by another call's tool_use_id
 )
 
 // Figures are what the checker counted.
@@ -96,10 +97,13 @@ func Check(o Observed) (Figures, []Violation) {
 		byKey[p.Key] = append(byKey[p.Key], p)
 	}
 	f.ToolUseIDs, f.Keys = len(o.Published), len(byKey)
-	for _, r := range o.Rows {
+	for key, r := range sorted(o.Rows) {
 		f.LedgerByState[r.State]++
 		if r.Attempt > 1 {
 			f.TakenOver++
+		}
+		if first := o.Published[r.FirstToolUseID]; len(byKey[key]) == 0 || first == nil || first.Key != key {
+			add(VForeignRow, "ledger row %s (%s, attempt %d) was claimed by %q, which is not a published job of that key", key, r.State, r.Attempt, r.FirstToolUseID)
 		}
 	}
 

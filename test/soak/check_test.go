@@ -42,8 +42,8 @@ func checkFixture(t *testing.T) Observed {
 			result(read, jobs.StatusOK, 1, `{"query":"inv-c1-","data":[]}`),
 		},
 		Rows: map[string]ledger.Row{
-			pay.Key: {Key: pay.Key, State: ledger.Completed, Attempt: 2, Result: json.RawMessage(`{"id":"pay_000001"}`)},
-			tkt.Key: {Key: tkt.Key, State: ledger.Completed, Attempt: 1, Result: json.RawMessage(`{"id":"tkt_000001"}`)},
+			pay.Key: {Key: pay.Key, State: ledger.Completed, Attempt: 2, FirstToolUseID: "tu_pay", Result: json.RawMessage(`{"id":"pay_000001"}`)},
+			tkt.Key: {Key: tkt.Key, State: ledger.Completed, Attempt: 1, FirstToolUseID: "tu_tkt", Result: json.RawMessage(`{"id":"tkt_000001"}`)},
 		},
 		Payments: []sandbox.Payment{{ID: "pay_000001", IdempotencyKey: pay.Key, Request: pay.Job.Args}},
 		Tickets:  []sandbox.Ticket{{ID: "tkt_000001", IdempotencyKey: tkt.Key, Request: tkt.Job.Args}},
@@ -103,7 +103,7 @@ func TestCheck(t *testing.T) {
 		}},
 		{"an indeterminate ticket that was made", "", func(o *Observed) {
 			k := keyOf(o, "tu_tkt")
-			o.Rows[k] = ledger.Row{Key: k, State: ledger.Indeterminate, Attempt: 2}
+			o.Rows[k] = ledger.Row{Key: k, State: ledger.Indeterminate, Attempt: 2, FirstToolUseID: "tu_tkt"}
 			o.Results[1].Status, o.Results[1].Output, o.Results[1].Attempts = jobs.StatusIndeterminate, nil, 2
 		}},
 		{"an effect with a key nobody published", VPhantomEffect, func(o *Observed) {
@@ -119,6 +119,12 @@ func TestCheck(t *testing.T) {
 			row.State = ledger.Failed
 			o.Rows[k] = row
 			o.Results[0].Status, o.Results[0].Output = jobs.StatusError, nil
+		}},
+		{"a ledger row claimed by another call's job", VForeignRow, func(o *Observed) {
+			k := keyOf(o, "tu_pay")
+			row := o.Rows[k]
+			row.FirstToolUseID = "tu_tkt"
+			o.Rows[k] = row
 		}},
 		{"a write result without a ledger row", VResultNoRow, func(o *Observed) {
 			delete(o.Rows, keyOf(o, "tu_pay"))
