@@ -54,6 +54,9 @@ const (
 	ackWait   = 3 * time.Second
 	toolLease = 2 * time.Second // registryYAML
 	consumers = 3
+	// Every write at the sandbox takes this long, so that faults find calls
+	// in flight.
+	sandboxLatency = 30 * time.Millisecond
 )
 
 type size struct {
@@ -190,7 +193,7 @@ func (r *run) setup() {
 	}
 	t.Cleanup(func() { r.nats.p.stop(10 * time.Second) })
 
-	sb, sbURL, err := startProc(filepath.Join(bin, "sandbox"), []string{"--listen", "127.0.0.1:0", "--state", filepath.Join(r.dir, "sandbox.json"), "--latency", "5ms"},
+	sb, sbURL, err := startProc(filepath.Join(bin, "sandbox"), []string{"--listen", "127.0.0.1:0", "--state", filepath.Join(r.dir, "sandbox.json"), "--latency", sandboxLatency.String()},
 		nil, filepath.Join(r.dir, "sandbox.log"), regexp.MustCompile(`sandbox API on (http://\S+)`))
 	if err != nil {
 		t.Fatal(err)
