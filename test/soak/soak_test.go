@@ -411,9 +411,11 @@ func (r *run) pickConsumer(ctx context.Context, target int) *consumerProc {
 		r.consMu.Lock()
 		busy := 0
 		for _, c := range r.cons {
+			c.mu.Lock()
 			if c.busy {
 				busy++
 			}
+			c.mu.Unlock()
 		}
 		if busy < len(r.cons)-1 {
 			for k := range r.cons {
