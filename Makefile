@@ -2,7 +2,7 @@
 STATICCHECK_VERSION := v0.8.2
 GO ?= go
 
-.PHONY: help build test test-race lint fuzz
+.PHONY: help build test test-race lint fuzz soak
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -23,3 +23,6 @@ lint: ## gofmt check, go vet, staticcheck (pinned)
 
 fuzz: ## fuzz the canonicalizer for a minute
 	cd internal/jcs && $(GO) test -run='^$$' -fuzz=FuzzCanonicalize -fuzztime=60s .
+
+soak: ## the full soak: 10,000 jobs, 50 faults of each kind, separate processes (SOAK_SEED=N to change the seed)
+	$(GO) test ./test/soak -run TestSoak -count=1 -timeout 60m -v -soak.full -soak.seed=$${SOAK_SEED:-1}
