@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"runtime/pprof"
 	"strconv"
 	"syscall"
 	"time"
@@ -45,6 +46,7 @@ func runBench(ctx context.Context, args []string, stdio cli.IO, getenv func(stri
 	fs.DurationVar(&cfg.LatencyFor, "latency-for", 10*time.Second, "how long each latency run publishes")
 	quick := fs.Bool("quick", false, "a short run (about a minute): 2,000 jobs, one run each, 3s latency runs")
 	asJSON := fs.Bool("json", false, "print the figures as one JSON object, last")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file (go tool pprof)")
 	if err := cli.ParseNone(fs, args); err != nil {
 		return err
 	}
@@ -68,6 +70,17 @@ func runBench(ctx context.Context, args []string, stdio cli.IO, getenv func(stri
 		}
 		defer c.Destroy()
 		cfg.DatabaseURL = c.URL("postgres")
+	}
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
 	}
 	r, err := bench.Run(ctx, cfg)
 	if err != nil {
