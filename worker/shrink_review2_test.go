@@ -47,7 +47,7 @@ func TestReview2FitDependsOnTheToolUseIDLength(t *testing.T) {
 	m.Header.Set(jobs.HeaderKey, key)
 	m.Header.Set(jetstream.MsgIDHeader, jobs.ResultMsgID(key, j.ToolUseID))
 	limit := int(js.Conn().MaxPayload()) - (m.Size() - len(m.Subject)) - 512 // payloadLimit for the original
-	outLen := limit - 4<<10 - 60                                              // fits the original's limit by 60 bytes
+	outLen := limit - 4<<10 - 60                                             // fits the original's limit by 60 bytes
 	size <- outLen - len(`{"blob":""}`)
 	orig, err := client.PublishAndAwait(actx, j)
 	if err != nil {
