@@ -635,3 +635,42 @@ func TestPurgeIsRecorded(t *testing.T) {
 		}
 	})
 }
+
+// TestFailuresAndClaimTokens: a row keeps the count of failed tries the
+// worker records, across a release and the claim after it; a claim's token
+// is on its row until a takeover clears it; a stale fence cannot count.
+func TestFailuresAndClaimTokens(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, s *ledger.Store) {
+		ctx := context.Background()
+		c := newClaim(time.Minute)
+		c.Token = "token-1"
+		row := mustClaim(t, s, c)
+		if row.ClaimToken != "token-1" || row.Failures != 0 {
+			t.Fatalf("new claim: %+v", row)
+		}
+		if err := s.CountFailures(ctx, row.Fence(), 1); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Release(ctx, row.Fence()); err != nil {
+			t.Fatal(err)
+		}
+		isErr(t, s.CountFailures(ctx, row.Fence(), 5), ledger.ErrNotFound)
+		c.Token = "token-2"
+		again := mustClaim(t, s, c)
+		if again.Failures != 1 || again.ClaimToken != "token-2" || again.Attempt != 2 {
+			t.Fatalf("claim after a failed try: %+v", again)
+		}
+		if err := s.CountFailures(ctx, again.Fence(), 2); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.EndLease(ctx, again.Fence(), ledger.ErrorInfo{Code: "timeout"}); err != nil {
+			t.Fatal(err)
+		}
+		taken, err := s.Takeover(ctx, again.Fence(), "next", time.Minute)
+		if err != nil || taken.Failures != 2 || taken.ClaimToken != "" || taken.Attempt != 3 {
+			t.Fatalf("takeover: %+v %v", taken, err)
+		}
+		isErr(t, s.CountFailures(ctx, again.Fence(), 9), ledger.ErrFenced)
+	})
+}

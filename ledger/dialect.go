@@ -12,6 +12,7 @@ import "strings"
 // (the columns scanRow reads).
 type dialect struct {
 	takeover, extend, complete, fail, endLease, indeterminate, release   string
+	failures                                                             string
 	get, list, listStale, counts, resolveNotRun, resolveCompleted, purge string
 	clock, purgeCount, recordPurge, lastPurge                            string
 	cols                                                                 string
@@ -19,7 +20,7 @@ type dialect struct {
 
 const columnsTemplate = `key, conversation_id, turn_index, tool, ordinal, args_digest, state, attempt, owner,
 	{ms:lease_until}, {remaining}, first_tool_use_id, trace_id, span_id, result, error,
-	{ms:created_at}, {ms:updated_at}`
+	{ms:created_at}, {ms:updated_at}, failures, claim_token`
 
 const fence = `WHERE key = $1 AND attempt = $2 AND state = 'in_flight'`
 
@@ -38,7 +39,7 @@ const claimConflict = `ON CONFLICT (key) DO UPDATE SET conversation_id = exclude
 	turn_index = excluded.turn_index, tool = excluded.tool, ordinal = excluded.ordinal, args_digest = excluded.args_digest,
 	state = 'in_flight', attempt = toolq_ledger.attempt + 1, owner = excluded.owner, lease_until = excluded.lease_until,
 	first_tool_use_id = excluded.first_tool_use_id, trace_id = excluded.trace_id, span_id = excluded.span_id,
-	result = '', error = '', updated_at = excluded.updated_at
+	claim_token = excluded.claim_token, result = '', error = '', updated_at = excluded.updated_at
 	WHERE toolq_ledger.state = 'released'`
 
 // purgeable are the rows a purge with cutoff $1 (Unix milliseconds) deletes.
@@ -46,9 +47,10 @@ const purgeable = `state IN ('completed', 'failed', ` + released + `) AND update
 
 func newDialect(expand func(string) string) *dialect {
 	d := &dialect{
-		takeover: `UPDATE toolq_ledger SET attempt = attempt + 1, owner = $3, lease_until = {plus:$4}, updated_at = {now}
+		takeover: `UPDATE toolq_ledger SET attempt = attempt + 1, owner = $3, lease_until = {plus:$4}, claim_token = '', error = '', updated_at = {now}
 			WHERE key = $1 AND attempt = $2 AND state = 'in_flight' AND lease_until <= {now} RETURNING {cols}`,
 		extend:        `UPDATE toolq_ledger SET lease_until = {plus:$3}, updated_at = {now} ` + fence,
+		failures:      `UPDATE toolq_ledger SET failures = $3 ` + fence,
 		complete:      `UPDATE toolq_ledger SET state = 'completed', result = $3, lease_until = {now}, updated_at = {now} ` + fence,
 		fail:          `UPDATE toolq_ledger SET state = 'failed', error = $3, lease_until = {now}, updated_at = {now} ` + fence,
 		endLease:      `UPDATE toolq_ledger SET error = $3, lease_until = {now}, updated_at = {now} ` + fence,
@@ -79,7 +81,7 @@ func newDialect(expand func(string) string) *dialect {
 		lastPurge: `SELECT {ms:purged_before}, older_than_ms, {ms:purged_at} FROM toolq_purge WHERE id = 1`,
 		cols:      columnsTemplate,
 	}
-	for _, s := range []*string{&d.takeover, &d.extend, &d.complete, &d.fail, &d.endLease, &d.indeterminate, &d.release,
+	for _, s := range []*string{&d.takeover, &d.extend, &d.failures, &d.complete, &d.fail, &d.endLease, &d.indeterminate, &d.release,
 		&d.get, &d.list, &d.listStale, &d.counts, &d.resolveNotRun, &d.resolveCompleted, &d.purge,
 		&d.clock, &d.purgeCount, &d.recordPurge, &d.lastPurge, &d.cols} {
 		*s = expand(strings.ReplaceAll(*s, "{cols}", columnsTemplate))

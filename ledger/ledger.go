@@ -75,6 +75,9 @@ type Claim struct {
 	Lease          time.Duration
 	TraceID        string // the claiming span, so duplicates can link to it
 	SpanID         string
+	// Token is unique to this claim: the row keeps it (ClaimToken), so
+	// that a claim whose answer was lost can recognise its own row.
+	Token string
 }
 
 // SameCall reports whether the row was claimed for the same call as c (the
@@ -116,6 +119,11 @@ type Row struct {
 	// LeaseRemaining is how long the lease still runs by the database's
 	// clock when the row was read; zero once it has expired.
 	LeaseRemaining time.Duration `json:"lease_remaining_ms"`
+	// Failures counts the call's tries that ended unsettled for a reason of
+	// their own (see Store.CountFailures); ClaimToken is the Token of the
+	// claim that took the row ("" after a takeover).
+	Failures   int64  `json:"failures"`
+	ClaimToken string `json:"-"`
 }
 
 // Fence returns the fence of the row's current attempt.
@@ -444,6 +452,15 @@ func (s *Store) MarkIndeterminate(ctx context.Context, f Fence, e ErrorInfo) err
 // the next delivery may claim the key afresh. The row stays, released, and
 // counts as absent for every reader (Get gives ErrNotFound) but keeps its
 // attempt: the next claim takes the attempt after it, so this fence, and any
+// CountFailures records on the claim's row that n tries of the call have
+// failed so far. The worker calls it before it gives a failed try back
+// (Release, EndLease), and compares n with its delivery limit; deliveries
+// that only waited never reach it. Errors: ErrFenced or ErrNotFound when the
+// claim is no longer this fence's.
+func (s *Store) CountFailures(ctx context.Context, f Fence, n int64) error {
+	return s.fenced(ctx, "count failures", f, s.db.sql().failures, n)
+}
+
 // older one, can never match the new claim.
 func (s *Store) Release(ctx context.Context, f Fence) error {
 	return s.fenced(ctx, "release", f, s.db.sql().release)
@@ -676,7 +693,7 @@ func scanRow(sc scanner, r *Row, leading ...any) error {
 	var leaseMS, remainingMS, createdMS, updatedMS int64
 	dest := append(leading, &r.Key, &r.ConversationID, &r.TurnIndex, &r.Tool, &r.Ordinal, &r.ArgsDigest, &state,
 		&r.Attempt, &r.Owner, &leaseMS, &remainingMS, &r.FirstToolUseID, &r.TraceID, &r.SpanID, &result,
-		&errText, &createdMS, &updatedMS)
+		&errText, &createdMS, &updatedMS, &r.Failures, &r.ClaimToken)
 	if err := sc.Scan(dest...); err != nil {
 		return err
 	}

@@ -46,13 +46,13 @@ var postgresDialect = newDialect(expandWith(func(name, arg string) string {
 // claim reads those again.
 var claimPostgres = `WITH input AS (
 	SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::bigint[], $6::text[],
-		$7::text[], $8::text[], $9::text[], $10::text[], $11::bigint[])
-		AS t(key, conversation_id, turn_index, tool, ordinal, args_digest, first_tool_use_id, owner, trace_id, span_id, lease_ms)
+		$7::text[], $8::text[], $9::text[], $10::text[], $11::bigint[], $12::text[])
+		AS t(key, conversation_id, turn_index, tool, ordinal, args_digest, first_tool_use_id, owner, trace_id, span_id, lease_ms, claim_token)
 ), ins AS (
 	INSERT INTO toolq_ledger (key, conversation_id, turn_index, tool, ordinal, args_digest, state, attempt, owner,
-		lease_until, first_tool_use_id, trace_id, span_id)
+		lease_until, first_tool_use_id, trace_id, span_id, claim_token)
 	SELECT key, conversation_id, turn_index, tool, ordinal, args_digest, 'in_flight', 1, owner,
-		now() + lease_ms * interval '1 millisecond', first_tool_use_id, trace_id, span_id FROM input ORDER BY key COLLATE "C"
+		now() + lease_ms * interval '1 millisecond', first_tool_use_id, trace_id, span_id, claim_token FROM input ORDER BY key COLLATE "C"
 	` + claimConflict + `
 	RETURNING ` + postgresDialect.cols + `
 )
@@ -120,18 +120,18 @@ func (p *postgresDB) claim(ctx context.Context, claims []Claim) ([]claimed, erro
 			return nil, errors.New("claim did not settle after 10 rounds of concurrent inserts and deletes")
 		}
 		n := len(pending)
-		keys, convs, tools, digests, tuids, owners, traces, spans := make([]string, n), make([]string, n), make([]string, n),
-			make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+		keys, convs, tools, digests, tuids, owners, traces, spans, tokens := make([]string, n), make([]string, n), make([]string, n),
+			make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 		turns, ordinals, leases := make([]int64, n), make([]int64, n), make([]int64, n)
 		at := make(map[string]int, n)
 		for j, i := range pending {
 			c := &claims[i]
 			keys[j], convs[j], turns[j], tools[j], ordinals[j], digests[j] = c.Key, c.ConversationID, c.TurnIndex, c.Tool, c.Ordinal, c.ArgsDigest
-			tuids[j], owners[j], traces[j], spans[j], leases[j] = c.ToolUseID, c.Owner, c.TraceID, c.SpanID, c.Lease.Milliseconds()
+			tuids[j], owners[j], traces[j], spans[j], leases[j], tokens[j] = c.ToolUseID, c.Owner, c.TraceID, c.SpanID, c.Lease.Milliseconds(), c.Token
 			at[c.Key] = i
 		}
 		answered := make(map[int]bool, n)
-		err := p.queryRows(ctx, claimPostgres, []any{keys, convs, turns, tools, ordinals, digests, tuids, owners, traces, spans, leases},
+		err := p.queryRows(ctx, claimPostgres, []any{keys, convs, turns, tools, ordinals, digests, tuids, owners, traces, spans, leases, tokens},
 			func(sc scanner) error {
 				var c claimed
 				var r Row

@@ -74,10 +74,15 @@ func newBreaker(name string, s Breaker, logger *slog.Logger) *breaker {
 func (b *breaker) run(call func() (json.RawMessage, error)) (json.RawMessage, error) {
 	out, err := b.cb.Execute(call)
 	if errors.Is(err, gobreaker.ErrOpenState) || errors.Is(err, gobreaker.ErrTooManyRequests) {
-		return nil, NotSentError(CodeBreakerOpen, fmt.Sprintf("circuit breaker for %s is %s", b.cb.Name(), b.cb.State()), b.remaining(err), err)
+		return nil, NotSentError(CodeBreakerOpen, fmt.Sprintf("circuit breaker for %s is %s", b.cb.Name(), b.cb.State()), b.remaining(err), fmt.Errorf("%w: %w", ErrBreakerOpen, err))
 	}
 	return out, err
 }
+
+// ErrBreakerOpen is under the NotSent error of a call that the downstream's
+// circuit breaker refused: no call was made, and the failures of other
+// calls, not this one's, opened it.
+var ErrBreakerOpen = errors.New("tools: circuit breaker open")
 
 // remaining is when a call that the breaker refused should come back. Open
 // (gobreaker.ErrOpenState): when the open period ends. Half-open with its

@@ -39,6 +39,8 @@ type delivery struct {
 	// when the drain starts: a tool call that has not begun by then is
 	// handed back instead.
 	runCtx, startCtx context.Context
+	// token is unique to this delivery's claim (ledger.Claim.Token).
+	token string
 }
 
 // run processes one delivery: the state machine of docs/design.md, top to
@@ -173,13 +175,10 @@ func (d *delivery) claim() (ledger.ClaimResult, error) {
 }
 
 // ownClaim reports whether an in-flight row is this delivery's own claim,
-// committed by an attempt whose answer was lost: claimed by this process for
-// this tool_use_id, and held by no other delivery of this process.
+// committed by an attempt whose answer was lost: it carries this delivery's
+// claim token, and no other delivery of this process holds the key.
 func (d *delivery) ownClaim(row ledger.Row) bool {
-	if row.State != ledger.InFlight || row.Owner != d.w.cfg.Owner || row.FirstToolUseID != d.job.ToolUseID {
-		return false
-	}
-	if sc := d.span.SpanContext(); sc.IsValid() && (row.TraceID != sc.TraceID().String() || row.SpanID != sc.SpanID().String()) {
+	if row.State != ledger.InFlight || row.ClaimToken == "" || row.ClaimToken != d.token {
 		return false
 	}
 	_, taken := d.w.held.LoadOrStore(d.key, d)
@@ -227,12 +226,28 @@ func (d *delivery) awaitOther(row ledger.Row) outcome {
 // lease ran out: the downstream collapses a second effect.
 func (d *delivery) takeOver(row ledger.Row) outcome {
 	d.ledgerOutcome(ledgerTakeover, &row)
-	if o, stop := d.crashGuard(); stop {
-		return o
-	}
 	taken, err := d.takeoverOf(row)
 	if err != nil {
 		return d.lostRace(err)
+	}
+	// A holder that ended its lease on purpose (an uncertain outcome)
+	// counted its failed try and left its error; one that died mid-call
+	// did neither: its try counts now. A call that keeps stopping its
+	// worker is dead-lettered at the limit, its lease ended so that a
+	// requeue takes it over.
+	if row.Error == nil {
+		tries, err := d.failedTry(d.runCtx, taken)
+		if err != nil {
+			return d.lostClaim(err)
+		}
+		if tries >= int64(d.w.limit) {
+			info := ledger.ErrorInfo{Code: "holder_lost", Message: fmt.Sprintf("%s stopped during attempt %d, the call's try %d", row.Owner, row.Attempt, tries)}
+			if err := d.durably(d.runCtx, "end lease", func() error { return d.w.cfg.Ledger.EndLease(d.runCtx, taken.Fence(), info) }); err != nil {
+				return d.lostClaim(err)
+			}
+			return deadLettered(jobs.DLQMaxDeliver, fmt.Errorf("its worker stopped during %d tries of the call: a job that keeps stopping its worker", tries))
+		}
+		taken.Failures = tries
 	}
 	d.w.log.Warn("took over an expired lease; running again with the same key", d.attrs("attempt", taken.Attempt, "previous_owner", row.Owner)...)
 	return d.execute(taken)
@@ -269,12 +284,19 @@ func (d *delivery) execute(row ledger.Row) outcome {
 	defer span.End()
 	store := d.w.cfg.Ledger
 	label := OutcomeOK
+	var err error
 	switch result {
 	case tools.NotSent: // nothing happened: give the key back
+		var tries int64
+		if !d.heldBack(te) {
+			if tries, err = d.failedTry(ctx, row); err != nil {
+				return d.lostClaim(err)
+			}
+		}
 		if err := d.durably(ctx, "release", func() error { return store.Release(ctx, fence) }); err != nil {
 			return d.lostClaim(err)
 		}
-		return d.notSent(te, fence.Attempt)
+		return d.notSent(te, tries)
 
 	case tools.Definite: // the downstream said no: that is the result from now on
 		info := infoOf(te)
@@ -286,11 +308,15 @@ func (d *delivery) execute(row ledger.Row) outcome {
 	case tools.Ambiguous:
 		info := infoOf(te)
 		if d.tool.Class == tools.KeyedWrite { // the next delivery retries with the same key
+			tries, err := d.failedTry(ctx, row)
+			if err != nil {
+				return d.lostClaim(err)
+			}
 			if err := d.durably(ctx, "end lease", func() error { return store.EndLease(ctx, fence, info) }); err != nil {
 				return d.lostClaim(err)
 			}
 			o := retryAfter(d.delay(te), te)
-			o.tries = fence.Attempt
+			o.tries = tries
 			return o
 		}
 		if err := d.durably(ctx, "mark indeterminate", func() error { return store.MarkIndeterminate(ctx, fence, info) }); err != nil {
@@ -402,12 +428,33 @@ func (d *delivery) resultOf(row ledger.Row) *jobs.Result {
 // opened), or by the drain, did not fail. An open breaker's wait is what
 // remains of its open period.
 func (d *delivery) notSent(te *tools.Error, tries int64) outcome {
-	if d.startCtx.Err() != nil || (te != nil && te.Code == tools.CodeBreakerOpen) {
+	if d.heldBack(te) {
 		return retryUncounted(d.delay(te), te)
 	}
 	o := retryAfter(d.delay(te), te)
 	o.tries = tries
 	return o
+}
+
+// heldBack reports a call that was not sent for no fault of its own: the
+// drain started, or its downstream's breaker (opened by other calls) refused
+// it.
+func (d *delivery) heldBack(te *tools.Error) bool {
+	return d.startCtx.Err() != nil || errors.Is(te, tools.ErrBreakerOpen)
+}
+
+// failedTry records on the row that this try of the call failed, and
+// returns how many have. At the delivery limit the job goes to the DLQ
+// (settle), and the count starts again, so that an operator's requeue gets
+// the call a full set of tries.
+func (d *delivery) failedTry(ctx context.Context, row ledger.Row) (int64, error) {
+	tries := row.Failures + 1
+	record := tries
+	if tries >= int64(d.w.limit) {
+		record = 0
+	}
+	err := d.durably(ctx, "count the failure", func() error { return d.w.cfg.Ledger.CountFailures(ctx, row.Fence(), record) })
+	return tries, err
 }
 
 // breakerOpen answers a call whose downstream's breaker is open without
@@ -424,17 +471,26 @@ func (d *delivery) breakerOpen(wait time.Duration) outcome {
 	return retryUncounted(wait, fmt.Errorf("the circuit breaker for %s is open", d.tool.Downstream))
 }
 
-// crashGuard stops a job that keeps stopping its worker before it runs
-// again: its worker died with the call in flight (a takeover), or, for a
-// tool without a ledger row, it was delivered again and again. A process
-// that dies never reaches settle, so nothing else counts these deliveries.
-// Deliveries answered from the ledger or waiting on a live attempt never
-// come here.
+// crashGuard stops a job of a tool without a ledger row that keeps stopping
+// its worker, before it runs again: a process that dies never reaches
+// settle, so nothing else counts these deliveries. Deliveries this process
+// handed back uncounted (behind an open breaker, say) are not counted.
+// (Calls with a row count their tries on it instead: see takeOver.)
 func (d *delivery) crashGuard() (outcome, bool) {
-	if d.deliveries <= crashGuard*d.w.limit {
+	n := d.counted()
+	if n <= crashGuard*d.w.limit {
 		return outcome{}, false
 	}
-	return deadLettered(jobs.DLQMaxDeliver, fmt.Errorf("delivered %d times (more than %d × the limit of %d) without settling: a job that keeps stopping its worker", d.deliveries, crashGuard, d.w.limit)), true
+	return deadLettered(jobs.DLQMaxDeliver, fmt.Errorf("delivered %d times (more than %d × the limit of %d) without settling: a job that keeps stopping its worker", n, crashGuard, d.w.limit)), true
+}
+
+// counted is JetStream's delivery count less the deliveries of this
+// message that this process handed back uncounted.
+func (d *delivery) counted() int {
+	if d.meta == nil {
+		return d.deliveries
+	}
+	return d.deliveries - d.w.uncounted.get(d.meta.Sequence.Stream)
 }
 
 // lostClaim handles a refused write after the tool ran: another attempt
@@ -491,9 +547,11 @@ func isFenced(err error) bool {
 	return errors.Is(err, ledger.ErrFenced) || errors.Is(err, ledger.ErrNotFound)
 }
 
+// infoOf is what the ledger records of a tool's error: its code, and its
+// message cut to 4 KiB (an executor's message has no bound of its own).
 func infoOf(te *tools.Error) ledger.ErrorInfo {
 	if te == nil {
 		return ledger.ErrorInfo{Code: "unknown"}
 	}
-	return ledger.ErrorInfo{Code: te.Code, Message: te.Message}
+	return ledger.ErrorInfo{Code: cut(te.Code, 256), Message: cut(te.Message, 4<<10)}
 }

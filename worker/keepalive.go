@@ -57,6 +57,12 @@ func transient(err error) bool {
 // keeps the delivery.
 func (d *delivery) heartbeat(fence ledger.Fence) (stop func()) {
 	every := max(min(d.tool.Lease, d.w.ackWait)/3, 50*time.Millisecond)
+	// An executor that ignores its context can outlive its timeout: past
+	// the timeout and a grace period (half the timeout, at least a second)
+	// the heartbeat stops, so that the lease
+	// and the delivery run out and the call is settled as a holder that
+	// stopped (taken over, or indeterminate), never kept alive forever.
+	giveUp := time.After(d.tool.Timeout + max(d.tool.Timeout/2, time.Second))
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -67,6 +73,10 @@ func (d *delivery) heartbeat(fence ledger.Fence) (stop func()) {
 		for {
 			select {
 			case <-done:
+				return
+			case <-giveUp:
+				d.w.log.Error("the tool outlived its timeout; no longer keeping its claim and delivery alive", d.attrs("timeout", d.tool.Timeout)...)
+				<-done
 				return
 			case <-t.C:
 				if fence.Key != "" {

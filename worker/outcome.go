@@ -98,8 +98,8 @@ func (w *Worker) settle(ctx context.Context, d *delivery, o outcome) {
 	if o.verb == verbNak && o.counted && o.tries > 0 && o.tries >= int64(w.limit) {
 		o = deadLettered(jobs.DLQMaxDeliver, fmt.Errorf("still unsettled after %d tries: %w", o.tries, o.err))
 	}
-	if o.verb == verbNak && o.counted && o.tries == 0 && d.deliveries >= w.limit {
-		o = deadLettered(jobs.DLQMaxDeliver, fmt.Errorf("still unsettled after %d deliveries: %w", d.deliveries, o.err))
+	if o.verb == verbNak && o.counted && o.tries == 0 && d.counted() >= w.limit {
+		o = deadLettered(jobs.DLQMaxDeliver, fmt.Errorf("still unsettled after %d deliveries: %w", d.counted(), o.err))
 	}
 	if o.verb == verbDeadLetter {
 		if err := w.publishDeadLetter(ctx, d, o); err != nil {
@@ -118,6 +118,13 @@ func (w *Worker) settle(ctx context.Context, d *delivery, o outcome) {
 	case verbDeadLetter:
 		w.log.Warn("job dead-lettered", d.attrs("reason", o.reason, "detail", o.err.Error())...)
 		err = d.msg.TermWithReason(o.reason)
+	}
+	if d.meta != nil {
+		if o.verb == verbNak && !o.counted {
+			w.uncounted.add(d.meta.Sequence.Stream)
+		} else if o.verb != verbNak {
+			w.uncounted.forget(d.meta.Sequence.Stream)
+		}
 	}
 	if err != nil {
 		// Not fatal: without an answer JetStream delivers the job again
@@ -155,3 +162,35 @@ func (s *Stats) Snapshot() map[string]int64 {
 
 // Stats returns the worker's counters.
 func (w *Worker) Stats() *Stats { return &w.stats }
+
+// handBacks counts, per stream sequence, the deliveries this process handed
+// back without counting them, for the tools whose deliveries are their count
+// (no ledger row). Bounded: past maxHandBacks sequences it starts again,
+// which only ever counts more, never less.
+type handBacks struct {
+	mu sync.Mutex
+	n  map[uint64]int
+}
+
+const maxHandBacks = 1 << 16
+
+func (h *handBacks) add(seq uint64) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.n == nil || len(h.n) >= maxHandBacks {
+		h.n = map[uint64]int{}
+	}
+	h.n[seq]++
+}
+
+func (h *handBacks) get(seq uint64) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.n[seq]
+}
+
+func (h *handBacks) forget(seq uint64) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	delete(h.n, seq)
+}

@@ -38,9 +38,8 @@ func (d *delivery) publish(r *jobs.Result, label Outcome) outcome {
 	msg.Header.Set(jobs.HeaderKey, d.key)
 	d.w.propagator.Inject(ctx, jobs.HeaderCarrier(msg.Header))
 	msg.Header.Set(jetstream.MsgIDHeader, msgID)
-	limit := d.w.payloadLimit(msg)
 	var err error
-	if msg.Data, err = encodeResult(r, limit); err != nil {
+	if msg.Data, err = encodeResult(r, d.w.payloadLimit(msg), d.w.outputLimit()); err != nil {
 		return retryAfter(d.w.backoff(d), fmt.Errorf("encode result: %w", err))
 	}
 	send := func() error {
@@ -55,7 +54,7 @@ func (d *delivery) publish(r *jobs.Result, label Outcome) outcome {
 	err = d.durably(ctx, "publish result", send)
 	if tooLarge(err) { // a limit lower than the server's (the stream's max message size): the smallest form
 		d.w.log.Warn("result too large for the results stream; publishing it without its output", d.attrs("bytes", len(msg.Data), "error", err)...)
-		msg.Data, _ = encodeResult(r, 0)
+		msg.Data, _ = encodeResult(r, 0, 0)
 		err = d.durably(ctx, "publish result", send)
 	}
 	switch {
@@ -76,26 +75,34 @@ func (w *Worker) payloadLimit(msg *nats.Msg) int {
 	return int(w.cfg.JS.Conn().MaxPayload()) - headers - 512
 }
 
-// resultEnvelope bounds what a result holds besides its output: the ids
-// (bounded by the contract), the key, the flags, and an error message cut to
-// its first KiB.
-const resultEnvelope = 4 << 10
+// resultEnvelope bounds what a result message holds besides its output:
+// the ids (bounded by the contract), the key, the flags, an error message
+// cut to its first KiB, and the headers (the message id, with a tool_use_id
+// of up to 128 characters, the key, the trace context).
+const resultEnvelope = 8 << 10
+
+// outputLimit is the largest output a result carries whole: the same for
+// every message of every call.
+func (w *Worker) outputLimit() int {
+	return int(w.cfg.JS.Conn().MaxPayload()) - resultEnvelope
+}
 
 // encodeResult encodes r in at most limit bytes. HTML characters are not
 // escaped (a web page as output would grow sixfold). An output that does
 // not fit is replaced by {"response_too_large":true,"bytes":N}, and an
 // error message by its first KiB: the result still says what happened,
 // and the ledger keeps the whole output.
-func encodeResult(r *jobs.Result, limit int) ([]byte, error) {
+func encodeResult(r *jobs.Result, limit, outputLimit int) ([]byte, error) {
 	body, err := marshal(r)
-	if err != nil || (len(body) <= limit && len(r.Output) <= limit-resultEnvelope) {
+	if err != nil || (len(body) <= limit && len(r.Output) <= outputLimit) {
 		return body, err
 	}
 	small := *r
-	// Whether the output fits is decided from the output alone, so that
-	// the original and every duplicate (whose envelope is longer) get the
-	// same answer.
-	if len(r.Output) > limit-resultEnvelope || limit <= 0 {
+	// Whether the output fits is decided from the output alone, against a
+	// limit that is the same for every message of the call, so that the
+	// original and every duplicate (whose envelope and headers are longer)
+	// get the same answer.
+	if len(r.Output) > outputLimit || limit <= 0 {
 		small.Output = json.RawMessage(fmt.Sprintf(`{"response_too_large":true,"bytes":%d}`, len(r.Output)))
 	}
 	if r.Error != nil && len(r.Error.Message) > 1024 {
@@ -143,14 +150,14 @@ func (w *Worker) publishDeadLetter(ctx context.Context, d *delivery, o outcome) 
 		seq = d.meta.Sequence.Stream
 	}
 	msg.Header.Set(jobs.HeaderDLQReason, o.reason)
-	msg.Header.Set(jobs.HeaderDLQDetail, oneLine(o.err.Error()))
+	msg.Header.Set(jobs.HeaderDLQDetail, cut(oneLine(o.err.Error()), headerValueLimit))
 	msg.Header.Set(jobs.HeaderDLQSubject, d.msg.Subject())
 	msg.Header.Set(jobs.HeaderDLQStreamSeq, strconv.FormatUint(seq, 10))
 	msg.Header.Set(jobs.HeaderDLQDeliveries, strconv.Itoa(d.deliveries))
 	msg.Header.Set(jobs.HeaderDLQConsumer, w.consumer.CachedInfo().Name)
 	if d.key != "" {
 		if row, err := w.cfg.Ledger.Get(ctx, d.key); err == nil {
-			msg.Header.Set(jobs.HeaderDLQHistory, fmt.Sprintf("key=%s state=%s attempt=%d owner=%s error=%s", row.Key, row.State, row.Attempt, row.Owner, errorText(row.Error)))
+			msg.Header.Set(jobs.HeaderDLQHistory, cut(oneLine(fmt.Sprintf("key=%s state=%s attempt=%d failures=%d owner=%s error=%s", row.Key, row.State, row.Attempt, row.Failures, row.Owner, errorText(row.Error))), headerValueLimit))
 		}
 	}
 	msg.Header.Set(jetstream.MsgIDHeader, fmt.Sprintf("dlq:%d:%s", seq, o.reason))
@@ -174,3 +181,15 @@ func errorText(e *ledger.ErrorInfo) string {
 }
 
 func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
+
+// headerValueLimit bounds the dead letter's own headers (the detail, the
+// history), whose text comes from errors of any length.
+const headerValueLimit = 1 << 10
+
+// cut shortens s to at most n bytes of valid UTF-8, marking the cut.
+func cut(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return strings.ToValidUTF8(s[:n], "") + "…"
+}

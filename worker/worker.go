@@ -12,6 +12,7 @@ package worker
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -84,6 +85,9 @@ type TestConfig struct {
 	// that committed report a ledger outage instead, as when the
 	// connection breaks before the answer arrives.
 	LoseClaimAnswer func() bool
+	// FailClaim, when set and returning true, makes a claim batch fail with
+	// a ledger outage before it reaches the ledger.
+	FailClaim func() bool
 }
 
 func (c *Config) fill() error {
@@ -150,17 +154,25 @@ type Worker struct {
 	// claim, so that a claim whose answer was lost is recognised as this
 	// delivery's own, and never as another's.
 	held sync.Map
+	// uncounted counts the uncounted hand-backs of each message.
+	uncounted handBacks
 }
 
 // claimFunc is the ledger's batch claim, with the test knob that loses its
 // answer.
 func claimFunc(cfg Config) func(context.Context, []ledger.Claim) ([]ledger.ClaimResult, error) {
-	lose := cfg.Test.LoseClaimAnswer
-	if lose == nil {
+	lose, fail := cfg.Test.LoseClaimAnswer, cfg.Test.FailClaim
+	if lose == nil && fail == nil {
 		return cfg.Ledger.Claim
 	}
 	return func(ctx context.Context, cs []ledger.Claim) ([]ledger.ClaimResult, error) {
+		if fail != nil && fail() {
+			return nil, fmt.Errorf("%w: the ledger could not be reached (test)", ledger.ErrUnavailable)
+		}
 		out, err := cfg.Ledger.Claim(ctx, cs)
+		if lose == nil {
+			return out, err
+		}
 		if err == nil && lose() {
 			return nil, fmt.Errorf("%w: the claim's answer was lost (test)", ledger.ErrUnavailable)
 		}
@@ -335,7 +347,7 @@ func (w *Worker) handBack(runCtx context.Context, msg jetstream.Msg) {
 }
 
 func (w *Worker) newDelivery(runCtx, startCtx context.Context, msg jetstream.Msg) *delivery {
-	d := &delivery{w: w, msg: msg, runCtx: runCtx, startCtx: startCtx}
+	d := &delivery{w: w, msg: msg, runCtx: runCtx, startCtx: startCtx, token: rand.Text()}
 	if meta, err := msg.Metadata(); err == nil {
 		d.meta, d.deliveries = meta, int(meta.NumDelivered)
 	}
@@ -368,6 +380,7 @@ func (w *Worker) claimOf(d *delivery) ledger.Claim {
 		Lease:          d.tool.Lease,
 		TraceID:        d.span.SpanContext().TraceID().String(),
 		SpanID:         d.span.SpanContext().SpanID().String(),
+		Token:          d.token,
 	}
 }
 
