@@ -32,6 +32,8 @@ var sqliteDialect = newDialect(expandWith(func(name, arg string) string {
 		return "((" + sqliteNow + ") + " + arg + ")"
 	case "minus":
 		return "((" + sqliteNow + ") - " + arg + ")"
+	case "append":
+		return "json_insert(history, '$[#]', json(" + arg + "))"
 	}
 	panic("ledger: unknown placeholder " + name)
 }))

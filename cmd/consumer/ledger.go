@@ -6,9 +6,12 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"os/user"
+	"strings"
 	"time"
 
 	"github.com/toolq/toolq/internal/cli"
+	"github.com/toolq/toolq/jobs"
 	"github.com/toolq/toolq/ledger"
 	"github.com/toolq/toolq/operate"
 )
@@ -56,11 +59,16 @@ func runMigrate(ctx context.Context, args []string, stdio cli.IO, getenv func(st
 }
 
 func ledgerLs(ctx context.Context, args []string, stdio cli.IO, getenv func(string) string) error {
-	fs := cli.NewFlagSet("ls", "consumer ledger ls [--state in_flight|completed|failed|indeterminate] [--stale] [--limit N] [--json]", stdio)
+	fs := cli.NewFlagSet("ls", "consumer ledger ls [--state in_flight|completed|failed|indeterminate] [--stale] [--tool T] "+
+		"[--conversation C] [--older-than D] [--newer-than D] [--limit N] [--json]", stdio)
 	var sf storeFlags
 	sf.register(fs, getenv)
 	state := fs.String("state", "", "only rows in this state")
 	stale := fs.Bool("stale", false, "only in-flight rows whose lease has expired (their holder died)")
+	tool := fs.String("tool", "", "only rows of this tool")
+	conversation := fs.String("conversation", "", "only rows of this conversation")
+	olderThan := fs.String("older-than", "", "only rows last updated more than D ago (90m, 36h, 30d)")
+	newerThan := fs.String("newer-than", "", "only rows last updated at most D ago")
 	limit := fs.Int("limit", 100, "at most this many rows, most recently updated first")
 	asJSON := fs.Bool("json", false, "print a JSON array")
 	if err := cli.ParseNone(fs, args); err != nil {
@@ -69,12 +77,29 @@ func ledgerLs(ctx context.Context, args []string, stdio cli.IO, getenv func(stri
 	if *state != "" && !ledger.State(*state).Valid() {
 		return fmt.Errorf("--state %q: want in_flight, completed, failed or indeterminate", *state)
 	}
+	f := ledger.Filter{State: ledger.State(*state), Stale: *stale, Tool: *tool, ConversationID: *conversation, Limit: *limit}
+	for _, a := range []struct {
+		name, v string
+		d       *time.Duration
+	}{{"older-than", *olderThan, &f.OlderThan}, {"newer-than", *newerThan, &f.NewerThan}} {
+		if a.v == "" {
+			continue
+		}
+		d, err := cli.ParseDuration(a.v)
+		if err != nil || d <= 0 {
+			return fmt.Errorf("--%s %q: want a positive duration (90m, 36h, 30d)", a.name, a.v)
+		}
+		*a.d = d
+	}
+	if *limit <= 0 {
+		return fmt.Errorf("--limit %d: want a positive number", *limit)
+	}
 	st, err := sf.open(ctx)
 	if err != nil {
 		return err
 	}
 	defer st.Close()
-	rows, err := st.List(ctx, ledger.Filter{State: ledger.State(*state), Stale: *stale, Limit: *limit})
+	rows, err := st.List(ctx, f)
 	if err != nil {
 		return err
 	}
@@ -101,16 +126,67 @@ func leaseText(r ledger.Row) string {
 	}
 }
 
+// callFlags name a tool call by its fields instead of its key.
+type callFlags struct {
+	call jobs.Call
+	args string
+}
+
+func (c *callFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&c.call.ConversationID, "conversation", "", "instead of KEY: the call's conversation id")
+	fs.Int64Var(&c.call.TurnIndex, "turn", 0, "instead of KEY: its turn index")
+	fs.StringVar(&c.call.Tool, "tool", "", "instead of KEY: its tool")
+	fs.Int64Var(&c.call.Ordinal, "ordinal", 0, "instead of KEY: its ordinal among identical calls of the turn")
+	fs.StringVar(&c.args, "args", "", "instead of KEY: its arguments, a JSON object")
+}
+
+// key returns the key given as the one positional argument, or derived from
+// the call's fields; not both.
+func (c *callFlags) key(fs *flag.FlagSet, pos []string) (string, error) {
+	given := false
+	fs.Visit(func(f *flag.Flag) {
+		switch f.Name {
+		case "conversation", "turn", "tool", "ordinal", "args":
+			given = true
+		}
+	})
+	switch {
+	case given && len(pos) > 0:
+		return "", errors.New("give KEY or the call's fields (--conversation --turn --tool [--ordinal] --args), not both")
+	case given:
+		if c.args == "" {
+			return "", errors.New("--args is required with the call's fields")
+		}
+		c.call.Args = []byte(c.args)
+		key, err := c.call.Key()
+		if err != nil {
+			return "", fmt.Errorf("the call's fields: %w", err)
+		}
+		return key, nil
+	case len(pos) != 1:
+		return "", fmt.Errorf("want exactly one KEY (or the call's fields), got %d arguments", len(pos))
+	}
+	return pos[0], nil
+}
+
 func ledgerShow(ctx context.Context, args []string, stdio cli.IO, getenv func(string) string) error {
-	fs := cli.NewFlagSet("show", "consumer ledger show KEY [--json]", stdio)
+	fs := cli.NewFlagSet("show", "consumer ledger show (KEY | --conversation C --turn N --tool T [--ordinal K] --args JSON) [--json]", stdio)
 	var sf storeFlags
 	sf.register(fs, getenv)
+	var cf callFlags
+	cf.register(fs)
 	asJSON := fs.Bool("json", false, "print the row as JSON")
-	pos, err := cli.ParseN(fs, args, 1, "KEY")
+	pos, help, err := cli.Parse(fs, args)
+	if help {
+		return cli.ErrHelp
+	}
 	if err != nil {
 		return err
 	}
-	key := pos[0]
+	key, err := cf.key(fs, pos)
+	if err != nil {
+		return err
+	}
 	st, err := sf.open(ctx)
 	if err != nil {
 		return err
@@ -134,7 +210,29 @@ func ledgerShow(ctx context.Context, args []string, stdio cli.IO, getenv func(st
 	} {
 		fmt.Fprintf(w, "%s:\t%s\n", kv[0], kv[1])
 	}
+	if len(r.History) == 0 {
+		fmt.Fprintf(w, "history:\t(no operator decision)\n")
+	}
+	for i, e := range r.History {
+		label := ""
+		if i == 0 {
+			label = "history:"
+		}
+		fmt.Fprintf(w, "%s\t%s\n", label, eventText(e))
+	}
 	return w.Flush()
+}
+
+// eventText is one line of a row's history.
+func eventText(e ledger.Event) string {
+	s := fmt.Sprintf("%s by %s: %s %s (%s); was %s", e.At.Format(time.RFC3339), e.By, e.Action, e.Decision, e.Reason, e.From)
+	if e.Error != nil {
+		s += ", " + errorText(e.Error)
+	}
+	if len(e.Output) > 0 {
+		s += ", output " + string(e.Output)
+	}
+	return s
 }
 
 func errorText(e *ledger.ErrorInfo) string {
@@ -145,23 +243,31 @@ func errorText(e *ledger.ErrorInfo) string {
 }
 
 func ledgerResolve(ctx context.Context, args []string, stdio cli.IO, getenv func(string) string) error {
-	fs := cli.NewFlagSet("resolve", "consumer ledger resolve KEY (--output JSON | --not-run)\n\n"+
+	fs := cli.NewFlagSet("resolve", "consumer ledger resolve KEY (--output JSON | --not-run) --reason TEXT [--by NAME]\n\n"+
 		"Settles an indeterminate row. --output: the call did happen, and this JSON is its\n"+
 		"output (duplicates get it from now on). --not-run: it did not happen; the row is\n"+
-		"released so that a redelivery or a replay runs the call.", stdio)
+		"released so that a redelivery or a replay runs the call. The decision, who took it\n"+
+		"and why are recorded in the row's history ('ledger show'). Resolving a resolved row\n"+
+		"the same way again changes nothing; another way is refused.", stdio)
 	var sf storeFlags
 	sf.register(fs, getenv)
 	output := fs.String("output", "", "the call's output, as JSON")
 	notRun := fs.Bool("not-run", false, "the call did not take effect: release the row")
+	reason := fs.String("reason", "", "why: what you checked (required; recorded in the row's history)")
+	by := fs.String("by", osUser(getenv), "who decided (default: the OS user)")
 	pos, err := cli.ParseN(fs, args, 1, "KEY")
 	if err != nil {
 		return err
 	}
 	key := pos[0]
-	var res ledger.Resolution
+	res := ledger.Resolution{By: *by, Reason: *reason}
 	switch {
 	case (*output != "") == *notRun:
 		return errors.New("give exactly one of --output JSON and --not-run")
+	case strings.TrimSpace(*reason) == "":
+		return errors.New("--reason is required: say what you checked, it is recorded with the decision")
+	case strings.TrimSpace(*by) == "":
+		return errors.New("--by is required: no OS user to record as who decided")
 	case *notRun:
 		res.NotRun = true
 	default:
@@ -175,15 +281,26 @@ func ledgerResolve(ctx context.Context, args []string, stdio cli.IO, getenv func
 		return err
 	}
 	defer st.Close()
-	if err := st.Resolve(ctx, key, res); err != nil {
+	changed, err := st.Resolve(ctx, key, res)
+	switch {
+	case err != nil:
 		return err
-	}
-	if res.NotRun {
+	case !changed:
+		fmt.Fprintf(stdio.Out, "%s was already resolved this way: nothing changed\n", key)
+	case res.NotRun:
 		fmt.Fprintf(stdio.Out, "%s released: the next delivery of the call runs it\n", key)
-	} else {
+	default:
 		fmt.Fprintf(stdio.Out, "%s completed with the given output\n", key)
 	}
 	return nil
+}
+
+// osUser is the name of the user running the command, or "".
+func osUser(getenv func(string) string) string {
+	if u, err := user.Current(); err == nil && u.Username != "" {
+		return u.Username
+	}
+	return getenv("USER")
 }
 
 const purgeSynopsis = `consumer ledger purge --older-than D [--dry-run] [--batch N] [NATS flags] [--horizon H]

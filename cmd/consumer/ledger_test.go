@@ -92,6 +92,15 @@ func TestLedgerCommands(t *testing.T) {
 				{"ledger", "resolve", "k-done", "--not-run", "--output", "{}"},
 				{"ledger", "resolve", "k-done", "--output", "{bad"},
 				{"ledger", "resolve", "--not-run"},
+				{"ledger", "resolve", "k-done", "--not-run"},
+				{"ledger", "resolve", "k-done", "--not-run", "--reason", " "},
+				{"ledger", "show"},
+				{"ledger", "show", "k-done", "--tool", "create_ticket", "--args", "{}"},
+				{"ledger", "show", "--conversation", "c", "--turn", "1", "--tool", "create_ticket"},
+				{"ledger", "show", "--conversation", "c", "--turn", "1", "--tool", "create_ticket", "--args", "[1]"},
+				{"ledger", "show", "--conversation", "c", "--turn", "1", "--tool", "create_ticket", "--args", "{}"},
+				{"ledger", "ls", "--older-than", "soon"},
+				{"ledger", "ls", "--limit", "0"},
 				{"ledger", "ls", "--state", "bogus"},
 				{"ledger", "purge"},
 				{"ledger", "purge", "--older-than", "soon"},
@@ -101,14 +110,42 @@ func TestLedgerCommands(t *testing.T) {
 					t.Errorf("%v: %v", bad, err)
 				}
 			}
-			if _, err := runConsumer(t, env, "ledger", "resolve", "k-done", "--output", `{"ticket":"T-9"}`); err != nil {
+			if _, err := runConsumer(t, env, "ledger", "resolve", "k-done", "--output", `{"ticket":"T-9"}`, "--reason", "T-9 is in the tracker"); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := runConsumer(t, env, "ledger", "resolve", "k-notrun", "--not-run"); err != nil {
+			if _, err := runConsumer(t, env, "ledger", "resolve", "k-notrun", "--not-run", "--reason", "no ticket", "--by", "alice"); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := runConsumer(t, env, "ledger", "resolve", "k-open", "--not-run"); err == nil {
+			if _, err := runConsumer(t, env, "ledger", "resolve", "k-open", "--not-run", "--reason", "x"); err == nil {
 				t.Fatal("resolved an in-flight row")
+			}
+			if out, err := runConsumer(t, env, "ledger", "resolve", "k-done", "--output", `{"ticket":"T-9"}`, "--reason", "again"); err != nil ||
+				!strings.Contains(out, "already resolved") {
+				t.Fatalf("the same resolution again: %q %v", out, err)
+			}
+			if _, err := runConsumer(t, env, "ledger", "resolve", "k-done", "--not-run", "--reason", "changed my mind"); err == nil ||
+				!strings.Contains(err.Error(), "was resolved completed") {
+				t.Fatalf("another decision: %v", err)
+			}
+			if out, err := runConsumer(t, env, "ledger", "show", "k-done"); err != nil || !strings.Contains(out, "history:") ||
+				!strings.Contains(out, "resolve completed (T-9 is in the tracker); was indeterminate, reset: reset mid-response") {
+				t.Fatalf("show prints the history: %q %v", out, err)
+			}
+			for _, c := range []struct {
+				args []string
+				want int
+			}{
+				{[]string{"--tool", "create_ticket"}, 2},
+				{[]string{"--conversation", "c", "--state", "completed"}, 1},
+				{[]string{"--newer-than", "1h"}, 2},
+				{[]string{"--older-than", "1h"}, 0},
+				{[]string{"--tool", "other"}, 0},
+			} {
+				out, err := runConsumer(t, env, append([]string{"ledger", "ls", "--json"}, c.args...)...)
+				var rows []ledger.Row
+				if err != nil || json.Unmarshal([]byte(out), &rows) != nil || len(rows) != c.want {
+					t.Errorf("ls %v: %q %v, want %d rows", c.args, out, err, c.want)
+				}
 			}
 			if got, _ := st.Get(ctx, "k-done"); got.State != ledger.Completed || string(got.Result) != `{"ticket":"T-9"}` {
 				t.Fatalf("after resolve --output: %+v", got)
