@@ -118,16 +118,21 @@ func runStatus(ctx context.Context, args []string, stdio cli.IO, getenv func(str
 	return w.Flush()
 }
 
-// ledgerCounts reads the ledger without changing it: no migration, and no
-// SQLite file created where there is none.
-func ledgerCounts(ctx context.Context, databaseURL, dataDir string) (map[string]int64, error) {
+// openLedger opens the ledger to read it, without changing it: no
+// migration, and no SQLite file created where there is none.
+func openLedger(ctx context.Context, databaseURL, dataDir string) (*ledger.Store, error) {
 	if databaseURL == "" {
 		path := filepath.Join(dataDir, "ledger.db")
 		if _, err := os.Stat(path); err != nil {
 			return nil, fmt.Errorf("no ledger at %s (give --database-url or the consumer's --data-dir)", path)
 		}
 	}
-	store, err := ledger.Open(ctx, databaseURL, dataDir)
+	return ledger.Open(ctx, databaseURL, dataDir)
+}
+
+// ledgerCounts reads the ledger's rows by state.
+func ledgerCounts(ctx context.Context, databaseURL, dataDir string) (map[string]int64, error) {
+	store, err := openLedger(ctx, databaseURL, dataDir)
 	if err != nil {
 		return nil, err
 	}
