@@ -94,7 +94,7 @@ func TestReplayConsultsTheLedger(t *testing.T) {
 		func(f ledger.Fence) error { return st.Fail(ctx, f, ledger.ErrorInfo{Code: "declined"}) },
 		func(f ledger.Fence) error { return st.MarkIndeterminate(ctx, f, ledger.ErrorInfo{Code: "reset"}) },
 		func(ledger.Fence) error { return nil }, // in flight
-		nil, // no row
+		nil,                                     // no row
 	}
 	for i, s := range settle {
 		j := &jobs.Job{ConversationID: "c", TurnIndex: int64(i), Tool: "send_payment", ToolUseID: "toolu_" + strconv.Itoa(i), Args: json.RawMessage(`{}`)}
