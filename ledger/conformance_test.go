@@ -395,7 +395,7 @@ func TestIndeterminateAndResolve(t *testing.T) {
 	})
 }
 
-func resolveErr(_ bool, err error) error { return err }
+func resolveErr[T any](_ T, err error) error { return err }
 
 // TestResolveIsRecordedAndIdempotent: a resolution is recorded in the row's
 // history (who, why, the error it settled), survives the release and the
@@ -469,11 +469,15 @@ func TestListFilters(t *testing.T) {
 	t.Parallel()
 	eachBackend(t, func(t *testing.T, s *ledger.Store) {
 		ctx := context.Background()
+		isErr(t, resolveErr(s.OldestInFlight(ctx)), ledger.ErrNotFound)
 		conv := fmt.Sprintf("conv-filter-%d", keySeq.Add(1))
 		for _, tool := range []string{"send_payment", "create_ticket", "create_ticket"} {
 			c := newClaim(time.Minute)
 			c.ConversationID, c.Tool = conv, tool
 			mustClaim(t, s, c)
+		}
+		if _, err := s.OldestInFlight(ctx); err != nil {
+			t.Fatalf("oldest in flight: %v", err)
 		}
 		for _, c := range []struct {
 			f    ledger.Filter

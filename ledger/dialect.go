@@ -14,7 +14,7 @@ import "strings"
 type dialect struct {
 	takeover, extend, complete, fail, endLease, indeterminate, release   string
 	get, list, listStale, counts, resolveNotRun, resolveCompleted, purge string
-	clock, purgeCount, recordPurge, lastPurge, getAny                    string
+	clock, purgeCount, recordPurge, lastPurge, getAny, oldestInFlight    string
 	cols                                                                 string
 }
 
@@ -69,7 +69,8 @@ func newDialect(expand func(string) string) *dialect {
 			ORDER BY lease_until, key LIMIT $2`,
 		counts: `SELECT state, count(*) FROM toolq_ledger WHERE ` + notRelease + ` GROUP BY state
 			UNION ALL SELECT 'stale', count(*) FROM toolq_ledger WHERE state = 'in_flight' AND lease_until <= {now}`,
-		getAny: `SELECT {cols} FROM toolq_ledger WHERE key = $1`,
+		getAny:         `SELECT {cols} FROM toolq_ledger WHERE key = $1`,
+		oldestInFlight: `SELECT {cols} FROM toolq_ledger WHERE state = 'in_flight' ORDER BY lease_until, key LIMIT 1`,
 		// A resolution appends its event ($2, a JSON object) to the row's
 		// history in the statement that settles it.
 		resolveNotRun: `UPDATE toolq_ledger SET state = ` + released + `, result = '', error = '', lease_until = {now}, updated_at = {now},
@@ -92,7 +93,7 @@ func newDialect(expand func(string) string) *dialect {
 	}
 	for _, s := range []*string{&d.takeover, &d.extend, &d.complete, &d.fail, &d.endLease, &d.indeterminate, &d.release,
 		&d.get, &d.list, &d.listStale, &d.counts, &d.resolveNotRun, &d.resolveCompleted, &d.purge,
-		&d.clock, &d.purgeCount, &d.recordPurge, &d.lastPurge, &d.getAny, &d.cols} {
+		&d.clock, &d.purgeCount, &d.recordPurge, &d.lastPurge, &d.getAny, &d.oldestInFlight, &d.cols} {
 		*s = expand(strings.ReplaceAll(*s, "{cols}", columnsTemplate))
 	}
 	return d

@@ -583,6 +583,27 @@ func (s *Store) Counts(ctx context.Context) (map[string]int64, error) {
 	return counts, nil
 }
 
+// OldestInFlight returns the in-flight row whose lease ends (or ended)
+// first: the call held the longest without news, or ErrNotFound when no
+// call is in flight.
+func (s *Store) OldestInFlight(ctx context.Context) (Row, error) {
+	ctx, cancel := withDefaultTimeout(ctx)
+	defer cancel()
+	var row Row
+	found := false
+	err := s.db.queryRows(ctx, s.db.sql().oldestInFlight, nil, func(sc scanner) error {
+		found = true
+		return scanRow(sc, &row)
+	})
+	if err != nil {
+		return Row{}, s.translate("oldest in flight", err)
+	}
+	if !found {
+		return Row{}, fmt.Errorf("%w: no row in flight", ErrNotFound)
+	}
+	return row, nil
+}
+
 // Resolve settles an indeterminate row as an operator decided: completed with
 // the given output (the call did happen), or released (NotRun: it did not,
 // and a redelivery or replay may run it), and appends the decision to the
