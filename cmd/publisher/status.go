@@ -19,9 +19,9 @@ import (
 // status is what `publisher status --json` prints.
 type status struct {
 	Streams     []streamStatus    `json:"streams"`
-	Consumers   []consumerStatus  `json:"consumers"`          // the durable consumers on TOOLQ_JOBS
-	DeadLetters map[string]uint64 `json:"dead_letters"`       // TOOLQ_DLQ's depth by reason
-	Ledger      map[string]int64  `json:"ledger,omitempty"`   // rows by state, and "stale"
+	Consumers   []consumerStatus  `json:"consumers"`        // the durable consumers on TOOLQ_JOBS
+	DeadLetters map[string]uint64 `json:"dead_letters"`     // TOOLQ_DLQ's depth by reason
+	Ledger      map[string]int64  `json:"ledger,omitempty"` // rows by state, and "stale"
 	Oldest      *oldestInFlight   `json:"oldest_in_flight,omitempty"`
 	LedgerErr   string            `json:"ledger_error,omitempty"`
 }
