@@ -184,7 +184,8 @@ type Resolution struct {
 	Reason string          // why (required)
 }
 
-func (r Resolution) decision() string {
+// Decision is DecisionNotRun or DecisionCompleted.
+func (r Resolution) Decision() string {
 	if r.NotRun {
 		return DecisionNotRun
 	}
@@ -631,7 +632,7 @@ func (s *Store) Resolve(ctx context.Context, key string, r Resolution) (changed 
 		return false, err
 	}
 	if row.State == Indeterminate {
-		ev := Event{At: time.Now().UTC().Truncate(time.Millisecond), By: r.By, Action: "resolve", Decision: r.decision(),
+		ev := Event{At: time.Now().UTC().Truncate(time.Millisecond), By: r.By, Action: "resolve", Decision: r.Decision(),
 			Reason: r.Reason, From: row.State, Error: row.Error, Output: r.Output}
 		evJSON, err := json.Marshal(ev)
 		if err != nil {
@@ -662,7 +663,7 @@ func (s *Store) Resolve(ctx context.Context, key string, r Resolution) (changed 
 		}
 		return false, fmt.Errorf("%w: %s is %s", ErrNotIndeterminate, key, row.State)
 	}
-	if last.Decision == r.decision() && (r.NotRun || sameJSON(last.Output, r.Output)) {
+	if last.Decision == r.Decision() && (r.NotRun || sameJSON(last.Output, r.Output)) {
 		return false, nil
 	}
 	state := string(row.State)
@@ -713,7 +714,11 @@ func sameJSON(a, b json.RawMessage) bool {
 // the DLQ's max age), or a replay or a requeue would run a call again; it also
 // bounds how long a holder may stall and still be fenced out, since a purged
 // key's next claim starts again at attempt 1.
-func (s *Store) Purge(ctx context.Context, olderThan time.Duration, batchSize int) (int64, error) {
+func (s *Store) Purge(ctx context.Context, olderThan time.Duration, batchSize int, opts ...PurgeOption) (int64, error) {
+	var o purgeOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
 	cutoff, err := s.purgeCutoff(ctx, olderThan)
 	if err != nil {
 		return 0, err
@@ -736,10 +741,26 @@ func (s *Store) Purge(ctx context.Context, olderThan time.Duration, batchSize in
 			return total, s.translate("purge", err)
 		}
 		total += n
+		if o.progress != nil {
+			o.progress(total)
+		}
 		if n < int64(batchSize) {
 			return total, nil
 		}
 	}
+}
+
+// PurgeOption is a knob of one Purge call.
+type PurgeOption func(*purgeOptions)
+
+type purgeOptions struct {
+	progress func(deleted int64)
+}
+
+// PurgeProgress makes Purge call f after each batch with the rows it has
+// deleted so far.
+func PurgeProgress(f func(deleted int64)) PurgeOption {
+	return func(o *purgeOptions) { o.progress = f }
 }
 
 // PurgeCount returns how many rows Purge would delete now with olderThan,

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/toolq/toolq/internal/cli"
+	"github.com/toolq/toolq/internal/progress"
 	"github.com/toolq/toolq/jobs"
 	"github.com/toolq/toolq/ledger"
 	"github.com/toolq/toolq/operate"
@@ -255,7 +256,12 @@ func ledgerResolve(ctx context.Context, args []string, stdio cli.IO, getenv func
 	notRun := fs.Bool("not-run", false, "the call did not take effect: release the row")
 	reason := fs.String("reason", "", "why: what you checked (required; recorded in the row's history)")
 	by := fs.String("by", osUser(getenv), "who decided (default: the OS user)")
+	logFormat := fs.String("log-format", cli.Env(getenv, "TOOLQ_LOG_FORMAT", "text"), "the line that records the decision on standard error: text or json (env TOOLQ_LOG_FORMAT)")
 	pos, err := cli.ParseN(fs, args, 1, "KEY")
+	if err != nil {
+		return err
+	}
+	logger, err := cli.NewLogger(stdio.Err, *logFormat, "info")
 	if err != nil {
 		return err
 	}
@@ -282,6 +288,9 @@ func ledgerResolve(ctx context.Context, args []string, stdio cli.IO, getenv func
 	}
 	defer st.Close()
 	changed, err := st.Resolve(ctx, key, res)
+	if err == nil {
+		logger.Info("ledger row resolved", "key", key, "decision", res.Decision(), "reason", res.Reason, "by", res.By, "changed", changed)
+	}
 	switch {
 	case err != nil:
 		return err
@@ -328,8 +337,16 @@ func ledgerPurge(ctx context.Context, args []string, stdio cli.IO, getenv func(s
 	horizon := fs.String("horizon", "", "when the streams cannot be read: the longest they keep a job, at least 30d")
 	dry := fs.Bool("dry-run", false, "count the rows a purge would delete, delete nothing")
 	batch := fs.Int("batch", 1000, "rows deleted per statement")
+	logFormat := fs.String("log-format", cli.Env(getenv, "TOOLQ_LOG_FORMAT", "text"), "the line that records the purge on standard error: text or json (env TOOLQ_LOG_FORMAT)")
 	if err := cli.ParseNone(fs, args); err != nil {
 		return err
+	}
+	logger, err := cli.NewLogger(stdio.Err, *logFormat, "info")
+	if err != nil {
+		return err
+	}
+	if *batch <= 0 {
+		return fmt.Errorf("--batch %d: want a positive number", *batch)
 	}
 	if *olderThan == "" {
 		return errors.New("--older-than is required (e.g. --older-than 31d)")
@@ -363,10 +380,18 @@ func ledgerPurge(ctx context.Context, args []string, stdio cli.IO, getenv func(s
 		fmt.Fprintf(stdio.Out, "would purge %d row(s) finished before %s\n", n, before)
 		return nil
 	}
-	n, err := st.Purge(ctx, d, *batch)
+	total, err := st.PurgeCount(ctx, d)
 	if err != nil {
 		return err
 	}
+	bar := progress.New(stdio.Err, "purge", total)
+	n, err := st.Purge(ctx, d, *batch, ledger.PurgeProgress(func(n int64) { bar.Set(n, 0) }))
+	bar.Finish()
+	if err != nil {
+		logger.Error("ledger purge failed", "older_than", *olderThan, "cutoff", before, "rows_deleted", n, "by", osUser(getenv), "error", err)
+		return err
+	}
+	logger.Info("ledger purged", "older_than", *olderThan, "cutoff", before, "rows_deleted", n, "backend", st.Backend(), "by", osUser(getenv))
 	fmt.Fprintf(stdio.Out, "purged %d row(s) finished before %s\n", n, before)
 	return nil
 }

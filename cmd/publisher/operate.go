@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/user"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -40,6 +41,7 @@ func dlq(ctx context.Context, sub string, args []string, stdio cli.IO, getenv fu
 	yes := fs.Bool("yes", false, "purge: yes, delete them")
 	databaseURL := fs.String("database-url", cli.Env(getenv, "DATABASE_URL", ""), "requeue: the ledger (env DATABASE_URL); empty: the SQLite ledger under --data-dir")
 	dataDir := fs.String("data-dir", cli.Env(getenv, "TOOLQ_DATA_DIR", "./toolq-data"), "requeue: data directory of an embedded consumer (env TOOLQ_DATA_DIR)")
+	logFormat := fs.String("log-format", cli.Env(getenv, "TOOLQ_LOG_FORMAT", "text"), "requeue, purge: the lines that record what was done, on standard error: text or json (env TOOLQ_LOG_FORMAT)")
 	pos, help, err := cli.Parse(fs, args)
 	if help {
 		return cli.ErrHelp
@@ -47,6 +49,11 @@ func dlq(ctx context.Context, sub string, args []string, stdio cli.IO, getenv fu
 	if err != nil {
 		return err
 	}
+	logger, err := cli.NewLogger(stdio.Err, *logFormat, "info")
+	if err != nil {
+		return err
+	}
+	by := osUser(getenv)
 	var seqs []uint64
 	for _, p := range pos {
 		n, err := strconv.ParseUint(p, 10, 64)
@@ -139,14 +146,24 @@ func dlq(ctx context.Context, sub string, args []string, stdio cli.IO, getenv fu
 		if err != nil {
 			return err
 		}
-		for _, seq := range seqs {
+		var bar *progress.Reporter
+		if *all {
+			bar = progress.New(stdio.Err, "requeue", int64(len(seqs)))
+		}
+		defer bar.Finish()
+		for i, seq := range seqs {
 			n, err := operate.Requeue(ctx, js, seq, guard.opt)
 			if errors.Is(err, operate.ErrRowMayBePurged) {
 				return fmt.Errorf("refused: %w (the last purge ran --older-than %s at %s)", err, guard.olderThan, guard.at)
 			}
 			if err != nil {
+				if n > 0 {
+					logger.Error("dead letter requeued but not removed", "dlq_seq", seq, "job_seq", n, "by", by, "error", err)
+				}
 				return err
 			}
+			logger.Info("dead letter requeued", "dlq_seq", seq, "job_seq", n, "by", by)
+			bar.Set(int64(i+1), 0)
 			fmt.Fprintf(stdio.Out, "dead letter %d requeued as job %d\n", seq, n)
 		}
 		return nil
@@ -158,6 +175,7 @@ func dlq(ctx context.Context, sub string, args []string, stdio cli.IO, getenv fu
 		if err := operate.PurgeDeadLetters(ctx, js, c); err != nil {
 			return err
 		}
+		logger.Info("dead letters purged", "reason", c.Reason, "count", c.N, "through_seq", c.Through, "by", by)
 		fmt.Fprintf(stdio.Out, "purged %d dead letter(s), through sequence %d\n", c.N, c.Through)
 		return nil
 	}
@@ -329,6 +347,14 @@ func printSummary(out io.Writer, dry, consulted bool, n int, summary map[operate
 		}
 	}
 	w.Flush()
+}
+
+// osUser is the name of the user running the command, or $USER.
+func osUser(getenv func(string) string) string {
+	if u, err := user.Current(); err == nil && u.Username != "" {
+		return u.Username
+	}
+	return getenv("USER")
 }
 
 // parseTime reads RFC 3339 or a duration before now; empty is zero.
