@@ -500,6 +500,50 @@ func TestListFilters(t *testing.T) {
 	})
 }
 
+// TestPurgeByTool: PurgeOnly and PurgeExcept split a purge by tool, so that
+// each tool's rows can be kept for its own retention.
+func TestPurgeByTool(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, s *ledger.Store) {
+		ctx := context.Background()
+		n := keySeq.Add(1)
+		a, b, c := fmt.Sprintf("tool_a%d", n), fmt.Sprintf("tool_b%d", n), fmt.Sprintf("tool_c%d", n)
+		for _, tool := range []string{a, b, c} {
+			cl := newClaim(time.Minute)
+			cl.Tool = tool
+			row := mustClaim(t, s, cl)
+			if err := s.Complete(ctx, row.Fence(), json.RawMessage(`{}`)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		count := func(opts ...ledger.PurgeOption) int64 {
+			n, err := s.PurgeCount(ctx, 5*time.Millisecond, opts...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return n
+		}
+		testenv.Eventually(t, 10*time.Second, "the rows to age", func() bool { return count(ledger.PurgeOnly(a)) == 1 })
+		if got := count(ledger.PurgeOnly(b)); got != 1 {
+			t.Errorf("only %s: %d", b, got)
+		}
+		if got := count(ledger.PurgeOnly(a), ledger.PurgeExcept(a)); got != 0 {
+			t.Errorf("only and except the same tool: %d", got)
+		}
+		all := count()
+		if got := count(ledger.PurgeExcept(a, b)); got != all-2 {
+			t.Errorf("except two: %d of %d", got, all)
+		}
+		if got, err := s.Purge(ctx, 5*time.Millisecond, 0, ledger.PurgeExcept(a)); err != nil || got != all-1 {
+			t.Fatalf("purge except %s: %d %v", a, got, err)
+		}
+		rows, err := s.List(ctx, ledger.Filter{Tool: a})
+		if err != nil || len(rows) != 1 {
+			t.Fatalf("the kept tool's row: %+v %v", rows, err)
+		}
+	})
+}
+
 // TestBatchClaim: one batch mixes new keys, a completed key, an in-flight
 // key, a key given twice and a key with other material.
 func TestBatchClaim(t *testing.T) {

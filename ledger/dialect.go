@@ -51,6 +51,12 @@ const listFilter = `({text:$1} = '' OR state = {text:$1}) AND ({text:$3} = '' OR
 // purgeable are the rows a purge with cutoff $1 (Unix milliseconds) deletes.
 const purgeable = `state IN ('completed', 'failed', ` + released + `) AND updated_at < {at:$1}`
 
+// toolFilter keeps the rows of tool only (parameter only; empty: every
+// tool) and not of any tool in the JSON array of strings except.
+func toolFilter(only, except string) string {
+	return `({text:` + only + `} = '' OR tool = {text:` + only + `}) AND NOT {intools:` + except + `}`
+}
+
 func newDialect(expand func(string) string) *dialect {
 	d := &dialect{
 		takeover: `UPDATE toolq_ledger SET attempt = attempt + 1, owner = $3, lease_until = {plus:$4}, updated_at = {now}
@@ -78,9 +84,9 @@ func newDialect(expand func(string) string) *dialect {
 		resolveCompleted: `UPDATE toolq_ledger SET state = 'completed', result = $3, updated_at = {now}, history = {append:$2}
 			WHERE key = $1 AND state = 'indeterminate'`,
 		purge: `DELETE FROM toolq_ledger WHERE key IN (SELECT key FROM toolq_ledger
-			WHERE ` + purgeable + ` LIMIT $2)`,
+			WHERE ` + purgeable + ` AND ` + toolFilter("$3", "$4") + ` LIMIT $2)`,
 		clock:      `SELECT {nowms}`,
-		purgeCount: `SELECT count(*) FROM toolq_ledger WHERE ` + purgeable,
+		purgeCount: `SELECT count(*) FROM toolq_ledger WHERE ` + purgeable + ` AND ` + toolFilter("$2", "$3"),
 		// The record keeps the latest cutoff of any purge: one with a longer
 		// retention after one with a shorter does not hide what the
 		// shorter one deleted.

@@ -735,7 +735,7 @@ func (s *Store) Purge(ctx context.Context, olderThan time.Duration, batchSize in
 	var total int64
 	for {
 		bctx, cancel := withDefaultTimeout(ctx)
-		n, err := s.db.exec(bctx, s.db.sql().purge, cutoff, batchSize)
+		n, err := s.db.exec(bctx, s.db.sql().purge, cutoff, batchSize, o.only, o.exceptJSON())
 		cancel()
 		if err != nil {
 			return total, s.translate("purge", err)
@@ -755,6 +755,24 @@ type PurgeOption func(*purgeOptions)
 
 type purgeOptions struct {
 	progress func(deleted int64)
+	only     string
+	except   []string
+}
+
+func (o *purgeOptions) exceptJSON() string {
+	b, _ := json.Marshal(append([]string{}, o.except...))
+	return string(b)
+}
+
+// PurgeOnly makes Purge (and PurgeCount) delete only the rows of tool.
+func PurgeOnly(tool string) PurgeOption {
+	return func(o *purgeOptions) { o.only = tool }
+}
+
+// PurgeExcept makes Purge (and PurgeCount) keep the rows of these tools,
+// which a purge of their own, with their own retention, deletes.
+func PurgeExcept(tools ...string) PurgeOption {
+	return func(o *purgeOptions) { o.except = append(o.except, tools...) }
 }
 
 // PurgeProgress makes Purge call f after each batch with the rows it has
@@ -763,9 +781,13 @@ func PurgeProgress(f func(deleted int64)) PurgeOption {
 	return func(o *purgeOptions) { o.progress = f }
 }
 
-// PurgeCount returns how many rows Purge would delete now with olderThan,
-// and deletes nothing.
-func (s *Store) PurgeCount(ctx context.Context, olderThan time.Duration) (int64, error) {
+// PurgeCount returns how many rows Purge would delete now with olderThan
+// (and the same PurgeOnly and PurgeExcept), and deletes nothing.
+func (s *Store) PurgeCount(ctx context.Context, olderThan time.Duration, opts ...PurgeOption) (int64, error) {
+	var o purgeOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
 	cutoff, err := s.purgeCutoff(ctx, olderThan)
 	if err != nil {
 		return 0, err
@@ -773,7 +795,7 @@ func (s *Store) PurgeCount(ctx context.Context, olderThan time.Duration) (int64,
 	ctx, cancel := withDefaultTimeout(ctx)
 	defer cancel()
 	var n int64
-	err = s.db.queryRows(ctx, s.db.sql().purgeCount, []any{cutoff}, func(sc scanner) error { return sc.Scan(&n) })
+	err = s.db.queryRows(ctx, s.db.sql().purgeCount, []any{cutoff, o.only, o.exceptJSON()}, func(sc scanner) error { return sc.Scan(&n) })
 	return n, s.translate("purge count", err)
 }
 
