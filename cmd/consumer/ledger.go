@@ -6,7 +6,9 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os/user"
+	"sort"
 	"strings"
 	"time"
 
@@ -15,6 +17,7 @@ import (
 	"github.com/toolq/toolq/jobs"
 	"github.com/toolq/toolq/ledger"
 	"github.com/toolq/toolq/operate"
+	"github.com/toolq/toolq/tools"
 )
 
 // storeFlags are the flags that name the ledger.
@@ -312,7 +315,7 @@ func osUser(getenv func(string) string) string {
 	return getenv("USER")
 }
 
-const purgeSynopsis = `consumer ledger purge --older-than D [--dry-run] [--batch N] [NATS flags] [--horizon H]
+const purgeSynopsis = `consumer ledger purge (--older-than D | --tools FILE) [--dry-run] [--batch N] [NATS flags] [--horizon H]
 
 Deletes completed, failed and released rows last updated more than D ago (e.g. 31d,
 36h); a released row is a claim given up because its call was not sent. In-flight and
@@ -325,7 +328,13 @@ from the live streams (the NATS flags, default the embedded server's address) an
 refuses a shorter D, naming the setting. When the streams cannot be read, give
 --horizon H, the longest they keep a job (at least 30d, the DLQ's default); streams
 that can be read still count. Each purge is recorded in the ledger, so that
-'publisher dlq requeue' refuses a dead letter older than what it may have deleted.`
+'publisher dlq requeue' refuses a dead letter older than what it may have deleted.
+
+A tool whose calls can come back later (an agent that resends old conversations)
+states its retention in the registry (retention: 90d; the top-level retention is
+the default of every tool). With --tools FILE, --older-than is refused when a tool
+states a longer one; without --older-than, each tool is purged at its own retention
+and the others at the top-level one, each checked against the streams.`
 
 func ledgerPurge(ctx context.Context, args []string, stdio cli.IO, getenv func(string) string) error {
 	fs := cli.NewFlagSet("purge", purgeSynopsis, stdio)
@@ -333,7 +342,8 @@ func ledgerPurge(ctx context.Context, args []string, stdio cli.IO, getenv func(s
 	sf.register(fs, getenv)
 	var nf cli.NATSFlags
 	nf.Register(fs, getenv, "nats://127.0.0.1:4222", "NATS server whose streams bound the retention")
-	olderThan := fs.String("older-than", "", "retention, e.g. 31d")
+	olderThan := fs.String("older-than", "", "retention, e.g. 31d (default with --tools: each tool's own)")
+	toolsFile := fs.String("tools", cli.Env(getenv, "TOOLQ_TOOLS", ""), "tool registry file whose retentions to keep (env TOOLQ_TOOLS)")
 	horizon := fs.String("horizon", "", "when the streams cannot be read: the longest they keep a job, at least 30d")
 	dry := fs.Bool("dry-run", false, "count the rows a purge would delete, delete nothing")
 	batch := fs.Int("batch", 1000, "rows deleted per statement")
@@ -348,52 +358,155 @@ func ledgerPurge(ctx context.Context, args []string, stdio cli.IO, getenv func(s
 	if *batch <= 0 {
 		return fmt.Errorf("--batch %d: want a positive number", *batch)
 	}
-	if *olderThan == "" {
-		return errors.New("--older-than is required (e.g. --older-than 31d)")
+	var retention tools.Retention
+	if *toolsFile != "" {
+		if retention, err = tools.LoadRetention(*toolsFile); err != nil {
+			return err
+		}
 	}
-	d, err := cli.ParseDuration(*olderThan)
+	passes, err := purgePasses(*olderThan, *toolsFile, retention)
 	if err != nil {
-		return fmt.Errorf("--older-than: %w", err)
-	}
-	if d <= 0 {
-		return errors.New("--older-than must be positive")
+		return err
 	}
 	comebacks, err := purgeComebacks(ctx, &nf, *horizon)
 	if err != nil {
 		return err
 	}
 	var re *operate.RetentionError
-	if err := operate.CheckRetention(d, comebacks); errors.As(err, &re) {
-		return fmt.Errorf("refused: --older-than %s is not longer than %s: %s", *olderThan, re.Comeback, re.Comeback.Risk)
+	for _, p := range passes {
+		if err := operate.CheckRetention(p.age, comebacks); errors.As(err, &re) {
+			return fmt.Errorf("refused: %s is not longer than %s: %s", p.label, re.Comeback, re.Comeback.Risk)
+		}
 	}
 	st, err := sf.open(ctx)
 	if err != nil {
 		return err
 	}
 	defer st.Close()
-	before := time.Now().Add(-d).UTC().Format(time.RFC3339)
-	if *dry {
-		n, err := st.PurgeCount(ctx, d)
-		if err != nil {
+	var total int64
+	counts := make([]int64, len(passes))
+	for i, p := range passes {
+		if counts[i], err = st.PurgeCount(ctx, p.age, p.opts...); err != nil {
 			return err
 		}
-		fmt.Fprintf(stdio.Out, "would purge %d row(s) finished before %s\n", n, before)
+		total += counts[i]
+	}
+	verb := "purged"
+	if *dry {
+		verb = "would purge"
+	}
+	if *dry {
+		for i, p := range passes {
+			p.report(stdio.Out, verb, counts[i], len(passes))
+		}
 		return nil
 	}
-	total, err := st.PurgeCount(ctx, d)
-	if err != nil {
-		return err
-	}
 	bar := progress.New(stdio.Err, "purge", total)
-	n, err := st.Purge(ctx, d, *batch, ledger.PurgeProgress(func(n int64) { bar.Set(n, 0) }))
-	bar.Finish()
-	if err != nil {
-		logger.Error("ledger purge failed", "older_than", *olderThan, "cutoff", before, "rows_deleted", n, "by", osUser(getenv), "error", err)
-		return err
+	var done int64
+	deleted := make([]int64, len(passes))
+	for i, p := range passes {
+		n, err := st.Purge(ctx, p.age, *batch, append(p.opts, ledger.PurgeProgress(func(n int64) { bar.Set(done+n, 0) }))...)
+		done += n
+		if err != nil {
+			bar.Finish()
+			logger.Error("ledger purge failed", "rows", p.rows, "older_than", days(p.age), "rows_deleted", n, "by", osUser(getenv), "error", err)
+			return err
+		}
+		logger.Info("ledger purged", "rows", p.rows, "older_than", days(p.age), "cutoff", p.before(), "rows_deleted", n,
+			"backend", st.Backend(), "by", osUser(getenv))
+		deleted[i] = n
 	}
-	logger.Info("ledger purged", "older_than", *olderThan, "cutoff", before, "rows_deleted", n, "backend", st.Backend(), "by", osUser(getenv))
-	fmt.Fprintf(stdio.Out, "purged %d row(s) finished before %s\n", n, before)
+	bar.Finish()
+	for i, p := range passes {
+		p.report(stdio.Out, verb, deleted[i], len(passes))
+	}
 	return nil
+}
+
+// purgePass is one statement of a purge: the rows of one tool at its own
+// retention, or those of every other tool.
+type purgePass struct {
+	label string // what the retention is, for a refusal: "--older-than 31d", "send_payment's retention 90d in tools.yaml"
+	rows  string // whose rows: "every tool", "send_payment", "every other tool"
+	age   time.Duration
+	opts  []ledger.PurgeOption
+}
+
+func (p purgePass) before() string { return time.Now().Add(-p.age).UTC().Format(time.RFC3339) }
+
+func (p purgePass) report(w io.Writer, verb string, n int64, passes int) {
+	if passes == 1 {
+		fmt.Fprintf(w, "%s %d row(s) finished before %s\n", verb, n, p.before())
+		return
+	}
+	fmt.Fprintf(w, "%s %d row(s) of %s finished before %s (%s)\n", verb, n, p.rows, p.before(), days(p.age))
+}
+
+// purgePasses splits a purge by the registry's retentions. --older-than,
+// when given, applies to every tool, and is refused when a tool states a
+// longer retention; without it, each tool that states its own is purged at
+// it, and the others at the registry's default.
+func purgePasses(olderThan, file string, r tools.Retention) ([]purgePass, error) {
+	var d time.Duration
+	if olderThan != "" {
+		var err error
+		if d, err = cli.ParseDuration(olderThan); err != nil {
+			return nil, fmt.Errorf("--older-than: %w", err)
+		}
+		if d <= 0 {
+			return nil, errors.New("--older-than must be positive")
+		}
+		for _, tool := range sortedTools(r) {
+			if r.Tools[tool] > d {
+				return nil, fmt.Errorf("refused: --older-than %s is shorter than %s's retention %s in %s: its calls can come back for that long "+
+					"(omit --older-than to purge each tool at its own retention)", olderThan, tool, days(r.Tools[tool]), file)
+			}
+		}
+		if r.Default > d {
+			return nil, fmt.Errorf("refused: --older-than %s is shorter than the retention %s in %s (omit --older-than to purge each tool at its own retention)",
+				olderThan, days(r.Default), file)
+		}
+		return []purgePass{{label: "--older-than " + olderThan, rows: "every tool", age: d}}, nil
+	}
+	if file == "" {
+		return nil, errors.New("--older-than is required (e.g. --older-than 31d), or --tools with retentions")
+	}
+	if r.Default == 0 {
+		return nil, fmt.Errorf("--older-than is required: %s states no top-level retention for the tools without their own", file)
+	}
+	var passes []purgePass
+	var own []string
+	for _, tool := range sortedTools(r) {
+		if r.Tools[tool] == r.Default {
+			continue
+		}
+		own = append(own, tool)
+		passes = append(passes, purgePass{label: fmt.Sprintf("%s's retention %s in %s", tool, days(r.Tools[tool]), file), rows: tool,
+			age: r.Tools[tool], opts: []ledger.PurgeOption{ledger.PurgeOnly(tool)}})
+	}
+	rows := "every tool"
+	if len(own) > 0 {
+		rows = "every other tool"
+	}
+	return append(passes, purgePass{label: fmt.Sprintf("the retention %s in %s", days(r.Default), file), rows: rows,
+		age: r.Default, opts: []ledger.PurgeOption{ledger.PurgeExcept(own...)}}), nil
+}
+
+func sortedTools(r tools.Retention) []string {
+	names := make([]string, 0, len(r.Tools))
+	for t := range r.Tools {
+		names = append(names, t)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// days writes a retention as it is given: 31d, 36h0m0s.
+func days(d time.Duration) string {
+	if d > 0 && d%(24*time.Hour) == 0 {
+		return fmt.Sprintf("%dd", d/(24*time.Hour))
+	}
+	return d.String()
 }
 
 // purgeComebacks returns the ways a job can come back that a purge must

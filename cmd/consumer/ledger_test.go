@@ -3,8 +3,11 @@ package main
 import (
 	"bytes"
 	"context"
+	"database/sql"
 	"encoding/json"
+	"errors"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -161,6 +164,70 @@ func TestLedgerCommands(t *testing.T) {
 	}
 }
 
+// TestLedgerPurgeDeletesOnlyFinishedRows: on streams whose DLQ keeps 30
+// days, --older-than 1d is refused with the reason and changes nothing; a
+// safe age deletes the finished rows older than it, and no in-flight or
+// indeterminate one, however old.
+func TestLedgerPurgeDeletesOnlyFinishedRows(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	n := testenv.StartNATS(t)
+	js, _ := jetstream.New(n.Connect())
+	if err := jobs.ProvisionStreams(ctx, js, jobs.Streams{}); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	env := map[string]string{"TOOLQ_DATA_DIR": dir, "NATS_URL": n.URL}
+	if _, err := runConsumer(t, env, "migrate"); err != nil {
+		t.Fatal(err)
+	}
+	st, err := ledger.Open(ctx, "", dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	settle := map[string]func(ledger.Fence) error{
+		"old-completed":     func(f ledger.Fence) error { return st.Complete(ctx, f, json.RawMessage(`{}`)) },
+		"old-failed":        func(f ledger.Fence) error { return st.Fail(ctx, f, ledger.ErrorInfo{Code: "declined"}) },
+		"old-indeterminate": func(f ledger.Fence) error { return st.MarkIndeterminate(ctx, f, ledger.ErrorInfo{Code: "reset"}) },
+		"old-in-flight":     func(ledger.Fence) error { return nil },
+		"new-completed":     func(f ledger.Fence) error { return st.Complete(ctx, f, json.RawMessage(`{}`)) },
+	}
+	for key, settle := range settle {
+		res, err := st.Claim(ctx, []ledger.Claim{{Key: key, ConversationID: "c", Tool: "send_payment", ArgsDigest: "d", ToolUseID: "toolu_1", Owner: "o", Lease: time.Hour}})
+		if err != nil || !res[0].Claimed {
+			t.Fatalf("claim %s: %v", key, err)
+		}
+		if err := settle(res[0].Row.Fence()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	raw, err := sql.Open("sqlite", filepath.Join(dir, "ledger.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	if _, err := raw.Exec(`UPDATE toolq_ledger SET updated_at = updated_at - ? WHERE key LIKE 'old-%'`, (40 * 24 * time.Hour).Milliseconds()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := runConsumer(t, env, "ledger", "purge", "--older-than", "1d"); err == nil ||
+		!strings.Contains(err.Error(), "refused: --older-than 1d is not longer than TOOLQ_DLQ's max age 30d") {
+		t.Fatalf("purge --older-than 1d: %v", err)
+	}
+	if out, err := runConsumer(t, env, "ledger", "purge", "--older-than", "31d", "--dry-run"); err != nil || !strings.Contains(out, "would purge 2 row(s)") {
+		t.Fatalf("dry run: %q %v", out, err)
+	}
+	if out, err := runConsumer(t, env, "ledger", "purge", "--older-than", "31d"); err != nil || !strings.Contains(out, "purged 2 row(s)") {
+		t.Fatalf("purge: %q %v", out, err)
+	}
+	for key := range settle {
+		_, err := st.Get(ctx, key)
+		if gone := errors.Is(err, ledger.ErrNotFound); gone != (key == "old-completed" || key == "old-failed") {
+			t.Errorf("%s: %v", key, err)
+		}
+	}
+}
+
 func TestToolsAudit(t *testing.T) {
 	t.Parallel()
 	out, err := runConsumer(t, nil, "tools", "audit", "--json")
@@ -217,6 +284,14 @@ func TestLedgerPurgeOutlivesTheStreams(t *testing.T) {
 	if _, err := runConsumer(t, env(defaults), "migrate"); err != nil {
 		t.Fatal(err)
 	}
+	registry := func(text string) string {
+		path := filepath.Join(t.TempDir(), "tools.yaml")
+		os.WriteFile(path, []byte(text), 0o600)
+		return path
+	}
+	payLonger := registry("retention: 31d\ntools:\n  - name: send_payment\n    retention: 90d\n")
+	tooShort := registry("retention: 31d\ntools:\n  - name: create_ticket\n    retention: 10d\n")
+	noDefault := registry("tools:\n  - name: send_payment\n    retention: 90d\n")
 	for _, c := range []struct {
 		nats string
 		args []string
@@ -232,6 +307,11 @@ func TestLedgerPurgeOutlivesTheStreams(t *testing.T) {
 		{down.URL, []string{"--older-than", "20d", "--horizon", "30d"}, "--older-than 20d is not longer than --horizon 30d"},
 		{longJobs, []string{"--older-than", "40d", "--horizon", "30d"}, "TOOLQ_JOBS's max age 45d"},
 		{defaults, []string{"--older-than", "31d", "--dry-run"}, ""},
+		{defaults, []string{"--older-than", "31d", "--tools", payLonger}, "refused: --older-than 31d is shorter than send_payment's retention 90d in " + payLonger},
+		{defaults, []string{"--tools", tooShort}, "refused: create_ticket's retention 10d in " + tooShort + " is not longer than TOOLQ_DLQ's max age 30d"},
+		{defaults, []string{"--tools", noDefault}, "--older-than is required: " + noDefault + " states no top-level retention"},
+		{defaults, []string{"--tools", payLonger + ".missing"}, "no such file"},
+		{defaults, []string{"--tools", payLonger, "--dry-run"}, ""},
 	} {
 		out, err := runConsumer(t, env(c.nats), append([]string{"ledger", "purge"}, c.args...)...)
 		switch {
@@ -258,5 +338,14 @@ func TestLedgerPurgeOutlivesTheStreams(t *testing.T) {
 	}
 	if r, err := st.LastPurge(ctx); err != nil || r.OlderThan != 31*24*time.Hour {
 		t.Fatalf("the purge was not recorded: %+v %v", r, err)
+	}
+	// Each tool at its own retention: send_payment's rows are kept 90 days.
+	var logs bytes.Buffer
+	err = run(ctx, []string{"ledger", "purge", "--tools", payLonger, "--log-format", "json"}, cli.IO{Out: &logs, Err: &logs},
+		func(k string) string { return env(defaults)[k] })
+	if err != nil || !strings.Contains(logs.String(), "purged 0 row(s) of send_payment finished before") ||
+		!strings.Contains(logs.String(), "purged 0 row(s) of every other tool") ||
+		!strings.Contains(logs.String(), `"msg":"ledger purged","rows":"send_payment","older_than":"90d"`) {
+		t.Fatalf("purge by tool: %q %v", logs.String(), err)
 	}
 }
