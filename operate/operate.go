@@ -410,6 +410,15 @@ func Replay(ctx context.Context, js jetstream.JetStream, r ReplayRange, dry bool
 		return nil, err
 	}
 	bySeq := r.FromSeq > 0 || r.ToSeq > 0
+	if bySeq {
+		s, err := js.Stream(ctx, jobs.JobsStream)
+		if err != nil {
+			return nil, fmt.Errorf("operate: stream %s: %w", jobs.JobsStream, err)
+		}
+		if last := s.CachedInfo().State.LastSeq; r.FromSeq > last {
+			return nil, fmt.Errorf("operate: replay: from-seq %d is after the last sequence of %s, %d", r.FromSeq, jobs.JobsStream, last)
+		}
+	}
 	cfg := jetstream.OrderedConsumerConfig{}
 	if bySeq {
 		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, r.FromSeq

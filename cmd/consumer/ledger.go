@@ -7,7 +7,9 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
 	"os/user"
+	"path/filepath"
 	"sort"
 	"strings"
 	"time"
@@ -33,8 +35,21 @@ func (s *storeFlags) register(fs *flag.FlagSet, getenv func(string) string) {
 		"directory of the embedded server's store and the SQLite ledger (env TOOLQ_DATA_DIR)")
 }
 
-// open opens and migrates the ledger.
+// open opens and migrates an existing ledger: a SQLite file that is not there
+// is an error, not a new ledger (migrate makes one).
 func (s *storeFlags) open(ctx context.Context) (*ledger.Store, error) {
+	if s.databaseURL == "" {
+		path := filepath.Join(s.dataDir, "ledger.db")
+		if _, err := os.Stat(path); err != nil {
+			return nil, fmt.Errorf("no ledger at %s (give --database-url or the consumer's --data-dir; 'consumer migrate' makes a new one)", path)
+		}
+	}
+	return s.openOrCreate(ctx)
+}
+
+// openOrCreate opens and migrates the ledger, making a SQLite file where
+// there is none.
+func (s *storeFlags) openOrCreate(ctx context.Context) (*ledger.Store, error) {
 	st, err := ledger.Open(ctx, s.databaseURL, s.dataDir)
 	if err != nil {
 		return nil, err
@@ -53,7 +68,7 @@ func runMigrate(ctx context.Context, args []string, stdio cli.IO, getenv func(st
 	if err := cli.ParseNone(fs, args); err != nil {
 		return err
 	}
-	st, err := sf.open(ctx)
+	st, err := sf.openOrCreate(ctx)
 	if err != nil {
 		return err
 	}

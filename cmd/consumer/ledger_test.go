@@ -228,6 +228,97 @@ func TestLedgerPurgeDeletesOnlyFinishedRows(t *testing.T) {
 	}
 }
 
+// TestLedgerCommandsFailCleanly: every ledger command on a missing key or
+// ledger, or with bad flags, returns one line of error and changes nothing:
+// no row, no purge record, no ledger file where there was none.
+func TestLedgerCommandsFailCleanly(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	n := testenv.StartNATS(t)
+	js, _ := jetstream.New(n.Connect())
+	if err := jobs.ProvisionStreams(ctx, js, jobs.Streams{}); err != nil {
+		t.Fatal(err)
+	}
+	dir, empty := t.TempDir(), t.TempDir()
+	env := map[string]string{"TOOLQ_DATA_DIR": dir, "NATS_URL": n.URL}
+	if _, err := runConsumer(t, env, "migrate"); err != nil {
+		t.Fatal(err)
+	}
+	st, err := ledger.Open(ctx, "", dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	for _, key := range []string{"k-done", "k-unknown"} {
+		res, err := st.Claim(ctx, []ledger.Claim{{Key: key, ConversationID: "c", Tool: "create_ticket", ArgsDigest: "d", ToolUseID: "toolu_1", Owner: "o", Lease: time.Hour}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := res[0].Row.Fence()
+		if key == "k-unknown" {
+			err = st.MarkIndeterminate(ctx, f, ledger.ErrorInfo{Code: "reset"})
+		} else {
+			err = st.Complete(ctx, f, json.RawMessage(`{}`))
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	snapshot := func() string {
+		rows, err := st.List(ctx, ledger.Filter{Limit: 1000})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range rows {
+			rows[i].LeaseRemaining = 0
+		}
+		p, err := st.LastPurge(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := json.Marshal([]any{rows, p})
+		return string(b)
+	}
+	before := snapshot()
+	other := map[string]string{"TOOLQ_DATA_DIR": empty, "NATS_URL": n.URL}
+	for _, c := range []struct {
+		env  map[string]string
+		args []string
+		want string
+	}{
+		{env, []string{"show", "missing"}, "key not found: missing"},
+		{env, []string{"show", "--conversation", "c", "--turn", "1", "--tool", "create_ticket", "--args", "{}"}, "key not found"},
+		{env, []string{"resolve", "missing", "--not-run", "--reason", "r"}, "key not found: missing"},
+		{env, []string{"resolve", "k-done", "--not-run", "--reason", "r"}, "row is not indeterminate: k-done is completed"},
+		{env, []string{"resolve", "k-unknown", "--not-run"}, "--reason is required"},
+		{env, []string{"resolve", "k-unknown", "--output", "{bad", "--reason", "r"}, "not valid JSON"},
+		{env, []string{"resolve", "k-unknown", "--not-run", "--reason", "r", "--log-format", "xml"}, "--log-format"},
+		{env, []string{"purge", "--older-than", "1d"}, "refused: --older-than 1d is not longer than TOOLQ_DLQ's max age 30d"},
+		{env, []string{"purge", "--older-than", "31d", "--batch", "0"}, "--batch 0"},
+		{env, []string{"purge", "--older-than", "31d", "--bogus"}, "bogus"},
+		{env, []string{"ls", "--state", "bogus"}, "--state"},
+		{env, []string{"ls", "--older-than", "soon"}, "--older-than"},
+		{env, []string{"ls", "--limit", "0"}, "--limit"},
+		{env, []string{"ls", "--database-url", "mysql://x"}, "unsupported database URL"},
+		{env, []string{"show"}, "want exactly one KEY"},
+		{other, []string{"ls"}, "no ledger at " + empty},
+		{other, []string{"show", "k-done"}, "no ledger at"},
+		{other, []string{"resolve", "k-unknown", "--not-run", "--reason", "r"}, "no ledger at"},
+		{other, []string{"purge", "--older-than", "31d"}, "no ledger at"},
+	} {
+		out, err := runConsumer(t, c.env, append([]string{"ledger"}, c.args...)...)
+		if err == nil || !strings.Contains(err.Error(), c.want) || strings.Contains(err.Error(), "\n") {
+			t.Errorf("ledger %v: %q %v, want one line with %q", c.args, out, err, c.want)
+		}
+	}
+	if after := snapshot(); after != before {
+		t.Fatalf("a failed command changed the ledger:\nbefore %s\nafter  %s", before, after)
+	}
+	if _, err := os.Stat(filepath.Join(empty, "ledger.db")); err == nil {
+		t.Fatal("a failed command made a ledger")
+	}
+}
+
 func TestToolsAudit(t *testing.T) {
 	t.Parallel()
 	out, err := runConsumer(t, nil, "tools", "audit", "--json")
