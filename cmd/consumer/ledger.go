@@ -262,7 +262,8 @@ func errorText(e *ledger.ErrorInfo) string {
 }
 
 func ledgerResolve(ctx context.Context, args []string, stdio cli.IO, getenv func(string) string) error {
-	fs := cli.NewFlagSet("resolve", "consumer ledger resolve KEY (--output JSON | --not-run) --reason TEXT [--by NAME]\n\n"+
+	fs := cli.NewFlagSet("resolve", "consumer ledger resolve (KEY | --conversation C --turn N --tool T [--ordinal K] --args JSON)\n"+
+		"                        (--output JSON | --not-run) --reason TEXT [--by NAME]\n\n"+
 		"Settles an indeterminate row. --output: the call did happen, and this JSON is its\n"+
 		"output (duplicates get it from now on). --not-run: it did not happen; the row is\n"+
 		"released so that a redelivery or a replay runs the call. The decision, who took it\n"+
@@ -275,7 +276,16 @@ func ledgerResolve(ctx context.Context, args []string, stdio cli.IO, getenv func
 	reason := fs.String("reason", "", "why: what you checked (required; recorded in the row's history)")
 	by := fs.String("by", osUser(getenv), "who decided (default: the OS user)")
 	logFormat := fs.String("log-format", cli.Env(getenv, "TOOLQ_LOG_FORMAT", "text"), "the line that records the decision on standard error: text or json (env TOOLQ_LOG_FORMAT)")
-	pos, err := cli.ParseN(fs, args, 1, "KEY")
+	var cf callFlags
+	cf.register(fs)
+	pos, help, err := cli.Parse(fs, args)
+	if help {
+		return cli.ErrHelp
+	}
+	if err != nil {
+		return err
+	}
+	key, err := cf.key(fs, pos)
 	if err != nil {
 		return err
 	}
@@ -283,7 +293,6 @@ func ledgerResolve(ctx context.Context, args []string, stdio cli.IO, getenv func
 	if err != nil {
 		return err
 	}
-	key := pos[0]
 	res := ledger.Resolution{By: *by, Reason: *reason}
 	switch {
 	case (*output != "") == *notRun:

@@ -156,6 +156,20 @@ func TestLedgerCommands(t *testing.T) {
 			if _, err := st.Get(ctx, "k-notrun"); err == nil {
 				t.Fatal("resolve --not-run kept the row")
 			}
+			// A call named by its fields instead of its key.
+			key, _ := jobs.Call{ConversationID: "c9", TurnIndex: 2, Tool: "create_ticket", Args: []byte(`{"a":1}`)}.Key()
+			row = claim(key)
+			if err := st.MarkIndeterminate(ctx, row.Fence(), ledger.ErrorInfo{Code: "reset"}); err != nil {
+				t.Fatal(err)
+			}
+			fields := []string{"--conversation", "c9", "--turn", "2", "--tool", "create_ticket", "--args", `{ "a": 1 }`}
+			if out, err := runConsumer(t, env, append([]string{"ledger", "resolve", "--output", `{"id":"T-3"}`, "--reason", "found T-3"}, fields...)...); err != nil ||
+				!strings.Contains(out, key+" completed") {
+				t.Fatalf("resolve by the call's fields: %q %v", out, err)
+			}
+			if out, err := runConsumer(t, env, append([]string{"ledger", "show"}, fields...)...); err != nil || !strings.Contains(out, "found T-3") {
+				t.Fatalf("show by the call's fields: %q %v", out, err)
+			}
 			out, err = runConsumer(t, env, "ledger", "purge", "--older-than", "31d")
 			if err != nil || !strings.Contains(out, "purged 0 row") {
 				t.Fatalf("purge: %q %v", out, err)

@@ -152,6 +152,10 @@ func dlq(ctx context.Context, sub string, args []string, stdio cli.IO, getenv fu
 		}
 		defer bar.Finish()
 		for i, seq := range seqs {
+			d, err := operate.GetDeadLetter(ctx, js, seq)
+			if err != nil {
+				return err
+			}
 			n, err := operate.Requeue(ctx, js, seq, guard.opt)
 			if errors.Is(err, operate.ErrRowMayBePurged) {
 				return fmt.Errorf("refused: %w (the last purge ran --older-than %s at %s)", err, guard.olderThan, guard.at)
@@ -162,7 +166,8 @@ func dlq(ctx context.Context, sub string, args []string, stdio cli.IO, getenv fu
 				}
 				return err
 			}
-			logger.Info("dead letter requeued", "dlq_seq", seq, "job_seq", n, "by", by)
+			logger.Info("dead letter requeued", "dlq_seq", seq, "job_seq", n, "reason", d.Reason, "subject", d.Subject,
+				"conversation_id", d.Conversation, "tool_use_id", d.ToolUseID, "by", by)
 			bar.Set(int64(i+1), 0)
 			fmt.Fprintf(stdio.Out, "dead letter %d requeued as job %d\n", seq, n)
 		}

@@ -72,7 +72,7 @@ func TestOperatorWorksTheDeadLetters(t *testing.T) {
 		t.Fatalf("requeue: %q %v", out, err)
 	}
 	// One structured line for what was done, and the progress of --all.
-	if !strings.Contains(logs, `"msg":"dead letter requeued","dlq_seq":1,"job_seq":2,"by":`) || !strings.Contains(logs, "requeue: 1/1 (100%)") {
+	if !strings.Contains(logs, `"msg":"dead letter requeued","dlq_seq":1,"job_seq":2,"reason":"max_deliver","subject":"toolq.jobs.send_payment","conversation_id":"ops","tool_use_id":"toolu_ops","by":`) || !strings.Contains(logs, "requeue: 1/1 (100%)") {
 		t.Fatalf("requeue's standard error: %q", logs)
 	}
 	client := jobs.NewClient(js)
