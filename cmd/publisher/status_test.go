@@ -161,6 +161,27 @@ func TestOperatorAt3AM(t *testing.T) {
 	if r := replay("--subject", "toolq.jobs.create_ticket", "--dry-run"); r.Jobs[0].Outcome != operate.Answered {
 		t.Fatalf("after the rerun: %+v", r)
 	}
+
+	// A holder that died: its row is stale, and the oldest in-flight lease.
+	res, err := st.Store.Claim(ctx, []ledger.Claim{{Key: "k-dead-holder", ConversationID: "night", Tool: "send_payment", ArgsDigest: "d",
+		ToolUseID: "toolu_dead", Owner: "host-7", Lease: time.Millisecond}})
+	if err != nil || !res[0].Claimed {
+		t.Fatalf("claim: %v", err)
+	}
+	waitFor(t, "the stale row in status", func() bool {
+		out, err := run("status", "--json")
+		if err != nil || json.Unmarshal([]byte(out), &s) != nil {
+			t.Fatalf("status: %q %v", out, err)
+		}
+		return s.Ledger["stale"] == 1
+	})
+	if s.Oldest == nil || s.Oldest.Key != "k-dead-holder" || s.Ledger["in_flight"] != 1 {
+		t.Fatalf("status %+v", s)
+	}
+	if out, err := run("status"); err != nil || !strings.Contains(out, "oldest in flight:") || !strings.Contains(out, "owner host-7") ||
+		!strings.Contains(out, "stale: its holder died") {
+		t.Fatalf("status table: %q %v", out, err)
+	}
 }
 
 func waitFor(t *testing.T, what string, cond func() bool) {
