@@ -148,6 +148,6 @@ func TestOutputMustBeValidUTF8JSON(t *testing.T) {
 		if err := s.MarkIndeterminate(ctx, row.Fence(), ledger.ErrorInfo{Code: "reset"}); err != nil {
 			t.Fatal(err)
 		}
-		isErr(t, s.Resolve(ctx, row.Key, ledger.Resolution{Output: json.RawMessage("\"\xff\"")}), ledger.ErrInvalidOutput)
+		isErr(t, resolveErr(s.Resolve(ctx, row.Key, ledger.Resolution{Output: json.RawMessage("\"\xff\""), By: "op", Reason: "test"})), ledger.ErrInvalidOutput)
 	})
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -374,22 +375,170 @@ func TestIndeterminateAndResolve(t *testing.T) {
 		if err != nil || len(rows) != 2 {
 			t.Fatalf("list indeterminate: %d rows, %v", len(rows), err)
 		}
-		if err := s.Resolve(ctx, a.Key, ledger.Resolution{Output: json.RawMessage(`{"ticket":"T-1"}`)}); err != nil {
+		if _, err := s.Resolve(ctx, a.Key, ledger.Resolution{Output: json.RawMessage(`{"ticket":"T-1"}`), By: "op", Reason: "ticket found"}); err != nil {
 			t.Fatal(err)
 		}
 		if r := claimOne(t, s, a); r.Row.State != ledger.Completed || string(r.Row.Result) != `{"ticket":"T-1"}` {
 			t.Fatalf("after resolve completed: %+v", r)
 		}
-		if err := s.Resolve(ctx, b.Key, ledger.Resolution{NotRun: true}); err != nil {
+		if _, err := s.Resolve(ctx, b.Key, ledger.Resolution{NotRun: true, By: "op", Reason: "not in the downstream"}); err != nil {
 			t.Fatal(err)
 		}
 		if r := claimOne(t, s, b); !r.Claimed {
 			t.Fatalf("after resolve not-run the key is claimable again: %+v", r)
 		}
-		isErr(t, s.Resolve(ctx, a.Key, ledger.Resolution{NotRun: true}), ledger.ErrNotIndeterminate)
-		isErr(t, s.Resolve(ctx, "missing", ledger.Resolution{NotRun: true}), ledger.ErrNotFound)
-		if err := s.Resolve(ctx, a.Key, ledger.Resolution{Output: json.RawMessage(`{bad`)}); err == nil {
+		isErr(t, resolveErr(s.Resolve(ctx, a.Key, ledger.Resolution{NotRun: true, By: "op", Reason: "not in the downstream"})), ledger.ErrResolved)
+		isErr(t, resolveErr(s.Resolve(ctx, "missing", ledger.Resolution{NotRun: true, By: "op", Reason: "not in the downstream"})), ledger.ErrNotFound)
+		if _, err := s.Resolve(ctx, a.Key, ledger.Resolution{Output: json.RawMessage(`{bad`), By: "op", Reason: "x"}); err == nil {
 			t.Fatal("invalid output JSON accepted")
+		}
+	})
+}
+
+func resolveErr[T any](_ T, err error) error { return err }
+
+// TestResolveIsRecordedAndIdempotent: a resolution is recorded in the row's
+// history (who, why, the error it settled), survives the release and the
+// claim after it, is a no-op when repeated, and a different decision is
+// refused with the current state.
+func TestResolveIsRecordedAndIdempotent(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, s *ledger.Store) {
+		ctx := context.Background()
+		indeterminate := func() ledger.Claim {
+			c := newClaim(time.Minute)
+			row := mustClaim(t, s, c)
+			if err := s.MarkIndeterminate(ctx, row.Fence(), ledger.ErrorInfo{Code: "reset", Message: "reset"}); err != nil {
+				t.Fatal(err)
+			}
+			return c
+		}
+		done, notRun := indeterminate(), indeterminate()
+		out := ledger.Resolution{Output: json.RawMessage(`{"ticket":"T-1","n":1}`), By: "alice", Reason: "found T-1 in the tracker"}
+		if changed, err := s.Resolve(ctx, done.Key, out); !changed || err != nil {
+			t.Fatalf("resolve: %v %v", changed, err)
+		}
+		row := mustGet(t, s, done.Key)
+		ev := row.LastResolution()
+		if len(row.History) != 1 || ev == nil || ev.By != "alice" || ev.Reason != out.Reason || ev.Decision != ledger.DecisionCompleted ||
+			ev.From != ledger.Indeterminate || ev.Error == nil || ev.Error.Code != "reset" || ev.At.IsZero() {
+			t.Fatalf("history %+v", row.History)
+		}
+		same := out
+		same.Output, same.By = json.RawMessage(`{"n":1,"ticket":"T-1"}`), "bob"
+		if changed, err := s.Resolve(ctx, done.Key, same); changed || err != nil {
+			t.Fatalf("the same resolution again: %v %v", changed, err)
+		}
+		if got := mustGet(t, s, done.Key); len(got.History) != 1 {
+			t.Fatalf("a no-op resolution was recorded: %+v", got.History)
+		}
+		other := out
+		other.Output = json.RawMessage(`{"ticket":"T-2"}`)
+		_, err := s.Resolve(ctx, done.Key, other)
+		isErr(t, err, ledger.ErrResolved)
+		if !strings.Contains(err.Error(), "alice") || !strings.Contains(err.Error(), "completed") {
+			t.Fatalf("refusal does not say the current state: %v", err)
+		}
+
+		nr := ledger.Resolution{NotRun: true, By: "alice", Reason: "no ticket in the tracker"}
+		if changed, err := s.Resolve(ctx, notRun.Key, nr); !changed || err != nil {
+			t.Fatalf("resolve not-run: %v %v", changed, err)
+		}
+		if changed, err := s.Resolve(ctx, notRun.Key, nr); changed || err != nil {
+			t.Fatalf("not-run again on the released row: %v %v", changed, err)
+		}
+		isErr(t, resolveErr(s.Resolve(ctx, notRun.Key, out)), ledger.ErrResolved)
+		again := mustClaim(t, s, notRun)
+		if err := s.Complete(ctx, again.Fence(), json.RawMessage(`{"ticket":"T-9"}`)); err != nil {
+			t.Fatal(err)
+		}
+		row = mustGet(t, s, notRun.Key)
+		if ev := row.LastResolution(); row.State != ledger.Completed || ev == nil || ev.Decision != ledger.DecisionNotRun || ev.Reason != nr.Reason {
+			t.Fatalf("after the rerun: %s %+v", row.State, row.History)
+		}
+		for _, bad := range []ledger.Resolution{{NotRun: true, By: "alice"}, {NotRun: true, Reason: "why"}} {
+			if _, err := s.Resolve(ctx, indeterminate().Key, bad); err == nil {
+				t.Errorf("%+v accepted", bad)
+			}
+		}
+	})
+}
+
+// TestListFilters: List selects by tool, conversation, state and age.
+func TestListFilters(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, s *ledger.Store) {
+		ctx := context.Background()
+		isErr(t, resolveErr(s.OldestInFlight(ctx)), ledger.ErrNotFound)
+		conv := fmt.Sprintf("conv-filter-%d", keySeq.Add(1))
+		for _, tool := range []string{"send_payment", "create_ticket", "create_ticket"} {
+			c := newClaim(time.Minute)
+			c.ConversationID, c.Tool = conv, tool
+			mustClaim(t, s, c)
+		}
+		if _, err := s.OldestInFlight(ctx); err != nil {
+			t.Fatalf("oldest in flight: %v", err)
+		}
+		for _, c := range []struct {
+			f    ledger.Filter
+			want int
+		}{
+			{ledger.Filter{ConversationID: conv}, 3},
+			{ledger.Filter{ConversationID: conv, Tool: "create_ticket"}, 2},
+			{ledger.Filter{ConversationID: conv, State: ledger.Completed}, 0},
+			{ledger.Filter{ConversationID: conv, NewerThan: time.Hour}, 3},
+			{ledger.Filter{ConversationID: conv, OlderThan: time.Hour}, 0},
+			{ledger.Filter{ConversationID: conv, OlderThan: 40 * 24 * time.Hour}, 0},
+			{ledger.Filter{ConversationID: conv, Stale: true}, 0},
+			{ledger.Filter{ConversationID: conv, Limit: 1}, 1},
+		} {
+			rows, err := s.List(ctx, c.f)
+			if err != nil || len(rows) != c.want {
+				t.Errorf("%+v: %d rows, want %d (%v)", c.f, len(rows), c.want, err)
+			}
+		}
+	})
+}
+
+// TestPurgeByTool: PurgeOnly and PurgeExcept split a purge by tool, so that
+// each tool's rows can be kept for its own retention.
+func TestPurgeByTool(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, s *ledger.Store) {
+		ctx := context.Background()
+		n := keySeq.Add(1)
+		a, b, c := fmt.Sprintf("tool_a%d", n), fmt.Sprintf("tool_b%d", n), fmt.Sprintf("tool_c%d", n)
+		for _, tool := range []string{a, b, c} {
+			cl := newClaim(time.Minute)
+			cl.Tool = tool
+			row := mustClaim(t, s, cl)
+			if err := s.Complete(ctx, row.Fence(), json.RawMessage(`{}`)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		count := func(opts ...ledger.PurgeOption) int64 {
+			n, err := s.PurgeCount(ctx, 5*time.Millisecond, opts...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return n
+		}
+		testenv.Eventually(t, 10*time.Second, "the rows to age", func() bool {
+			return count(ledger.PurgeOnly(a)) == 1 && count(ledger.PurgeOnly(b)) == 1 && count(ledger.PurgeOnly(c)) == 1
+		})
+		if got := count(ledger.PurgeOnly(a), ledger.PurgeExcept(a)); got != 0 {
+			t.Errorf("only and except the same tool: %d", got)
+		}
+		all := count()
+		if got := count(ledger.PurgeExcept(a, b)); got != all-2 {
+			t.Errorf("except two: %d of %d", got, all)
+		}
+		if got, err := s.Purge(ctx, 5*time.Millisecond, 0, ledger.PurgeExcept(a)); err != nil || got != all-1 {
+			t.Fatalf("purge except %s: %d %v", a, got, err)
+		}
+		rows, err := s.List(ctx, ledger.Filter{Tool: a})
+		if err != nil || len(rows) != 1 {
+			t.Fatalf("the kept tool's row: %+v %v", rows, err)
 		}
 	})
 }

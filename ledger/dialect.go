@@ -8,19 +8,20 @@ import "strings"
 // milliseconds), {at:$N} (the time $N Unix milliseconds, for a time column),
 // {nowms} (the database clock in Unix milliseconds), {plus:$N} and {minus:$N}
 // (now plus or minus $N milliseconds),
-// {text:$N} (a text parameter Postgres must be told the type of) and {cols}
-// (the columns scanRow reads).
+// {text:$N} (a text parameter Postgres must be told the type of), {append:$N}
+// (the history column with the JSON object $N appended) and {cols} (the
+// columns scanRow reads).
 type dialect struct {
 	takeover, extend, complete, fail, endLease, indeterminate, release   string
 	failures                                                             string
 	get, list, listStale, counts, resolveNotRun, resolveCompleted, purge string
-	clock, purgeCount, recordPurge, lastPurge                            string
+	clock, purgeCount, recordPurge, lastPurge, getAny, oldestInFlight    string
 	cols                                                                 string
 }
 
 const columnsTemplate = `key, conversation_id, turn_index, tool, ordinal, args_digest, state, attempt, owner,
 	{ms:lease_until}, {remaining}, first_tool_use_id, trace_id, span_id, result, error,
-	{ms:created_at}, {ms:updated_at}, failures, claim_token`
+	{ms:created_at}, {ms:updated_at}, history, failures, claim_token`
 
 const fence = `WHERE key = $1 AND attempt = $2 AND state = 'in_flight'`
 
@@ -42,8 +43,20 @@ const claimConflict = `ON CONFLICT (key) DO UPDATE SET conversation_id = exclude
 	claim_token = excluded.claim_token, result = '', error = '', updated_at = excluded.updated_at
 	WHERE toolq_ledger.state = 'released'`
 
+// listFilter is the Filter of a list: $1 state, $3 tool, $4 conversation,
+// $5 and $6 the least and the greatest age in milliseconds (0: any).
+const listFilter = `({text:$1} = '' OR state = {text:$1}) AND ({text:$3} = '' OR tool = {text:$3})
+	AND ({text:$4} = '' OR conversation_id = {text:$4})
+	AND (CAST($5 AS BIGINT) = 0 OR updated_at < {minus:$5}) AND (CAST($6 AS BIGINT) = 0 OR updated_at >= {minus:$6})`
+
 // purgeable are the rows a purge with cutoff $1 (Unix milliseconds) deletes.
 const purgeable = `state IN ('completed', 'failed', ` + released + `) AND updated_at < {at:$1}`
+
+// toolFilter keeps the rows of tool only (parameter only; empty: every
+// tool) and not of any tool in the JSON array of strings except.
+func toolFilter(only, except string) string {
+	return `({text:` + only + `} = '' OR tool = {text:` + only + `}) AND NOT {intools:` + except + `}`
+}
 
 func newDialect(expand func(string) string) *dialect {
 	d := &dialect{
@@ -58,19 +71,24 @@ func newDialect(expand func(string) string) *dialect {
 		release: `UPDATE toolq_ledger SET state = ` + released + `, result = '', error = '', lease_until = {now}, updated_at = {now} ` +
 			fence,
 		get: `SELECT {cols} FROM toolq_ledger WHERE key = $1 AND ` + notRelease,
-		list: `SELECT {cols} FROM toolq_ledger WHERE ` + notRelease + ` AND ({text:$1} = '' OR state = {text:$1})
+		list: `SELECT {cols} FROM toolq_ledger WHERE ` + notRelease + ` AND ` + listFilter + `
 			ORDER BY updated_at DESC, key LIMIT $2`,
-		listStale: `SELECT {cols} FROM toolq_ledger WHERE state = 'in_flight' AND lease_until <= {now}
-			ORDER BY lease_until, key LIMIT $1`,
+		listStale: `SELECT {cols} FROM toolq_ledger WHERE state = 'in_flight' AND lease_until <= {now} AND ` + listFilter + `
+			ORDER BY lease_until, key LIMIT $2`,
 		counts: `SELECT state, count(*) FROM toolq_ledger WHERE ` + notRelease + ` GROUP BY state
 			UNION ALL SELECT 'stale', count(*) FROM toolq_ledger WHERE state = 'in_flight' AND lease_until <= {now}`,
-		resolveNotRun: `UPDATE toolq_ledger SET state = ` + released + `, result = '', error = '', lease_until = {now}, updated_at = {now}
+		getAny:         `SELECT {cols} FROM toolq_ledger WHERE key = $1`,
+		oldestInFlight: `SELECT {cols} FROM toolq_ledger WHERE state = 'in_flight' ORDER BY lease_until, key LIMIT 1`,
+		// A resolution appends its event ($2, a JSON object) to the row's
+		// history in the statement that settles it.
+		resolveNotRun: `UPDATE toolq_ledger SET state = ` + released + `, result = '', error = '', lease_until = {now}, updated_at = {now},
+			history = {append:$2} WHERE key = $1 AND state = 'indeterminate'`,
+		resolveCompleted: `UPDATE toolq_ledger SET state = 'completed', result = $3, updated_at = {now}, history = {append:$2}
 			WHERE key = $1 AND state = 'indeterminate'`,
-		resolveCompleted: `UPDATE toolq_ledger SET state = 'completed', result = $2, updated_at = {now} WHERE key = $1 AND state = 'indeterminate'`,
 		purge: `DELETE FROM toolq_ledger WHERE key IN (SELECT key FROM toolq_ledger
-			WHERE ` + purgeable + ` LIMIT $2)`,
+			WHERE ` + purgeable + ` AND ` + toolFilter("$3", "$4") + ` LIMIT $2)`,
 		clock:      `SELECT {nowms}`,
-		purgeCount: `SELECT count(*) FROM toolq_ledger WHERE ` + purgeable,
+		purgeCount: `SELECT count(*) FROM toolq_ledger WHERE ` + purgeable + ` AND ` + toolFilter("$2", "$3"),
 		// The record keeps the latest cutoff of any purge: one with a longer
 		// retention after one with a shorter does not hide what the
 		// shorter one deleted.
@@ -83,7 +101,7 @@ func newDialect(expand func(string) string) *dialect {
 	}
 	for _, s := range []*string{&d.takeover, &d.extend, &d.failures, &d.complete, &d.fail, &d.endLease, &d.indeterminate, &d.release,
 		&d.get, &d.list, &d.listStale, &d.counts, &d.resolveNotRun, &d.resolveCompleted, &d.purge,
-		&d.clock, &d.purgeCount, &d.recordPurge, &d.lastPurge, &d.cols} {
+		&d.clock, &d.purgeCount, &d.recordPurge, &d.lastPurge, &d.getAny, &d.oldestInFlight, &d.cols} {
 		*s = expand(strings.ReplaceAll(*s, "{cols}", columnsTemplate))
 	}
 	return d

@@ -97,7 +97,7 @@ func TestFencesNeverRepeatAfterResolveNotRun(t *testing.T) {
 			if err := s.MarkIndeterminate(ctx, d.Fence(), ledger.ErrorInfo{Code: "reset"}); err != nil {
 				t.Fatal(err)
 			}
-			if err := s.Resolve(ctx, c.Key, ledger.Resolution{NotRun: true}); err != nil {
+			if _, err := s.Resolve(ctx, c.Key, ledger.Resolution{NotRun: true, By: "op", Reason: "not in the downstream"}); err != nil {
 				t.Fatal(err)
 			}
 			e := mustClaim(t, s, c)

@@ -20,6 +20,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"reflect"
 	"slices"
 	"sort"
 	"strings"
@@ -57,6 +58,7 @@ var (
 	ErrNotIndeterminate = errors.New("ledger: row is not indeterminate")
 	ErrUnavailable      = errors.New("ledger: database unavailable")
 	ErrInvalidOutput    = errors.New("ledger: output is not valid JSON in UTF-8")
+	ErrResolved         = errors.New("ledger: row was resolved otherwise")
 )
 
 // DefaultTimeout bounds every call whose context has no deadline.
@@ -124,6 +126,37 @@ type Row struct {
 	// claim that took the row ("" after a takeover).
 	Failures   int64  `json:"failures"`
 	ClaimToken string `json:"-"`
+	// History is the operators' decisions on the row, oldest first.
+	History []Event `json:"history,omitempty"`
+}
+
+// Event is one operator decision recorded in a row's history.
+type Event struct {
+	At       time.Time       `json:"at"`
+	By       string          `json:"by"`
+	Action   string          `json:"action"`   // "resolve"
+	Decision string          `json:"decision"` // "completed" or "not_run"
+	Reason   string          `json:"reason"`
+	From     State           `json:"from"`            // the row's state before
+	Error    *ErrorInfo      `json:"error,omitempty"` // the error it recorded then
+	Output   json.RawMessage `json:"output,omitempty"`
+}
+
+// The decisions of a resolution, as recorded in Event.Decision.
+const (
+	DecisionCompleted = "completed"
+	DecisionNotRun    = "not_run"
+)
+
+// LastResolution returns the latest resolve event of the row's history, or
+// nil when it was never resolved.
+func (r *Row) LastResolution() *Event {
+	for i := len(r.History) - 1; i >= 0; i-- {
+		if r.History[i].Action == "resolve" {
+			return &r.History[i]
+		}
+	}
+	return nil
 }
 
 // Fence returns the fence of the row's current attempt.
@@ -150,17 +183,32 @@ type ClaimResult struct {
 	Err     error
 }
 
-// Resolution is an operator's verdict on an indeterminate row.
+// Resolution is an operator's verdict on an indeterminate row, and who took
+// it and why, for the row's history.
 type Resolution struct {
 	Output json.RawMessage // the call happened: complete the row with this output
 	NotRun bool            // the call did not happen: release the row so it can run
+	By     string          // who decided (required)
+	Reason string          // why (required)
 }
 
-// Filter selects rows for List.
+// Decision is DecisionNotRun or DecisionCompleted.
+func (r Resolution) Decision() string {
+	if r.NotRun {
+		return DecisionNotRun
+	}
+	return DecisionCompleted
+}
+
+// Filter selects rows for List; the zero value of a field selects all.
 type Filter struct {
-	State State // empty: every state
-	Stale bool  // only in-flight rows whose lease has expired
-	Limit int   // 0: 100
+	State          State // empty: every state
+	Stale          bool  // only in-flight rows whose lease has expired
+	Tool           string
+	ConversationID string
+	OlderThan      time.Duration // last updated more than this ago
+	NewerThan      time.Duration // last updated at most this ago
+	Limit          int           // 0: 100
 }
 
 // Store is the ledger on one database. Its methods are safe for concurrent
@@ -508,11 +556,15 @@ func (s *Store) List(ctx context.Context, f Filter) ([]Row, error) {
 	if f.Limit <= 0 {
 		f.Limit = 100
 	}
-	q := s.db.sql()
-	query, args := q.list, []any{string(f.State), f.Limit}
-	if f.Stale {
-		query, args = q.listStale, []any{f.Limit}
+	if f.OlderThan < 0 || f.NewerThan < 0 {
+		return nil, errors.New("ledger: list: ages must not be negative")
 	}
+	q := s.db.sql()
+	query := q.list
+	if f.Stale {
+		query = q.listStale
+	}
+	args := []any{string(f.State), f.Limit, f.Tool, f.ConversationID, f.OlderThan.Milliseconds(), f.NewerThan.Milliseconds()}
 	rows := []Row{}
 	err := s.db.queryRows(ctx, query, args, func(sc scanner) error {
 		var r Row
@@ -549,38 +601,125 @@ func (s *Store) Counts(ctx context.Context) (map[string]int64, error) {
 	return counts, nil
 }
 
-// Resolve settles an indeterminate row as an operator decided: completed with
-// the given output (the call did happen), or released (NotRun: it did not,
-// and a redelivery or replay may run it). Errors: ErrNotFound,
-// ErrNotIndeterminate.
-func (s *Store) Resolve(ctx context.Context, key string, r Resolution) error {
+// OldestInFlight returns the in-flight row whose lease ends (or ended)
+// first: the call held the longest without news, or ErrNotFound when no
+// call is in flight.
+func (s *Store) OldestInFlight(ctx context.Context) (Row, error) {
 	ctx, cancel := withDefaultTimeout(ctx)
 	defer cancel()
-	if r.NotRun == (r.Output != nil) {
-		return errors.New("ledger: resolve: give exactly one of an output and not-run")
-	}
-	q := s.db.sql()
-	var n int64
-	var err error
-	if r.NotRun {
-		n, err = s.db.exec(ctx, q.resolveNotRun, key)
-	} else {
-		if err := checkOutput("resolve", key, r.Output); err != nil {
-			return err
-		}
-		n, err = s.db.exec(ctx, q.resolveCompleted, key, string(r.Output))
-	}
+	var row Row
+	found := false
+	err := s.db.queryRows(ctx, s.db.sql().oldestInFlight, nil, func(sc scanner) error {
+		found = true
+		return scanRow(sc, &row)
+	})
 	if err != nil {
-		return s.translate("resolve", err)
+		return Row{}, s.translate("oldest in flight", err)
 	}
-	if n == 0 {
-		row, err := s.Get(ctx, key)
-		if err != nil {
-			return err
+	if !found {
+		return Row{}, fmt.Errorf("%w: no row in flight", ErrNotFound)
+	}
+	return row, nil
+}
+
+// Resolve settles an indeterminate row as an operator decided: completed with
+// the given output (the call did happen), or released (NotRun: it did not,
+// and a redelivery or replay may run it), and appends the decision to the
+// row's history in the same statement. It is idempotent: a row already
+// resolved with the same decision (and output) is left as it is, and changed
+// is false. Errors: ErrNotFound; ErrResolved when the row was resolved with
+// another decision; ErrNotIndeterminate when it is in another state without
+// having been resolved; ErrInvalidOutput.
+func (s *Store) Resolve(ctx context.Context, key string, r Resolution) (changed bool, err error) {
+	ctx, cancel := withDefaultTimeout(ctx)
+	defer cancel()
+	switch {
+	case r.NotRun == (r.Output != nil):
+		return false, errors.New("ledger: resolve: give exactly one of an output and not-run")
+	case strings.TrimSpace(r.Reason) == "" || strings.TrimSpace(r.By) == "":
+		return false, errors.New("ledger: resolve: who decided and why are required")
+	}
+	if !r.NotRun {
+		if err := checkOutput("resolve", key, r.Output); err != nil {
+			return false, err
 		}
-		return fmt.Errorf("%w: %s is %s", ErrNotIndeterminate, key, row.State)
 	}
-	return nil
+	row, err := s.getAny(ctx, key)
+	if err != nil {
+		return false, err
+	}
+	if row.State == Indeterminate {
+		ev := Event{At: time.Now().UTC().Truncate(time.Millisecond), By: r.By, Action: "resolve", Decision: r.Decision(),
+			Reason: r.Reason, From: row.State, Error: row.Error, Output: r.Output}
+		evJSON, err := json.Marshal(ev)
+		if err != nil {
+			return false, fmt.Errorf("ledger: resolve %s: %w", key, err)
+		}
+		q := s.db.sql()
+		var n int64
+		if r.NotRun {
+			n, err = s.db.exec(ctx, q.resolveNotRun, key, string(evJSON))
+		} else {
+			n, err = s.db.exec(ctx, q.resolveCompleted, key, string(evJSON), string(r.Output))
+		}
+		if err != nil {
+			return false, s.translate("resolve", err)
+		}
+		if n == 1 {
+			return true, nil
+		}
+		// Another operator resolved it between the read and the update.
+		if row, err = s.getAny(ctx, key); err != nil {
+			return false, err
+		}
+	}
+	last := row.LastResolution()
+	if last == nil {
+		if row.State == stateReleased {
+			return false, fmt.Errorf("%w: %s", ErrNotFound, key)
+		}
+		return false, fmt.Errorf("%w: %s is %s", ErrNotIndeterminate, key, row.State)
+	}
+	if last.Decision == r.Decision() && (r.NotRun || sameJSON(last.Output, r.Output)) {
+		return false, nil
+	}
+	state := string(row.State)
+	if row.State == stateReleased {
+		state = "released (no row until the call is claimed again)"
+	}
+	return false, fmt.Errorf("%w: %s was resolved %s by %s at %s (%q); it is now %s", ErrResolved, key, last.Decision,
+		last.By, last.At.Format(time.RFC3339), last.Reason, state)
+}
+
+// stateReleased is the state of a row whose claim was given up; to every
+// reader but Resolve the key has no row.
+const stateReleased State = "released"
+
+// getAny returns the row of key, released or not, or ErrNotFound.
+func (s *Store) getAny(ctx context.Context, key string) (Row, error) {
+	var row Row
+	found := false
+	err := s.db.queryRows(ctx, s.db.sql().getAny, []any{key}, func(sc scanner) error {
+		found = true
+		return scanRow(sc, &row)
+	})
+	if err != nil {
+		return Row{}, s.translate("get", err)
+	}
+	if !found {
+		return Row{}, fmt.Errorf("%w: %s", ErrNotFound, key)
+	}
+	return row, nil
+}
+
+// sameJSON reports whether a and b are the same JSON value (Postgres keeps
+// a history as jsonb, which may reorder an object's members).
+func sameJSON(a, b json.RawMessage) bool {
+	var x, y any
+	if json.Unmarshal(a, &x) != nil || json.Unmarshal(b, &y) != nil {
+		return false
+	}
+	return reflect.DeepEqual(x, y)
 }
 
 // Purge deletes completed, failed and released rows last updated more than
@@ -592,7 +731,11 @@ func (s *Store) Resolve(ctx context.Context, key string, r Resolution) error {
 // the DLQ's max age), or a replay or a requeue would run a call again; it also
 // bounds how long a holder may stall and still be fenced out, since a purged
 // key's next claim starts again at attempt 1.
-func (s *Store) Purge(ctx context.Context, olderThan time.Duration, batchSize int) (int64, error) {
+func (s *Store) Purge(ctx context.Context, olderThan time.Duration, batchSize int, opts ...PurgeOption) (int64, error) {
+	var o purgeOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
 	cutoff, err := s.purgeCutoff(ctx, olderThan)
 	if err != nil {
 		return 0, err
@@ -609,21 +752,59 @@ func (s *Store) Purge(ctx context.Context, olderThan time.Duration, batchSize in
 	var total int64
 	for {
 		bctx, cancel := withDefaultTimeout(ctx)
-		n, err := s.db.exec(bctx, s.db.sql().purge, cutoff, batchSize)
+		n, err := s.db.exec(bctx, s.db.sql().purge, cutoff, batchSize, o.only, o.exceptJSON())
 		cancel()
 		if err != nil {
 			return total, s.translate("purge", err)
 		}
 		total += n
+		if o.progress != nil {
+			o.progress(total)
+		}
 		if n < int64(batchSize) {
 			return total, nil
 		}
 	}
 }
 
-// PurgeCount returns how many rows Purge would delete now with olderThan,
-// and deletes nothing.
-func (s *Store) PurgeCount(ctx context.Context, olderThan time.Duration) (int64, error) {
+// PurgeOption is a knob of one Purge call.
+type PurgeOption func(*purgeOptions)
+
+type purgeOptions struct {
+	progress func(deleted int64)
+	only     string
+	except   []string
+}
+
+func (o *purgeOptions) exceptJSON() string {
+	b, _ := json.Marshal(append([]string{}, o.except...))
+	return string(b)
+}
+
+// PurgeOnly makes Purge (and PurgeCount) delete only the rows of tool.
+func PurgeOnly(tool string) PurgeOption {
+	return func(o *purgeOptions) { o.only = tool }
+}
+
+// PurgeExcept makes Purge (and PurgeCount) keep the rows of these tools,
+// which a purge of their own, with their own retention, deletes.
+func PurgeExcept(tools ...string) PurgeOption {
+	return func(o *purgeOptions) { o.except = append(o.except, tools...) }
+}
+
+// PurgeProgress makes Purge call f after each batch with the rows it has
+// deleted so far.
+func PurgeProgress(f func(deleted int64)) PurgeOption {
+	return func(o *purgeOptions) { o.progress = f }
+}
+
+// PurgeCount returns how many rows Purge would delete now with olderThan
+// (and the same PurgeOnly and PurgeExcept), and deletes nothing.
+func (s *Store) PurgeCount(ctx context.Context, olderThan time.Duration, opts ...PurgeOption) (int64, error) {
+	var o purgeOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
 	cutoff, err := s.purgeCutoff(ctx, olderThan)
 	if err != nil {
 		return 0, err
@@ -631,7 +812,7 @@ func (s *Store) PurgeCount(ctx context.Context, olderThan time.Duration) (int64,
 	ctx, cancel := withDefaultTimeout(ctx)
 	defer cancel()
 	var n int64
-	err = s.db.queryRows(ctx, s.db.sql().purgeCount, []any{cutoff}, func(sc scanner) error { return sc.Scan(&n) })
+	err = s.db.queryRows(ctx, s.db.sql().purgeCount, []any{cutoff, o.only, o.exceptJSON()}, func(sc scanner) error { return sc.Scan(&n) })
 	return n, s.translate("purge count", err)
 }
 
@@ -689,13 +870,19 @@ func encodeError(e ErrorInfo) string {
 
 // scanRow reads the columns of dialect.cols, after the leading ones if any.
 func scanRow(sc scanner, r *Row, leading ...any) error {
-	var state, result, errText string
+	var state, result, errText, history string
 	var leaseMS, remainingMS, createdMS, updatedMS int64
 	dest := append(leading, &r.Key, &r.ConversationID, &r.TurnIndex, &r.Tool, &r.Ordinal, &r.ArgsDigest, &state,
 		&r.Attempt, &r.Owner, &leaseMS, &remainingMS, &r.FirstToolUseID, &r.TraceID, &r.SpanID, &result,
-		&errText, &createdMS, &updatedMS, &r.Failures, &r.ClaimToken)
+		&errText, &createdMS, &updatedMS, &history, &r.Failures, &r.ClaimToken)
 	if err := sc.Scan(dest...); err != nil {
 		return err
+	}
+	r.History = nil
+	if history != "" && history != "[]" {
+		if err := json.Unmarshal([]byte(history), &r.History); err != nil {
+			r.History = []Event{{Action: "unreadable", Reason: history}}
+		}
 	}
 	r.State = State(state)
 	r.LeaseUntil = time.UnixMilli(leaseMS).UTC()
@@ -781,7 +968,7 @@ func (s *Store) retryConflicts(ctx context.Context, f func() error) error {
 }
 
 func isLedgerError(err error) bool {
-	for _, e := range []error{ErrNotFound, ErrFenced, ErrLeaseHeld, ErrMaterialMismatch, ErrNotIndeterminate, ErrUnavailable, ErrInvalidOutput} {
+	for _, e := range []error{ErrNotFound, ErrFenced, ErrLeaseHeld, ErrMaterialMismatch, ErrNotIndeterminate, ErrUnavailable, ErrInvalidOutput, ErrResolved} {
 		if errors.Is(err, e) {
 			return true
 		}

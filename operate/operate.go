@@ -17,6 +17,7 @@ import (
 
 	"github.com/toolq/toolq/internal/jcs"
 	"github.com/toolq/toolq/jobs"
+	"github.com/toolq/toolq/ledger"
 )
 
 // DeadLetter is one message of TOOLQ_DLQ, with what the consumer recorded
@@ -93,7 +94,7 @@ func ListDeadLetters(ctx context.Context, js jetstream.JetStream, reason string)
 		filter = jobs.DLQSubject(reason)
 	}
 	var out []DeadLetter
-	err := scanStream(ctx, js, jobs.DLQStream, filter, jetstream.OrderedConsumerConfig{}, func(m jetstream.Msg) (bool, error) {
+	err := scanStream(ctx, js, jobs.DLQStream, filter, jetstream.OrderedConsumerConfig{}, nil, func(m jetstream.Msg) (bool, error) {
 		meta, err := m.Metadata()
 		if err != nil {
 			return false, err
@@ -281,35 +282,142 @@ type ReplayRange struct {
 	FromSeq, ToSeq uint64    // ToSeq zero: up to the last message
 }
 
-// Replayed describes one job a replay published (or, dry, would publish).
+// Validate returns an error unless r names a subject within toolq.jobs.>
+// and exactly one of a time range and a sequence range.
+func (r ReplayRange) Validate() error {
+	if r.Subject == "" || !strings.HasPrefix(r.Subject, jobs.JobsPrefix) {
+		return fmt.Errorf("operate: replay subject %q: want one under %s", r.Subject, jobs.JobsPrefix)
+	}
+	bySeq := r.FromSeq > 0 || r.ToSeq > 0
+	switch {
+	case bySeq == !r.Since.IsZero():
+		return errors.New("operate: replay needs either a time range (since) or a sequence range (from)")
+	case bySeq && r.FromSeq == 0:
+		return errors.New("operate: replay: the sequence range needs a start")
+	case bySeq && r.ToSeq > 0 && r.ToSeq < r.FromSeq:
+		return fmt.Errorf("operate: replay: to-seq %d is before from-seq %d", r.ToSeq, r.FromSeq)
+	}
+	return nil
+}
+
+// Replayed describes one job a replay published (or, dry, would publish),
+// and, when the replay was given the ledger, what the ledger knew of its key
+// before and so what its replay does.
 type Replayed struct {
-	Seq       uint64 `json:"seq"`               // the original's sequence
-	NewSeq    uint64 `json:"new_seq,omitempty"` // the replay's sequence
-	Subject   string `json:"subject"`
-	Key       string `json:"key,omitempty"`
-	ToolUseID string `json:"tool_use_id,omitempty"`
+	Seq       uint64  `json:"seq"`               // the original's sequence
+	NewSeq    uint64  `json:"new_seq,omitempty"` // the replay's sequence
+	Subject   string  `json:"subject"`
+	Key       string  `json:"key,omitempty"`
+	ToolUseID string  `json:"tool_use_id,omitempty"`
+	Ledger    string  `json:"ledger,omitempty"` // the row's state, "none", or "" when not consulted
+	Outcome   Outcome `json:"outcome"`
+}
+
+// Outcome is what the consumer does with a replayed job, as the ledger
+// tells before the replay.
+type Outcome string
+
+// The outcomes of a replayed job.
+const (
+	Answered     Outcome = "answered from the ledger" // completed or failed: no effect, the recorded result again
+	RunsNow      Outcome = "runs now"                 // no row: the call never settled (or the tool keeps none)
+	Waits        Outcome = "waits"                    // in flight: it waits for that attempt (or takes over an expired lease)
+	NeedOperator Outcome = "needs an operator"        // indeterminate: 'consumer ledger resolve' first
+	Invalid      Outcome = "dead-lettered"            // the body is not a valid job
+	Unknown      Outcome = "unknown: ledger not consulted"
+)
+
+// RowReader is the ledger as a replay reads it: *ledger.Store.
+type RowReader interface {
+	Get(ctx context.Context, key string) (ledger.Row, error)
+}
+
+// ReplayOption is a knob of one Replay call.
+type ReplayOption func(*replayOptions)
+
+type replayOptions struct {
+	rows     RowReader
+	progress func(done, total uint64)
+}
+
+// WithLedger makes Replay look up each job's key in the ledger and set
+// Replayed.Ledger and Outcome. A lookup that fails otherwise than with
+// ledger.ErrNotFound stops the replay with that error.
+func WithLedger(rows RowReader) ReplayOption {
+	return func(o *replayOptions) { o.rows = rows }
+}
+
+// WithProgress makes Replay call f after each message it read, with how
+// many it read and how many there are to read.
+func WithProgress(f func(done, total uint64)) ReplayOption {
+	return func(o *replayOptions) { o.progress = f }
+}
+
+// Summary counts replayed jobs by outcome.
+func Summary(reps []Replayed) map[Outcome]int {
+	out := map[Outcome]int{}
+	for _, r := range reps {
+		out[r.Outcome]++
+	}
+	return out
+}
+
+// outcomeOf says what the consumer will do with the job of body, from the
+// ledger's row of its key.
+func outcomeOf(ctx context.Context, rows RowReader, body []byte) (key, state string, o Outcome, err error) {
+	call, err := jobs.DecodeCall(body)
+	if err != nil {
+		return "", "invalid", Invalid, nil
+	}
+	if key, err = call.Key(); err != nil {
+		return "", "invalid", Invalid, nil
+	}
+	if rows == nil {
+		return key, "", Unknown, nil
+	}
+	row, err := rows.Get(ctx, key)
+	switch {
+	case errors.Is(err, ledger.ErrNotFound):
+		return key, "none", RunsNow, nil
+	case err != nil:
+		return key, "", "", fmt.Errorf("operate: replay: look up %s: %w", key, err)
+	}
+	switch row.State {
+	case ledger.Completed, ledger.Failed:
+		o = Answered
+	case ledger.InFlight:
+		o = Waits
+	default:
+		o = NeedOperator
+	}
+	return key, string(row.State), o, nil
 }
 
 // Replay re-publishes history from TOOLQ_JOBS through the normal path, with
 // Toolq-Replay-Of: <original sequence>. Completed calls are answered from the
 // ledger, so a replay runs only what never settled. With dry set nothing is
-// published. Replays of replays are skipped, so a range can be replayed
+// published. WithLedger says, for each job, what the ledger knew of it just
+// before it was (or would be) published. Replays of replays are skipped, so a range can be replayed
 // again without growing. A subject outside toolq.jobs.> or a range that is
 // not exactly one of time or sequence is an error before anything is read;
 // a failed publish stops the replay and comes back with what was done.
-func Replay(ctx context.Context, js jetstream.JetStream, r ReplayRange, dry bool) ([]Replayed, error) {
-	if r.Subject == "" || !strings.HasPrefix(r.Subject, jobs.JobsPrefix) {
-		return nil, fmt.Errorf("operate: replay subject %q: want one under %s", r.Subject, jobs.JobsPrefix)
+func Replay(ctx context.Context, js jetstream.JetStream, r ReplayRange, dry bool, opts ...ReplayOption) ([]Replayed, error) {
+	var o replayOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if err := r.Validate(); err != nil {
+		return nil, err
 	}
 	bySeq := r.FromSeq > 0 || r.ToSeq > 0
-	if bySeq == !r.Since.IsZero() {
-		return nil, errors.New("operate: replay needs either a time range (since) or a sequence range (from)")
-	}
-	if bySeq && r.FromSeq == 0 {
-		return nil, errors.New("operate: replay: the sequence range needs a start")
-	}
-	if bySeq && r.ToSeq > 0 && r.ToSeq < r.FromSeq {
-		return nil, fmt.Errorf("operate: replay: to-seq %d is before from-seq %d", r.ToSeq, r.FromSeq)
+	if bySeq {
+		s, err := js.Stream(ctx, jobs.JobsStream)
+		if err != nil {
+			return nil, fmt.Errorf("operate: stream %s: %w", jobs.JobsStream, err)
+		}
+		if last := s.CachedInfo().State.LastSeq; r.FromSeq > last {
+			return nil, fmt.Errorf("operate: replay: from-seq %d is after the last sequence of %s, %d", r.FromSeq, jobs.JobsStream, last)
+		}
 	}
 	cfg := jetstream.OrderedConsumerConfig{}
 	if bySeq {
@@ -320,7 +428,8 @@ func Replay(ctx context.Context, js jetstream.JetStream, r ReplayRange, dry bool
 	}
 	stamp := time.Now().UnixNano()
 	var out []Replayed
-	err := scanStream(ctx, js, jobs.JobsStream, r.Subject, cfg, func(m jetstream.Msg) (bool, error) {
+	runs := map[string]bool{} // keys of jobs in this replay that run now
+	err := scanStream(ctx, js, jobs.JobsStream, r.Subject, cfg, o.progress, func(m jetstream.Msg) (bool, error) {
 		meta, err := m.Metadata()
 		if err != nil {
 			return false, err
@@ -333,6 +442,18 @@ func Replay(ctx context.Context, js jetstream.JetStream, r ReplayRange, dry bool
 			return true, nil
 		}
 		rep := Replayed{Seq: seq, Subject: m.Subject(), Key: m.Headers().Get(jobs.HeaderKey), ToolUseID: toolUseIDOf(m.Data())}
+		key, state, outcome, err := outcomeOf(ctx, o.rows, m.Data())
+		if err != nil {
+			return false, err
+		}
+		if key != "" {
+			rep.Key = key
+		}
+		if outcome == RunsNow && runs[key] {
+			outcome = Answered // by the row an earlier job of this replay settles
+		}
+		runs[key] = runs[key] || outcome == RunsNow
+		rep.Ledger, rep.Outcome = state, outcome
 		if !dry {
 			msg := nats.NewMsg(m.Subject())
 			msg.Data = m.Data()
@@ -357,8 +478,9 @@ func Replay(ctx context.Context, js jetstream.JetStream, r ReplayRange, dry bool
 // scanStream reads the messages of stream on filter, from where cfg starts
 // to the last one that existed when it began, calling each until it says
 // stop. It reads no message published after it started (a replay's own).
+// progress, when not nil, is called after each message.
 func scanStream(ctx context.Context, js jetstream.JetStream, stream, filter string, cfg jetstream.OrderedConsumerConfig,
-	each func(jetstream.Msg) (bool, error)) error {
+	progress func(done, total uint64), each func(jetstream.Msg) (bool, error)) error {
 	cfg.FilterSubjects = []string{filter}
 	cons, err := js.OrderedConsumer(ctx, stream, cfg)
 	if err != nil {
@@ -368,7 +490,8 @@ func scanStream(ctx context.Context, js jetstream.JetStream, stream, filter stri
 	if err != nil {
 		return fmt.Errorf("operate: read %s: %w", stream, err)
 	}
-	for left := info.NumPending; left > 0; {
+	total := info.NumPending
+	for left := total; left > 0; {
 		batch, err := cons.Fetch(int(min(left, 256)), jetstream.FetchMaxWait(5*time.Second))
 		if err != nil {
 			return fmt.Errorf("operate: read %s: %w", stream, err)
@@ -378,6 +501,9 @@ func scanStream(ctx context.Context, js jetstream.JetStream, stream, filter stri
 			got++
 			left--
 			more, err := each(m)
+			if progress != nil {
+				progress(total-left, total)
+			}
 			if err != nil || !more {
 				return err
 			}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/toolq/toolq/internal/testenv"
 	"github.com/toolq/toolq/jobs"
+	"github.com/toolq/toolq/ledger"
 	"github.com/toolq/toolq/operate"
 )
 
@@ -65,6 +67,95 @@ func TestReplay(t *testing.T) {
 			t.Errorf("%+v accepted", bad)
 		}
 	}
+}
+
+// TestReplayConsultsTheLedger: with the ledger, each replayed job says what
+// the ledger knows of its key and so what its replay will do; a dry run and
+// a real one say the same.
+func TestReplayConsultsTheLedger(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	n := testenv.StartNATS(t)
+	js, _ := jetstream.New(n.Connect())
+	if err := jobs.ProvisionStreams(ctx, js, jobs.Streams{}); err != nil {
+		t.Fatal(err)
+	}
+	st, err := ledger.OpenSQLite(ctx, filepath.Join(t.TempDir(), "ledger.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if err := st.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c := jobs.NewClient(js)
+	settle := []func(ledger.Fence) error{
+		func(f ledger.Fence) error { return st.Complete(ctx, f, json.RawMessage(`{}`)) },
+		func(f ledger.Fence) error { return st.Fail(ctx, f, ledger.ErrorInfo{Code: "declined"}) },
+		func(f ledger.Fence) error { return st.MarkIndeterminate(ctx, f, ledger.ErrorInfo{Code: "reset"}) },
+		func(ledger.Fence) error { return nil }, // in flight
+		nil,                                     // no row
+	}
+	for i, s := range settle {
+		j := &jobs.Job{ConversationID: "c", TurnIndex: int64(i), Tool: "send_payment", ToolUseID: "toolu_" + strconv.Itoa(i), Args: json.RawMessage(`{}`)}
+		if _, err := c.Publish(ctx, j); err != nil {
+			t.Fatal(err)
+		}
+		if s == nil {
+			continue
+		}
+		key, _ := j.Key()
+		res, err := st.Claim(ctx, []ledger.Claim{{Key: key, ConversationID: "c", TurnIndex: int64(i), Tool: "send_payment",
+			ArgsDigest: mustDigest(t, j), ToolUseID: j.ToolUseID, Owner: "t", Lease: time.Hour}})
+		if err != nil || !res[0].Claimed {
+			t.Fatalf("claim: %v %+v", err, res)
+		}
+		if err := s(res[0].Row.Fence()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The no-row call again, with another tool_use_id: it runs once.
+	if _, err := c.Publish(ctx, &jobs.Job{ConversationID: "c", TurnIndex: 4, Tool: "send_payment", ToolUseID: "toolu_again", Args: json.RawMessage(`{}`)}); err != nil {
+		t.Fatal(err)
+	}
+	want := []operate.Outcome{operate.Answered, operate.Answered, operate.NeedOperator, operate.Waits, operate.RunsNow, operate.Answered}
+	wantLedger := []string{"completed", "failed", "indeterminate", "in_flight", "none", "none"}
+	var progress []uint64
+	r := operate.ReplayRange{Subject: jobs.JobsSubjects, FromSeq: 1}
+	dry, err := operate.Replay(ctx, js, r, true, operate.WithLedger(st), operate.WithProgress(func(done, total uint64) {
+		progress = append(progress, done, total)
+	}))
+	if err != nil || len(dry) != len(want) {
+		t.Fatalf("dry run: %+v %v", dry, err)
+	}
+	if len(progress) != 2*len(want) || progress[len(progress)-2] != 6 || progress[len(progress)-1] != 6 {
+		t.Errorf("progress %v", progress)
+	}
+	real, err := operate.Replay(ctx, js, r, false, operate.WithLedger(st))
+	if err != nil || len(real) != len(want) {
+		t.Fatalf("replay: %+v %v", real, err)
+	}
+	for i := range want {
+		if dry[i].Outcome != want[i] || dry[i].Ledger != wantLedger[i] || real[i].Outcome != dry[i].Outcome || real[i].NewSeq == 0 {
+			t.Errorf("job %d: dry %+v, real %+v, want %s (%s)", i, dry[i], real[i], want[i], wantLedger[i])
+		}
+	}
+	if got := operate.Summary(dry); got[operate.Answered] != 3 || got[operate.RunsNow] != 1 || got[operate.Waits] != 1 || got[operate.NeedOperator] != 1 {
+		t.Errorf("summary %v", got)
+	}
+	blind, err := operate.Replay(ctx, js, r, true)
+	if err != nil || blind[0].Outcome != operate.Unknown || blind[0].Ledger != "" {
+		t.Fatalf("without the ledger: %+v %v", blind, err)
+	}
+}
+
+func mustDigest(t *testing.T, j *jobs.Job) string {
+	t.Helper()
+	m, err := j.Call().Material()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m.ArgsDigest()
 }
 
 func TestDeadLetters(t *testing.T) {

@@ -22,6 +22,7 @@ import (
 //	    timeout: 10s
 //	    lease: 30s                  # default max(2×timeout, timeout+5s); must exceed timeout
 //	    concurrency: 16
+//	    retention: 90d              # keep finished rows this long (default: the top-level retention)
 //	    breaker: {failures: 5, open_for: 30s, half_open: 1}
 //	    schema: {type: object, …}   # JSON Schema of the args, written in YAML
 //	    http:
@@ -34,10 +35,13 @@ import (
 //	    class: read
 //	    builtin: echo               # a Go function given in Config.Builtins
 //
+// A top-level retention: 31d is every tool's default (see Retention).
+//
 // ${VAR} takes an environment variable (unset: an error naming it);
 // ${VAR:-default} falls back to the default. Both work in url and headers.
 type fileSpec struct {
-	Tools []toolSpec `yaml:"tools"`
+	Retention string     `yaml:"retention"` // the default of every tool's (see Retention)
+	Tools     []toolSpec `yaml:"tools"`
 }
 
 type toolSpec struct {
@@ -48,6 +52,7 @@ type toolSpec struct {
 	Timeout     string `yaml:"timeout"`
 	Lease       string `yaml:"lease"`
 	Concurrency int    `yaml:"concurrency"`
+	Retention   string `yaml:"retention"`
 	Breaker     *struct {
 		Failures uint32 `yaml:"failures"`
 		OpenFor  string `yaml:"open_for"`
@@ -93,9 +98,16 @@ func Parse(data []byte, name string, cfg Config) (*Registry, error) {
 	if len(f.Tools) == 0 {
 		return nil, &DefinitionError{File: name, Field: "tools", Msg: "no tools defined"}
 	}
+	defaultRetention, err := parseRetention(f.Retention)
+	if err != nil {
+		return nil, &DefinitionError{File: name, Field: "retention", Msg: err.Error()}
+	}
 	defs := make([]Definition, 0, len(f.Tools))
 	for i := range f.Tools {
 		d, err := f.Tools[i].definition(cfg)
+		if err == nil && d.Retention == 0 {
+			d.Retention = defaultRetention
+		}
 		if err != nil {
 			var de *DefinitionError
 			if errors.As(err, &de) {
@@ -134,6 +146,9 @@ func (s *toolSpec) definition(cfg Config) (Definition, error) {
 	}
 	if d.Lease, err = parseDuration(s.Lease); err != nil {
 		return d, bad("lease", "%v", err)
+	}
+	if d.Retention, err = parseRetention(s.Retention); err != nil {
+		return d, bad("retention", "%v", err)
 	}
 	if s.Breaker != nil {
 		d.Breaker = Breaker{Failures: s.Breaker.Failures, HalfOpen: s.Breaker.HalfOpen}

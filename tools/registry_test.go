@@ -191,6 +191,12 @@ func TestLoadErrorsNameFileToolAndField(t *testing.T) {
     schema: {type: object}
     breaker: {failures: 9}
     http: {url: "http://h/b"}`, []string{`tool "b"`, "breaker", `"a"`}},
+		{"bad retention", `
+  - name: pay
+    class: read
+    retention: 30 days
+    schema: {type: object}
+    builtin: echo`, []string{`tool "pay"`, "retention"}},
 		{"bad duration", `
   - name: pay
     class: read
@@ -225,8 +231,46 @@ func TestLoadErrorsNameFileToolAndField(t *testing.T) {
 		t.Fatal(err)
 	}
 	tool, _ := reg.Lookup("ok")
-	if tool.Timeout != tools.DefaultTimeout || tool.Lease <= tool.Timeout || tool.Concurrency != tools.DefaultConcurrency {
+	if tool.Timeout != tools.DefaultTimeout || tool.Lease <= tool.Timeout || tool.Concurrency != tools.DefaultConcurrency || tool.Retention != 0 {
 		t.Fatalf("defaults: %+v", tool)
+	}
+}
+
+// TestRetention: a tool's retention is its own or the file's default, read
+// by Parse and, without the executors' environment, by LoadRetention.
+func TestRetention(t *testing.T) {
+	t.Parallel()
+	const file = `retention: 31d
+tools:
+  - name: pay
+    class: keyed_write
+    retention: 90d
+    schema: {type: object}
+    http: {url: "${PAY_URL}/v1"}
+  - name: ticket
+    class: unkeyed_write
+    schema: {type: object}
+    http: {url: "${PAY_URL}/v2"}
+`
+	reg, err := tools.Parse([]byte(file), "tools.yaml", tools.Config{Getenv: func(string) string { return "http://h" }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pay, _ := reg.Lookup("pay")
+	ticket, _ := reg.Lookup("ticket")
+	const day = 24 * time.Hour
+	if pay.Retention != 90*day || ticket.Retention != 31*day {
+		t.Fatalf("retention: pay %s, ticket %s", pay.Retention, ticket.Retention)
+	}
+	path := filepath.Join(t.TempDir(), "tools.yaml")
+	os.WriteFile(path, []byte(file), 0o600)
+	r, err := tools.LoadRetention(path) // PAY_URL is not set: only the retentions are read
+	if err != nil || r.Default != 31*day || r.Of("pay") != 90*day || r.Of("ticket") != 31*day || r.Of("other") != 31*day {
+		t.Fatalf("LoadRetention: %+v %v", r, err)
+	}
+	os.WriteFile(path, []byte("retention: 1 month\ntools: []\n"), 0o600)
+	if _, err := tools.LoadRetention(path); err == nil || !strings.Contains(err.Error(), "retention") {
+		t.Fatalf("a bad retention: %v", err)
 	}
 }
 

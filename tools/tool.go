@@ -100,6 +100,7 @@ type Definition struct {
 	Timeout     time.Duration   // per call (default 30s)
 	Lease       time.Duration   // ledger lease; must exceed Timeout (default max(2×Timeout, Timeout+5s))
 	Concurrency int             // calls running at once in one consumer (default 16)
+	Retention   time.Duration   // how long the ledger keeps its finished rows at least (0: not stated; see Retention)
 	Breaker     Breaker
 	Executor    Executor
 	// ForwardsKey says whether the executor hands the key downstream. HTTP
@@ -122,6 +123,7 @@ type Tool struct {
 	Timeout     time.Duration
 	Lease       time.Duration
 	Concurrency int
+	Retention   time.Duration
 	Downstream  string
 	SchemaJSON  json.RawMessage
 
@@ -221,6 +223,9 @@ func NewRegistry(defs []Definition, cfg Config) (*Registry, error) {
 			return nil, bad("lease", "%s must exceed the timeout (%s): a lease that ends while the call may still run lets a second one start", t.Lease, t.Timeout)
 		}
 		t.Concurrency = d.Concurrency
+		if t.Retention = d.Retention; t.Retention < 0 {
+			return nil, bad("retention", "%s must not be negative", t.Retention)
+		}
 		if t.Concurrency == 0 {
 			t.Concurrency = DefaultConcurrency
 		}

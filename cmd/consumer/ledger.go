@@ -6,11 +6,20 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
+	"os"
+	"os/user"
+	"path/filepath"
+	"sort"
+	"strings"
 	"time"
 
 	"github.com/toolq/toolq/internal/cli"
+	"github.com/toolq/toolq/internal/progress"
+	"github.com/toolq/toolq/jobs"
 	"github.com/toolq/toolq/ledger"
 	"github.com/toolq/toolq/operate"
+	"github.com/toolq/toolq/tools"
 )
 
 // storeFlags are the flags that name the ledger.
@@ -26,8 +35,21 @@ func (s *storeFlags) register(fs *flag.FlagSet, getenv func(string) string) {
 		"directory of the embedded server's store and the SQLite ledger (env TOOLQ_DATA_DIR)")
 }
 
-// open opens and migrates the ledger.
+// open opens and migrates an existing ledger: a SQLite file that is not there
+// is an error, not a new ledger (migrate makes one).
 func (s *storeFlags) open(ctx context.Context) (*ledger.Store, error) {
+	if s.databaseURL == "" {
+		path := filepath.Join(s.dataDir, "ledger.db")
+		if _, err := os.Stat(path); err != nil {
+			return nil, fmt.Errorf("no ledger at %s (give --database-url or the consumer's --data-dir; 'consumer migrate' makes a new one)", path)
+		}
+	}
+	return s.openOrCreate(ctx)
+}
+
+// openOrCreate opens and migrates the ledger, making a SQLite file where
+// there is none.
+func (s *storeFlags) openOrCreate(ctx context.Context) (*ledger.Store, error) {
 	st, err := ledger.Open(ctx, s.databaseURL, s.dataDir)
 	if err != nil {
 		return nil, err
@@ -46,7 +68,7 @@ func runMigrate(ctx context.Context, args []string, stdio cli.IO, getenv func(st
 	if err := cli.ParseNone(fs, args); err != nil {
 		return err
 	}
-	st, err := sf.open(ctx)
+	st, err := sf.openOrCreate(ctx)
 	if err != nil {
 		return err
 	}
@@ -56,11 +78,16 @@ func runMigrate(ctx context.Context, args []string, stdio cli.IO, getenv func(st
 }
 
 func ledgerLs(ctx context.Context, args []string, stdio cli.IO, getenv func(string) string) error {
-	fs := cli.NewFlagSet("ls", "consumer ledger ls [--state in_flight|completed|failed|indeterminate] [--stale] [--limit N] [--json]", stdio)
+	fs := cli.NewFlagSet("ls", "consumer ledger ls [--state in_flight|completed|failed|indeterminate] [--stale] [--tool T] "+
+		"[--conversation C] [--older-than D] [--newer-than D] [--limit N] [--json]", stdio)
 	var sf storeFlags
 	sf.register(fs, getenv)
 	state := fs.String("state", "", "only rows in this state")
 	stale := fs.Bool("stale", false, "only in-flight rows whose lease has expired (their holder died)")
+	tool := fs.String("tool", "", "only rows of this tool")
+	conversation := fs.String("conversation", "", "only rows of this conversation")
+	olderThan := fs.String("older-than", "", "only rows last updated more than D ago (90m, 36h, 30d)")
+	newerThan := fs.String("newer-than", "", "only rows last updated at most D ago")
 	limit := fs.Int("limit", 100, "at most this many rows, most recently updated first")
 	asJSON := fs.Bool("json", false, "print a JSON array")
 	if err := cli.ParseNone(fs, args); err != nil {
@@ -69,12 +96,29 @@ func ledgerLs(ctx context.Context, args []string, stdio cli.IO, getenv func(stri
 	if *state != "" && !ledger.State(*state).Valid() {
 		return fmt.Errorf("--state %q: want in_flight, completed, failed or indeterminate", *state)
 	}
+	f := ledger.Filter{State: ledger.State(*state), Stale: *stale, Tool: *tool, ConversationID: *conversation, Limit: *limit}
+	for _, a := range []struct {
+		name, v string
+		d       *time.Duration
+	}{{"older-than", *olderThan, &f.OlderThan}, {"newer-than", *newerThan, &f.NewerThan}} {
+		if a.v == "" {
+			continue
+		}
+		d, err := cli.ParseDuration(a.v)
+		if err != nil || d <= 0 {
+			return fmt.Errorf("--%s %q: want a positive duration (90m, 36h, 30d)", a.name, a.v)
+		}
+		*a.d = d
+	}
+	if *limit <= 0 {
+		return fmt.Errorf("--limit %d: want a positive number", *limit)
+	}
 	st, err := sf.open(ctx)
 	if err != nil {
 		return err
 	}
 	defer st.Close()
-	rows, err := st.List(ctx, ledger.Filter{State: ledger.State(*state), Stale: *stale, Limit: *limit})
+	rows, err := st.List(ctx, f)
 	if err != nil {
 		return err
 	}
@@ -101,16 +145,67 @@ func leaseText(r ledger.Row) string {
 	}
 }
 
+// callFlags name a tool call by its fields instead of its key.
+type callFlags struct {
+	call jobs.Call
+	args string
+}
+
+func (c *callFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&c.call.ConversationID, "conversation", "", "instead of KEY: the call's conversation id")
+	fs.Int64Var(&c.call.TurnIndex, "turn", 0, "instead of KEY: its turn index")
+	fs.StringVar(&c.call.Tool, "tool", "", "instead of KEY: its tool")
+	fs.Int64Var(&c.call.Ordinal, "ordinal", 0, "instead of KEY: its ordinal among identical calls of the turn")
+	fs.StringVar(&c.args, "args", "", "instead of KEY: its arguments, a JSON object")
+}
+
+// key returns the key given as the one positional argument, or derived from
+// the call's fields; not both.
+func (c *callFlags) key(fs *flag.FlagSet, pos []string) (string, error) {
+	given := false
+	fs.Visit(func(f *flag.Flag) {
+		switch f.Name {
+		case "conversation", "turn", "tool", "ordinal", "args":
+			given = true
+		}
+	})
+	switch {
+	case given && len(pos) > 0:
+		return "", errors.New("give KEY or the call's fields (--conversation --turn --tool [--ordinal] --args), not both")
+	case given:
+		if c.args == "" {
+			return "", errors.New("--args is required with the call's fields")
+		}
+		c.call.Args = []byte(c.args)
+		key, err := c.call.Key()
+		if err != nil {
+			return "", fmt.Errorf("the call's fields: %w", err)
+		}
+		return key, nil
+	case len(pos) != 1:
+		return "", fmt.Errorf("want exactly one KEY (or the call's fields), got %d arguments", len(pos))
+	}
+	return pos[0], nil
+}
+
 func ledgerShow(ctx context.Context, args []string, stdio cli.IO, getenv func(string) string) error {
-	fs := cli.NewFlagSet("show", "consumer ledger show KEY [--json]", stdio)
+	fs := cli.NewFlagSet("show", "consumer ledger show (KEY | --conversation C --turn N --tool T [--ordinal K] --args JSON) [--json]", stdio)
 	var sf storeFlags
 	sf.register(fs, getenv)
+	var cf callFlags
+	cf.register(fs)
 	asJSON := fs.Bool("json", false, "print the row as JSON")
-	pos, err := cli.ParseN(fs, args, 1, "KEY")
+	pos, help, err := cli.Parse(fs, args)
+	if help {
+		return cli.ErrHelp
+	}
 	if err != nil {
 		return err
 	}
-	key := pos[0]
+	key, err := cf.key(fs, pos)
+	if err != nil {
+		return err
+	}
 	st, err := sf.open(ctx)
 	if err != nil {
 		return err
@@ -134,7 +229,29 @@ func ledgerShow(ctx context.Context, args []string, stdio cli.IO, getenv func(st
 	} {
 		fmt.Fprintf(w, "%s:\t%s\n", kv[0], kv[1])
 	}
+	if len(r.History) == 0 {
+		fmt.Fprintf(w, "history:\t(no operator decision)\n")
+	}
+	for i, e := range r.History {
+		label := ""
+		if i == 0 {
+			label = "history:"
+		}
+		fmt.Fprintf(w, "%s\t%s\n", label, eventText(e))
+	}
 	return w.Flush()
+}
+
+// eventText is one line of a row's history.
+func eventText(e ledger.Event) string {
+	s := fmt.Sprintf("%s by %s: %s %s (%s); was %s", e.At.Format(time.RFC3339), e.By, e.Action, e.Decision, e.Reason, e.From)
+	if e.Error != nil {
+		s += ", " + errorText(e.Error)
+	}
+	if len(e.Output) > 0 {
+		s += ", output " + string(e.Output)
+	}
+	return s
 }
 
 func errorText(e *ledger.ErrorInfo) string {
@@ -145,23 +262,45 @@ func errorText(e *ledger.ErrorInfo) string {
 }
 
 func ledgerResolve(ctx context.Context, args []string, stdio cli.IO, getenv func(string) string) error {
-	fs := cli.NewFlagSet("resolve", "consumer ledger resolve KEY (--output JSON | --not-run)\n\n"+
+	fs := cli.NewFlagSet("resolve", "consumer ledger resolve (KEY | --conversation C --turn N --tool T [--ordinal K] --args JSON)\n"+
+		"                        (--output JSON | --not-run) --reason TEXT [--by NAME]\n\n"+
 		"Settles an indeterminate row. --output: the call did happen, and this JSON is its\n"+
 		"output (duplicates get it from now on). --not-run: it did not happen; the row is\n"+
-		"released so that a redelivery or a replay runs the call.", stdio)
+		"released so that a redelivery or a replay runs the call. The decision, who took it\n"+
+		"and why are recorded in the row's history ('ledger show'). Resolving a resolved row\n"+
+		"the same way again changes nothing; another way is refused.", stdio)
 	var sf storeFlags
 	sf.register(fs, getenv)
 	output := fs.String("output", "", "the call's output, as JSON")
 	notRun := fs.Bool("not-run", false, "the call did not take effect: release the row")
-	pos, err := cli.ParseN(fs, args, 1, "KEY")
+	reason := fs.String("reason", "", "why: what you checked (required; recorded in the row's history)")
+	by := fs.String("by", osUser(getenv), "who decided (default: the OS user)")
+	logFormat := fs.String("log-format", cli.Env(getenv, "TOOLQ_LOG_FORMAT", "text"), "the line that records the decision on standard error: text or json (env TOOLQ_LOG_FORMAT)")
+	var cf callFlags
+	cf.register(fs)
+	pos, help, err := cli.Parse(fs, args)
+	if help {
+		return cli.ErrHelp
+	}
 	if err != nil {
 		return err
 	}
-	key := pos[0]
-	var res ledger.Resolution
+	key, err := cf.key(fs, pos)
+	if err != nil {
+		return err
+	}
+	logger, err := cli.NewLogger(stdio.Err, *logFormat, "info")
+	if err != nil {
+		return err
+	}
+	res := ledger.Resolution{By: *by, Reason: *reason}
 	switch {
 	case (*output != "") == *notRun:
 		return errors.New("give exactly one of --output JSON and --not-run")
+	case strings.TrimSpace(*reason) == "":
+		return errors.New("--reason is required: say what you checked, it is recorded with the decision")
+	case strings.TrimSpace(*by) == "":
+		return errors.New("--by is required: no OS user to record as who decided")
 	case *notRun:
 		res.NotRun = true
 	default:
@@ -175,18 +314,32 @@ func ledgerResolve(ctx context.Context, args []string, stdio cli.IO, getenv func
 		return err
 	}
 	defer st.Close()
-	if err := st.Resolve(ctx, key, res); err != nil {
-		return err
+	changed, err := st.Resolve(ctx, key, res)
+	if err == nil {
+		logger.Info("ledger row resolved", "key", key, "decision", res.Decision(), "reason", res.Reason, "by", res.By, "changed", changed)
 	}
-	if res.NotRun {
+	switch {
+	case err != nil:
+		return err
+	case !changed:
+		fmt.Fprintf(stdio.Out, "%s was already resolved this way: nothing changed\n", key)
+	case res.NotRun:
 		fmt.Fprintf(stdio.Out, "%s released: the next delivery of the call runs it\n", key)
-	} else {
+	default:
 		fmt.Fprintf(stdio.Out, "%s completed with the given output\n", key)
 	}
 	return nil
 }
 
-const purgeSynopsis = `consumer ledger purge --older-than D [--dry-run] [--batch N] [NATS flags] [--horizon H]
+// osUser is the name of the user running the command, or "".
+func osUser(getenv func(string) string) string {
+	if u, err := user.Current(); err == nil && u.Username != "" {
+		return u.Username
+	}
+	return getenv("USER")
+}
+
+const purgeSynopsis = `consumer ledger purge (--older-than D | --tools FILE) [--dry-run] [--batch N] [NATS flags] [--horizon H]
 
 Deletes completed, failed and released rows last updated more than D ago (e.g. 31d,
 36h); a released row is a claim given up because its call was not sent. In-flight and
@@ -199,7 +352,13 @@ from the live streams (the NATS flags, default the embedded server's address) an
 refuses a shorter D, naming the setting. When the streams cannot be read, give
 --horizon H, the longest they keep a job (at least 30d, the DLQ's default); streams
 that can be read still count. Each purge is recorded in the ledger, so that
-'publisher dlq requeue' refuses a dead letter older than what it may have deleted.`
+'publisher dlq requeue' refuses a dead letter older than what it may have deleted.
+
+A tool whose calls can come back later (an agent that resends old conversations)
+states its retention in the registry (retention: 90d; the top-level retention is
+the default of every tool). With --tools FILE, --older-than is refused when a tool
+states a longer one; without --older-than, each tool is purged at its own retention
+and the others at the top-level one, each checked against the streams.`
 
 func ledgerPurge(ctx context.Context, args []string, stdio cli.IO, getenv func(string) string) error {
 	fs := cli.NewFlagSet("purge", purgeSynopsis, stdio)
@@ -207,51 +366,171 @@ func ledgerPurge(ctx context.Context, args []string, stdio cli.IO, getenv func(s
 	sf.register(fs, getenv)
 	var nf cli.NATSFlags
 	nf.Register(fs, getenv, "nats://127.0.0.1:4222", "NATS server whose streams bound the retention")
-	olderThan := fs.String("older-than", "", "retention, e.g. 31d")
+	olderThan := fs.String("older-than", "", "retention, e.g. 31d (default with --tools: each tool's own)")
+	toolsFile := fs.String("tools", cli.Env(getenv, "TOOLQ_TOOLS", ""), "tool registry file whose retentions to keep (env TOOLQ_TOOLS)")
 	horizon := fs.String("horizon", "", "when the streams cannot be read: the longest they keep a job, at least 30d")
 	dry := fs.Bool("dry-run", false, "count the rows a purge would delete, delete nothing")
 	batch := fs.Int("batch", 1000, "rows deleted per statement")
+	logFormat := fs.String("log-format", cli.Env(getenv, "TOOLQ_LOG_FORMAT", "text"), "the line that records the purge on standard error: text or json (env TOOLQ_LOG_FORMAT)")
 	if err := cli.ParseNone(fs, args); err != nil {
 		return err
 	}
-	if *olderThan == "" {
-		return errors.New("--older-than is required (e.g. --older-than 31d)")
-	}
-	d, err := cli.ParseDuration(*olderThan)
+	logger, err := cli.NewLogger(stdio.Err, *logFormat, "info")
 	if err != nil {
-		return fmt.Errorf("--older-than: %w", err)
+		return err
 	}
-	if d <= 0 {
-		return errors.New("--older-than must be positive")
+	if *batch <= 0 {
+		return fmt.Errorf("--batch %d: want a positive number", *batch)
+	}
+	var retention tools.Retention
+	if *toolsFile != "" {
+		if retention, err = tools.LoadRetention(*toolsFile); err != nil {
+			return err
+		}
+	}
+	passes, err := purgePasses(*olderThan, *toolsFile, retention)
+	if err != nil {
+		return err
 	}
 	comebacks, err := purgeComebacks(ctx, &nf, *horizon)
 	if err != nil {
 		return err
 	}
 	var re *operate.RetentionError
-	if err := operate.CheckRetention(d, comebacks); errors.As(err, &re) {
-		return fmt.Errorf("refused: --older-than %s is not longer than %s: %s", *olderThan, re.Comeback, re.Comeback.Risk)
+	for _, p := range passes {
+		if err := operate.CheckRetention(p.age, comebacks); errors.As(err, &re) {
+			return fmt.Errorf("refused: %s is not longer than %s: %s", p.label, re.Comeback, re.Comeback.Risk)
+		}
 	}
 	st, err := sf.open(ctx)
 	if err != nil {
 		return err
 	}
 	defer st.Close()
-	before := time.Now().Add(-d).UTC().Format(time.RFC3339)
-	if *dry {
-		n, err := st.PurgeCount(ctx, d)
-		if err != nil {
+	var total int64
+	counts := make([]int64, len(passes))
+	for i, p := range passes {
+		if counts[i], err = st.PurgeCount(ctx, p.age, p.opts...); err != nil {
 			return err
 		}
-		fmt.Fprintf(stdio.Out, "would purge %d row(s) finished before %s\n", n, before)
+		total += counts[i]
+	}
+	verb := "purged"
+	if *dry {
+		verb = "would purge"
+	}
+	if *dry {
+		for i, p := range passes {
+			p.report(stdio.Out, verb, counts[i], len(passes))
+		}
 		return nil
 	}
-	n, err := st.Purge(ctx, d, *batch)
-	if err != nil {
-		return err
+	bar := progress.New(stdio.Err, "purge", total)
+	var done int64
+	deleted := make([]int64, len(passes))
+	for i, p := range passes {
+		n, err := st.Purge(ctx, p.age, *batch, append(p.opts, ledger.PurgeProgress(func(n int64) { bar.Set(done+n, 0) }))...)
+		done += n
+		if err != nil {
+			bar.Finish()
+			logger.Error("ledger purge failed", "rows", p.rows, "older_than", days(p.age), "rows_deleted", n, "by", osUser(getenv), "error", err)
+			return err
+		}
+		logger.Info("ledger purged", "rows", p.rows, "older_than", days(p.age), "cutoff", p.before(), "rows_deleted", n,
+			"backend", st.Backend(), "by", osUser(getenv))
+		deleted[i] = n
 	}
-	fmt.Fprintf(stdio.Out, "purged %d row(s) finished before %s\n", n, before)
+	bar.Finish()
+	for i, p := range passes {
+		p.report(stdio.Out, verb, deleted[i], len(passes))
+	}
 	return nil
+}
+
+// purgePass is one statement of a purge: the rows of one tool at its own
+// retention, or those of every other tool.
+type purgePass struct {
+	label string // what the retention is, for a refusal: "--older-than 31d", "send_payment's retention 90d in tools.yaml"
+	rows  string // whose rows: "every tool", "send_payment", "every other tool"
+	age   time.Duration
+	opts  []ledger.PurgeOption
+}
+
+func (p purgePass) before() string { return time.Now().Add(-p.age).UTC().Format(time.RFC3339) }
+
+func (p purgePass) report(w io.Writer, verb string, n int64, passes int) {
+	if passes == 1 {
+		fmt.Fprintf(w, "%s %d row(s) finished before %s\n", verb, n, p.before())
+		return
+	}
+	fmt.Fprintf(w, "%s %d row(s) of %s finished before %s (%s)\n", verb, n, p.rows, p.before(), days(p.age))
+}
+
+// purgePasses splits a purge by the registry's retentions. --older-than,
+// when given, applies to every tool, and is refused when a tool states a
+// longer retention; without it, each tool that states its own is purged at
+// it, and the others at the registry's default.
+func purgePasses(olderThan, file string, r tools.Retention) ([]purgePass, error) {
+	var d time.Duration
+	if olderThan != "" {
+		var err error
+		if d, err = cli.ParseDuration(olderThan); err != nil {
+			return nil, fmt.Errorf("--older-than: %w", err)
+		}
+		if d <= 0 {
+			return nil, errors.New("--older-than must be positive")
+		}
+		for _, tool := range sortedTools(r) {
+			if r.Tools[tool] > d {
+				return nil, fmt.Errorf("refused: --older-than %s is shorter than %s's retention %s in %s: its calls can come back for that long "+
+					"(omit --older-than to purge each tool at its own retention)", olderThan, tool, days(r.Tools[tool]), file)
+			}
+		}
+		if r.Default > d {
+			return nil, fmt.Errorf("refused: --older-than %s is shorter than the retention %s in %s (omit --older-than to purge each tool at its own retention)",
+				olderThan, days(r.Default), file)
+		}
+		return []purgePass{{label: "--older-than " + olderThan, rows: "every tool", age: d}}, nil
+	}
+	if file == "" {
+		return nil, errors.New("--older-than is required (e.g. --older-than 31d), or --tools with retentions")
+	}
+	if r.Default == 0 {
+		return nil, fmt.Errorf("--older-than is required: %s states no top-level retention for the tools without their own", file)
+	}
+	var passes []purgePass
+	var own []string
+	for _, tool := range sortedTools(r) {
+		if r.Tools[tool] == r.Default {
+			continue
+		}
+		own = append(own, tool)
+		passes = append(passes, purgePass{label: fmt.Sprintf("%s's retention %s in %s", tool, days(r.Tools[tool]), file), rows: tool,
+			age: r.Tools[tool], opts: []ledger.PurgeOption{ledger.PurgeOnly(tool)}})
+	}
+	rows := "every tool"
+	if len(own) > 0 {
+		rows = "every other tool"
+	}
+	return append(passes, purgePass{label: fmt.Sprintf("the retention %s in %s", days(r.Default), file), rows: rows,
+		age: r.Default, opts: []ledger.PurgeOption{ledger.PurgeExcept(own...)}}), nil
+}
+
+func sortedTools(r tools.Retention) []string {
+	names := make([]string, 0, len(r.Tools))
+	for t := range r.Tools {
+		names = append(names, t)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// days writes a retention as it is given: 31d, 36h0m0s.
+func days(d time.Duration) string {
+	if d > 0 && d%(24*time.Hour) == 0 {
+		return fmt.Sprintf("%dd", d/(24*time.Hour))
+	}
+	return d.String()
 }
 
 // purgeComebacks returns the ways a job can come back that a purge must

@@ -3,8 +3,11 @@ package main
 import (
 	"bytes"
 	"context"
+	"database/sql"
 	"encoding/json"
+	"errors"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -92,6 +95,15 @@ func TestLedgerCommands(t *testing.T) {
 				{"ledger", "resolve", "k-done", "--not-run", "--output", "{}"},
 				{"ledger", "resolve", "k-done", "--output", "{bad"},
 				{"ledger", "resolve", "--not-run"},
+				{"ledger", "resolve", "k-done", "--not-run"},
+				{"ledger", "resolve", "k-done", "--not-run", "--reason", " "},
+				{"ledger", "show"},
+				{"ledger", "show", "k-done", "--tool", "create_ticket", "--args", "{}"},
+				{"ledger", "show", "--conversation", "c", "--turn", "1", "--tool", "create_ticket"},
+				{"ledger", "show", "--conversation", "c", "--turn", "1", "--tool", "create_ticket", "--args", "[1]"},
+				{"ledger", "show", "--conversation", "c", "--turn", "1", "--tool", "create_ticket", "--args", "{}"},
+				{"ledger", "ls", "--older-than", "soon"},
+				{"ledger", "ls", "--limit", "0"},
 				{"ledger", "ls", "--state", "bogus"},
 				{"ledger", "purge"},
 				{"ledger", "purge", "--older-than", "soon"},
@@ -101,14 +113,42 @@ func TestLedgerCommands(t *testing.T) {
 					t.Errorf("%v: %v", bad, err)
 				}
 			}
-			if _, err := runConsumer(t, env, "ledger", "resolve", "k-done", "--output", `{"ticket":"T-9"}`); err != nil {
+			if _, err := runConsumer(t, env, "ledger", "resolve", "k-done", "--output", `{"ticket":"T-9"}`, "--reason", "T-9 is in the tracker"); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := runConsumer(t, env, "ledger", "resolve", "k-notrun", "--not-run"); err != nil {
+			if _, err := runConsumer(t, env, "ledger", "resolve", "k-notrun", "--not-run", "--reason", "no ticket", "--by", "alice"); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := runConsumer(t, env, "ledger", "resolve", "k-open", "--not-run"); err == nil {
+			if _, err := runConsumer(t, env, "ledger", "resolve", "k-open", "--not-run", "--reason", "x"); err == nil {
 				t.Fatal("resolved an in-flight row")
+			}
+			if out, err := runConsumer(t, env, "ledger", "resolve", "k-done", "--output", `{"ticket":"T-9"}`, "--reason", "again"); err != nil ||
+				!strings.Contains(out, "already resolved") {
+				t.Fatalf("the same resolution again: %q %v", out, err)
+			}
+			if _, err := runConsumer(t, env, "ledger", "resolve", "k-done", "--not-run", "--reason", "changed my mind"); err == nil ||
+				!strings.Contains(err.Error(), "was resolved completed") {
+				t.Fatalf("another decision: %v", err)
+			}
+			if out, err := runConsumer(t, env, "ledger", "show", "k-done"); err != nil || !strings.Contains(out, "history:") ||
+				!strings.Contains(out, "resolve completed (T-9 is in the tracker); was indeterminate, reset: reset mid-response") {
+				t.Fatalf("show prints the history: %q %v", out, err)
+			}
+			for _, c := range []struct {
+				args []string
+				want int
+			}{
+				{[]string{"--tool", "create_ticket"}, 2},
+				{[]string{"--conversation", "c", "--state", "completed"}, 1},
+				{[]string{"--newer-than", "1h"}, 2},
+				{[]string{"--older-than", "1h"}, 0},
+				{[]string{"--tool", "other"}, 0},
+			} {
+				out, err := runConsumer(t, env, append([]string{"ledger", "ls", "--json"}, c.args...)...)
+				var rows []ledger.Row
+				if err != nil || json.Unmarshal([]byte(out), &rows) != nil || len(rows) != c.want {
+					t.Errorf("ls %v: %q %v, want %d rows", c.args, out, err, c.want)
+				}
 			}
 			if got, _ := st.Get(ctx, "k-done"); got.State != ledger.Completed || string(got.Result) != `{"ticket":"T-9"}` {
 				t.Fatalf("after resolve --output: %+v", got)
@@ -116,11 +156,180 @@ func TestLedgerCommands(t *testing.T) {
 			if _, err := st.Get(ctx, "k-notrun"); err == nil {
 				t.Fatal("resolve --not-run kept the row")
 			}
+			// A call named by its fields instead of its key.
+			key, _ := jobs.Call{ConversationID: "c9", TurnIndex: 2, Tool: "create_ticket", Args: []byte(`{"a":1}`)}.Key()
+			row = claim(key)
+			if err := st.MarkIndeterminate(ctx, row.Fence(), ledger.ErrorInfo{Code: "reset"}); err != nil {
+				t.Fatal(err)
+			}
+			fields := []string{"--conversation", "c9", "--turn", "2", "--tool", "create_ticket", "--args", `{ "a": 1 }`}
+			if out, err := runConsumer(t, env, append([]string{"ledger", "resolve", "--output", `{"id":"T-3"}`, "--reason", "found T-3"}, fields...)...); err != nil ||
+				!strings.Contains(out, key+" completed") {
+				t.Fatalf("resolve by the call's fields: %q %v", out, err)
+			}
+			if out, err := runConsumer(t, env, append([]string{"ledger", "show"}, fields...)...); err != nil || !strings.Contains(out, "found T-3") {
+				t.Fatalf("show by the call's fields: %q %v", out, err)
+			}
 			out, err = runConsumer(t, env, "ledger", "purge", "--older-than", "31d")
 			if err != nil || !strings.Contains(out, "purged 0 row") {
 				t.Fatalf("purge: %q %v", out, err)
 			}
 		})
+	}
+}
+
+// TestLedgerPurgeDeletesOnlyFinishedRows: on streams whose DLQ keeps 30
+// days, --older-than 1d is refused with the reason and changes nothing; a
+// safe age deletes the finished rows older than it, and no in-flight or
+// indeterminate one, however old.
+func TestLedgerPurgeDeletesOnlyFinishedRows(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	n := testenv.StartNATS(t)
+	js, _ := jetstream.New(n.Connect())
+	if err := jobs.ProvisionStreams(ctx, js, jobs.Streams{}); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	env := map[string]string{"TOOLQ_DATA_DIR": dir, "NATS_URL": n.URL}
+	if _, err := runConsumer(t, env, "migrate"); err != nil {
+		t.Fatal(err)
+	}
+	st, err := ledger.Open(ctx, "", dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	settle := map[string]func(ledger.Fence) error{
+		"old-completed":     func(f ledger.Fence) error { return st.Complete(ctx, f, json.RawMessage(`{}`)) },
+		"old-failed":        func(f ledger.Fence) error { return st.Fail(ctx, f, ledger.ErrorInfo{Code: "declined"}) },
+		"old-indeterminate": func(f ledger.Fence) error { return st.MarkIndeterminate(ctx, f, ledger.ErrorInfo{Code: "reset"}) },
+		"old-in-flight":     func(ledger.Fence) error { return nil },
+		"new-completed":     func(f ledger.Fence) error { return st.Complete(ctx, f, json.RawMessage(`{}`)) },
+	}
+	for key, settle := range settle {
+		res, err := st.Claim(ctx, []ledger.Claim{{Key: key, ConversationID: "c", Tool: "send_payment", ArgsDigest: "d", ToolUseID: "toolu_1", Owner: "o", Lease: time.Hour}})
+		if err != nil || !res[0].Claimed {
+			t.Fatalf("claim %s: %v", key, err)
+		}
+		if err := settle(res[0].Row.Fence()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	raw, err := sql.Open("sqlite", filepath.Join(dir, "ledger.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	if _, err := raw.Exec(`UPDATE toolq_ledger SET updated_at = updated_at - ? WHERE key LIKE 'old-%'`, (40 * 24 * time.Hour).Milliseconds()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := runConsumer(t, env, "ledger", "purge", "--older-than", "1d"); err == nil ||
+		!strings.Contains(err.Error(), "refused: --older-than 1d is not longer than TOOLQ_DLQ's max age 30d") {
+		t.Fatalf("purge --older-than 1d: %v", err)
+	}
+	if out, err := runConsumer(t, env, "ledger", "purge", "--older-than", "31d", "--dry-run"); err != nil || !strings.Contains(out, "would purge 2 row(s)") {
+		t.Fatalf("dry run: %q %v", out, err)
+	}
+	if out, err := runConsumer(t, env, "ledger", "purge", "--older-than", "31d"); err != nil || !strings.Contains(out, "purged 2 row(s)") {
+		t.Fatalf("purge: %q %v", out, err)
+	}
+	for key := range settle {
+		_, err := st.Get(ctx, key)
+		if gone := errors.Is(err, ledger.ErrNotFound); gone != (key == "old-completed" || key == "old-failed") {
+			t.Errorf("%s: %v", key, err)
+		}
+	}
+}
+
+// TestLedgerCommandsFailCleanly: every ledger command on a missing key or
+// ledger, or with bad flags, returns one line of error and changes nothing:
+// no row, no purge record, no ledger file where there was none.
+func TestLedgerCommandsFailCleanly(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	n := testenv.StartNATS(t)
+	js, _ := jetstream.New(n.Connect())
+	if err := jobs.ProvisionStreams(ctx, js, jobs.Streams{}); err != nil {
+		t.Fatal(err)
+	}
+	dir, empty := t.TempDir(), t.TempDir()
+	env := map[string]string{"TOOLQ_DATA_DIR": dir, "NATS_URL": n.URL}
+	if _, err := runConsumer(t, env, "migrate"); err != nil {
+		t.Fatal(err)
+	}
+	st, err := ledger.Open(ctx, "", dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	for _, key := range []string{"k-done", "k-unknown"} {
+		res, err := st.Claim(ctx, []ledger.Claim{{Key: key, ConversationID: "c", Tool: "create_ticket", ArgsDigest: "d", ToolUseID: "toolu_1", Owner: "o", Lease: time.Hour}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := res[0].Row.Fence()
+		if key == "k-unknown" {
+			err = st.MarkIndeterminate(ctx, f, ledger.ErrorInfo{Code: "reset"})
+		} else {
+			err = st.Complete(ctx, f, json.RawMessage(`{}`))
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	snapshot := func() string {
+		rows, err := st.List(ctx, ledger.Filter{Limit: 1000})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range rows {
+			rows[i].LeaseRemaining = 0
+		}
+		p, err := st.LastPurge(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := json.Marshal([]any{rows, p})
+		return string(b)
+	}
+	before := snapshot()
+	other := map[string]string{"TOOLQ_DATA_DIR": empty, "NATS_URL": n.URL}
+	for _, c := range []struct {
+		env  map[string]string
+		args []string
+		want string
+	}{
+		{env, []string{"show", "missing"}, "key not found: missing"},
+		{env, []string{"show", "--conversation", "c", "--turn", "1", "--tool", "create_ticket", "--args", "{}"}, "key not found"},
+		{env, []string{"resolve", "missing", "--not-run", "--reason", "r"}, "key not found: missing"},
+		{env, []string{"resolve", "k-done", "--not-run", "--reason", "r"}, "row is not indeterminate: k-done is completed"},
+		{env, []string{"resolve", "k-unknown", "--not-run"}, "--reason is required"},
+		{env, []string{"resolve", "k-unknown", "--output", "{bad", "--reason", "r"}, "not valid JSON"},
+		{env, []string{"resolve", "k-unknown", "--not-run", "--reason", "r", "--log-format", "xml"}, "--log-format"},
+		{env, []string{"purge", "--older-than", "1d"}, "refused: --older-than 1d is not longer than TOOLQ_DLQ's max age 30d"},
+		{env, []string{"purge", "--older-than", "31d", "--batch", "0"}, "--batch 0"},
+		{env, []string{"purge", "--older-than", "31d", "--bogus"}, "bogus"},
+		{env, []string{"ls", "--state", "bogus"}, "--state"},
+		{env, []string{"ls", "--older-than", "soon"}, "--older-than"},
+		{env, []string{"ls", "--limit", "0"}, "--limit"},
+		{env, []string{"ls", "--database-url", "mysql://x"}, "unsupported database URL"},
+		{env, []string{"show"}, "want exactly one KEY"},
+		{other, []string{"ls"}, "no ledger at " + empty},
+		{other, []string{"show", "k-done"}, "no ledger at"},
+		{other, []string{"resolve", "k-unknown", "--not-run", "--reason", "r"}, "no ledger at"},
+		{other, []string{"purge", "--older-than", "31d"}, "no ledger at"},
+	} {
+		out, err := runConsumer(t, c.env, append([]string{"ledger"}, c.args...)...)
+		if err == nil || !strings.Contains(err.Error(), c.want) || strings.Contains(err.Error(), "\n") {
+			t.Errorf("ledger %v: %q %v, want one line with %q", c.args, out, err, c.want)
+		}
+	}
+	if after := snapshot(); after != before {
+		t.Fatalf("a failed command changed the ledger:\nbefore %s\nafter  %s", before, after)
+	}
+	if _, err := os.Stat(filepath.Join(empty, "ledger.db")); err == nil {
+		t.Fatal("a failed command made a ledger")
 	}
 }
 
@@ -180,6 +389,14 @@ func TestLedgerPurgeOutlivesTheStreams(t *testing.T) {
 	if _, err := runConsumer(t, env(defaults), "migrate"); err != nil {
 		t.Fatal(err)
 	}
+	registry := func(text string) string {
+		path := filepath.Join(t.TempDir(), "tools.yaml")
+		os.WriteFile(path, []byte(text), 0o600)
+		return path
+	}
+	payLonger := registry("retention: 31d\ntools:\n  - name: send_payment\n    retention: 90d\n")
+	tooShort := registry("retention: 31d\ntools:\n  - name: create_ticket\n    retention: 10d\n")
+	noDefault := registry("tools:\n  - name: send_payment\n    retention: 90d\n")
 	for _, c := range []struct {
 		nats string
 		args []string
@@ -195,6 +412,11 @@ func TestLedgerPurgeOutlivesTheStreams(t *testing.T) {
 		{down.URL, []string{"--older-than", "20d", "--horizon", "30d"}, "--older-than 20d is not longer than --horizon 30d"},
 		{longJobs, []string{"--older-than", "40d", "--horizon", "30d"}, "TOOLQ_JOBS's max age 45d"},
 		{defaults, []string{"--older-than", "31d", "--dry-run"}, ""},
+		{defaults, []string{"--older-than", "31d", "--tools", payLonger}, "refused: --older-than 31d is shorter than send_payment's retention 90d in " + payLonger},
+		{defaults, []string{"--tools", tooShort}, "refused: create_ticket's retention 10d in " + tooShort + " is not longer than TOOLQ_DLQ's max age 30d"},
+		{defaults, []string{"--tools", noDefault}, "--older-than is required: " + noDefault + " states no top-level retention"},
+		{defaults, []string{"--tools", payLonger + ".missing"}, "no such file"},
+		{defaults, []string{"--tools", payLonger, "--dry-run"}, ""},
 	} {
 		out, err := runConsumer(t, env(c.nats), append([]string{"ledger", "purge"}, c.args...)...)
 		switch {
@@ -221,5 +443,14 @@ func TestLedgerPurgeOutlivesTheStreams(t *testing.T) {
 	}
 	if r, err := st.LastPurge(ctx); err != nil || r.OlderThan != 31*24*time.Hour {
 		t.Fatalf("the purge was not recorded: %+v %v", r, err)
+	}
+	// Each tool at its own retention: send_payment's rows are kept 90 days.
+	var logs bytes.Buffer
+	err = run(ctx, []string{"ledger", "purge", "--tools", payLonger, "--log-format", "json"}, cli.IO{Out: &logs, Err: &logs},
+		func(k string) string { return env(defaults)[k] })
+	if err != nil || !strings.Contains(logs.String(), "purged 0 row(s) of send_payment finished before") ||
+		!strings.Contains(logs.String(), "purged 0 row(s) of every other tool") ||
+		!strings.Contains(logs.String(), `"msg":"ledger purged","rows":"send_payment","older_than":"90d"`) {
+		t.Fatalf("purge by tool: %q %v", logs.String(), err)
 	}
 }

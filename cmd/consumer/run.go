@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"path/filepath"
@@ -56,7 +54,7 @@ func runWorker(ctx context.Context, args []string, stdio cli.IO, getenv func(str
 	if err := cli.ParseNone(fs, args); err != nil {
 		return err
 	}
-	logger, err := newLogger(stdio.Err, *logFormat, *logLevel)
+	logger, err := cli.NewLogger(stdio.Err, *logFormat, *logLevel)
 	if err != nil {
 		return err
 	}
@@ -195,21 +193,6 @@ func serveHealth(addr string, nc *nats.Conn, store *ledger.Store, metrics http.H
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go srv.Serve(l)
 	return l.Addr().String(), func() { srv.Close() }, nil
-}
-
-func newLogger(out io.Writer, format, level string) (*slog.Logger, error) {
-	var lvl slog.Level
-	if err := lvl.UnmarshalText([]byte(level)); err != nil {
-		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", level)
-	}
-	opts := &slog.HandlerOptions{Level: lvl}
-	switch format {
-	case "text":
-		return slog.New(slog.NewTextHandler(out, opts)), nil
-	case "json":
-		return slog.New(slog.NewJSONHandler(out, opts)), nil
-	}
-	return nil, errors.New("--log-format: want text or json")
 }
 
 func parseDurations(list string) ([]time.Duration, error) {

@@ -4,13 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
+	"os/user"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/toolq/toolq/internal/cli"
+	"github.com/toolq/toolq/internal/progress"
 	"github.com/toolq/toolq/jobs"
 	"github.com/toolq/toolq/ledger"
 	"github.com/toolq/toolq/operate"
@@ -38,6 +41,7 @@ func dlq(ctx context.Context, sub string, args []string, stdio cli.IO, getenv fu
 	yes := fs.Bool("yes", false, "purge: yes, delete them")
 	databaseURL := fs.String("database-url", cli.Env(getenv, "DATABASE_URL", ""), "requeue: the ledger (env DATABASE_URL); empty: the SQLite ledger under --data-dir")
 	dataDir := fs.String("data-dir", cli.Env(getenv, "TOOLQ_DATA_DIR", "./toolq-data"), "requeue: data directory of an embedded consumer (env TOOLQ_DATA_DIR)")
+	logFormat := fs.String("log-format", cli.Env(getenv, "TOOLQ_LOG_FORMAT", "text"), "requeue, purge: the lines that record what was done, on standard error: text or json (env TOOLQ_LOG_FORMAT)")
 	pos, help, err := cli.Parse(fs, args)
 	if help {
 		return cli.ErrHelp
@@ -45,6 +49,11 @@ func dlq(ctx context.Context, sub string, args []string, stdio cli.IO, getenv fu
 	if err != nil {
 		return err
 	}
+	logger, err := cli.NewLogger(stdio.Err, *logFormat, "info")
+	if err != nil {
+		return err
+	}
+	by := osUser(getenv)
 	var seqs []uint64
 	for _, p := range pos {
 		n, err := strconv.ParseUint(p, 10, 64)
@@ -137,14 +146,29 @@ func dlq(ctx context.Context, sub string, args []string, stdio cli.IO, getenv fu
 		if err != nil {
 			return err
 		}
-		for _, seq := range seqs {
+		var bar *progress.Reporter
+		if *all {
+			bar = progress.New(stdio.Err, "requeue", int64(len(seqs)))
+		}
+		defer bar.Finish()
+		for i, seq := range seqs {
+			d, err := operate.GetDeadLetter(ctx, js, seq)
+			if err != nil {
+				return err
+			}
 			n, err := operate.Requeue(ctx, js, seq, guard.opt)
 			if errors.Is(err, operate.ErrRowMayBePurged) {
 				return fmt.Errorf("refused: %w (the last purge ran --older-than %s at %s)", err, guard.olderThan, guard.at)
 			}
 			if err != nil {
+				if n > 0 {
+					logger.Error("dead letter requeued but not removed", "dlq_seq", seq, "job_seq", n, "by", by, "error", err)
+				}
 				return err
 			}
+			logger.Info("dead letter requeued", "dlq_seq", seq, "job_seq", n, "reason", d.Reason, "subject", d.Subject,
+				"conversation_id", d.Conversation, "tool_use_id", d.ToolUseID, "by", by)
+			bar.Set(int64(i+1), 0)
 			fmt.Fprintf(stdio.Out, "dead letter %d requeued as job %d\n", seq, n)
 		}
 		return nil
@@ -156,6 +180,7 @@ func dlq(ctx context.Context, sub string, args []string, stdio cli.IO, getenv fu
 		if err := operate.PurgeDeadLetters(ctx, js, c); err != nil {
 			return err
 		}
+		logger.Info("dead letters purged", "reason", c.Reason, "count", c.N, "through_seq", c.Through, "by", by)
 		fmt.Fprintf(stdio.Out, "purged %d dead letter(s), through sequence %d\n", c.N, c.Through)
 		return nil
 	}
@@ -214,10 +239,13 @@ func days(d time.Duration) string {
 }
 
 func runReplay(ctx context.Context, args []string, stdio cli.IO, getenv func(string) string) error {
-	fs := cli.NewFlagSet("replay", "publisher replay --subject S (--since T [--until T] | --from-seq N [--to-seq M]) [--dry-run] [--json]\n\n"+
+	fs := cli.NewFlagSet("replay", "publisher replay --subject S (--since T [--until T] | --from-seq N [--to-seq M]) [--dry-run] [--json]\n"+
+		"                 [--database-url URL | --data-dir DIR]\n\n"+
 		"Re-publishes jobs from TOOLQ_JOBS through the normal path, with Toolq-Replay-Of. Calls the\n"+
 		"ledger has settled are answered from it: a replay runs only what never settled. T is\n"+
-		"RFC 3339 or a duration ago (90m, 2h, 3d).", stdio)
+		"RFC 3339 or a duration ago (90m, 2h, 3d). Given the ledger, it says for each job what the\n"+
+		"ledger knows of its key (completed, failed, in_flight, indeterminate, none) and so what\n"+
+		"happens (answered from the ledger, runs now, waits, needs an operator), with a summary.", stdio)
 	var nf cli.NATSFlags
 	nf.Register(fs, getenv, "nats://127.0.0.1:4222", "NATS server URL")
 	subject := fs.String("subject", "", "the jobs to replay, e.g. toolq.jobs.send_payment or toolq.jobs.>")
@@ -225,8 +253,10 @@ func runReplay(ctx context.Context, args []string, stdio cli.IO, getenv func(str
 	until := fs.String("until", "", "up to this time")
 	fromSeq := fs.Uint64("from-seq", 0, "from this stream sequence")
 	toSeq := fs.Uint64("to-seq", 0, "up to this stream sequence")
-	dry := fs.Bool("dry-run", false, "list what would be replayed, publish nothing")
+	dry := fs.Bool("dry-run", false, "list what would be replayed and what would happen, publish nothing")
 	asJSON := fs.Bool("json", false, "print JSON")
+	databaseURL := fs.String("database-url", cli.Env(getenv, "DATABASE_URL", ""), "the ledger to consult (env DATABASE_URL)")
+	dataDir := fs.String("data-dir", cli.Env(getenv, "TOOLQ_DATA_DIR", ""), "or the data directory of an embedded consumer, whose SQLite ledger to consult (env TOOLQ_DATA_DIR)")
 	if err := cli.ParseNone(fs, args); err != nil {
 		return err
 	}
@@ -244,37 +274,92 @@ func runReplay(ctx context.Context, args []string, stdio cli.IO, getenv func(str
 	if *until != "" && *since == "" {
 		return errors.New("--until needs --since")
 	}
+	if err := r.Validate(); err != nil {
+		return err
+	}
+	var opts []operate.ReplayOption
+	consulted := *databaseURL != "" || *dataDir != ""
+	if consulted {
+		st, err := openLedger(ctx, *databaseURL, *dataDir)
+		if err != nil {
+			return err
+		}
+		defer st.Close()
+		opts = append(opts, operate.WithLedger(st))
+	}
 	nc, js, err := nf.JetStream("toolq replay")
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
-	replayed, err := operate.Replay(ctx, js, r, *dry)
+	verb := "replay"
+	if *dry {
+		verb = "replay (dry run)"
+	}
+	bar := progress.New(stdio.Err, verb, 0)
+	opts = append(opts, operate.WithProgress(func(done, total uint64) { bar.Set(int64(done), int64(total)) }))
+	replayed, err := operate.Replay(ctx, js, r, *dry, opts...)
+	bar.Finish()
 	if err != nil {
 		return err
 	}
+	summary := operate.Summary(replayed)
 	if *asJSON {
 		if replayed == nil {
 			replayed = []operate.Replayed{}
 		}
-		return cli.PrintJSON(stdio.Out, replayed)
+		return cli.PrintJSON(stdio.Out, struct {
+			DryRun          bool                    `json:"dry_run"`
+			LedgerConsulted bool                    `json:"ledger_consulted"`
+			Jobs            []operate.Replayed      `json:"jobs"`
+			Summary         map[operate.Outcome]int `json:"summary"`
+		}{*dry, consulted, replayed, summary})
 	}
 	w := cli.NewTable(stdio.Out)
-	fmt.Fprintln(w, "SEQ\tNEW SEQ\tSUBJECT\tKEY\tTOOL_USE_ID")
+	fmt.Fprintln(w, "SEQ\tNEW SEQ\tSUBJECT\tKEY\tTOOL_USE_ID\tLEDGER\tOUTCOME")
 	for _, rep := range replayed {
 		newSeq := "-"
 		if rep.NewSeq > 0 {
 			newSeq = strconv.FormatUint(rep.NewSeq, 10)
 		}
-		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\n", rep.Seq, newSeq, rep.Subject, rep.Key, rep.ToolUseID)
+		state := rep.Ledger
+		if state == "" {
+			state = "-"
+		}
+		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\t%s\n", rep.Seq, newSeq, rep.Subject, rep.Key, rep.ToolUseID, state, rep.Outcome)
 	}
 	w.Flush()
+	printSummary(stdio.Out, *dry, consulted, len(replayed), summary)
+	return nil
+}
+
+// printSummary ends a replay's table: how many jobs, and how many of each
+// outcome.
+func printSummary(out io.Writer, dry, consulted bool, n int, summary map[operate.Outcome]int) {
 	verb := "replayed"
-	if *dry {
+	if dry {
 		verb = "would replay"
 	}
-	fmt.Fprintf(stdio.Out, "%s %d job(s)\n", verb, len(replayed))
-	return nil
+	fmt.Fprintf(out, "%s %d job(s)\n", verb, n)
+	if !consulted {
+		fmt.Fprintln(out, "the ledger was not consulted (give --database-url or --data-dir): what each job does is unknown")
+		return
+	}
+	w := cli.NewTable(out)
+	for _, o := range []operate.Outcome{operate.Answered, operate.RunsNow, operate.Waits, operate.NeedOperator, operate.Invalid} {
+		if summary[o] > 0 {
+			fmt.Fprintf(w, "  %s:\t%d\n", o, summary[o])
+		}
+	}
+	w.Flush()
+}
+
+// osUser is the name of the user running the command, or $USER.
+func osUser(getenv func(string) string) string {
+	if u, err := user.Current(); err == nil && u.Username != "" {
+		return u.Username
+	}
+	return getenv("USER")
 }
 
 // parseTime reads RFC 3339 or a duration before now; empty is zero.

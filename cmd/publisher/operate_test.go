@@ -67,8 +67,13 @@ func TestOperatorWorksTheDeadLetters(t *testing.T) {
 		t.Fatalf("purge without --yes: %v", err)
 	}
 	sb.SetFaults(sandbox.Faults{})
-	if out, err := run("dlq", "requeue", "--all"); err != nil || !strings.Contains(out, "requeued as job") {
+	out, logs, err := runPublisherEnv(t, nil, append([]string{"dlq", "requeue", "--all", "--log-format", "json"}, nats...)...)
+	if err != nil || !strings.Contains(out, "requeued as job") {
 		t.Fatalf("requeue: %q %v", out, err)
+	}
+	// One structured line for what was done, and the progress of --all.
+	if !strings.Contains(logs, `"msg":"dead letter requeued","dlq_seq":1,"job_seq":2,"reason":"max_deliver","subject":"toolq.jobs.send_payment","conversation_id":"ops","tool_use_id":"toolu_ops","by":`) || !strings.Contains(logs, "requeue: 1/1 (100%)") {
+		t.Fatalf("requeue's standard error: %q", logs)
 	}
 	client := jobs.NewClient(js)
 	actx, acancel := context.WithTimeout(ctx, 20*time.Second)
