@@ -107,11 +107,16 @@ func runWorker(ctx context.Context, args []string, stdio cli.IO, getenv func(str
 		banner = append(banner, "  tools    "+*toolsFile+": "+strings.Join(names, ", "))
 	}
 
-	meters, metricsHandler, err := tracing.PrometheusMeterProvider()
+	meters, metricsHandler, err := tracing.MeterProvider(ctx, "toolq-consumer")
 	if err != nil {
 		return err
 	}
-	cleanups = append(cleanups, func() { meters.Shutdown(context.Background()) })
+	cleanups = append(cleanups, func() {
+		// The last export, bounded: the drain is over.
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cli.FlushTimeout)
+		defer cancel()
+		meters.Shutdown(sctx)
+	})
 	w, err := st.NewWorker(ctx, worker.Config{
 		MeterProvider: meters,
 		Streams:       jobs.Streams{Replicas: *replicas},
@@ -203,11 +208,12 @@ func newLogger(out io.Writer, format, level string) (*slog.Logger, error) {
 		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", level)
 	}
 	opts := &slog.HandlerOptions{Level: lvl}
+	// A line logged while a span is active carries its trace_id and span_id.
 	switch format {
 	case "text":
-		return slog.New(slog.NewTextHandler(out, opts)), nil
+		return slog.New(tracing.NewLogHandler(slog.NewTextHandler(out, opts))), nil
 	case "json":
-		return slog.New(slog.NewJSONHandler(out, opts)), nil
+		return slog.New(tracing.NewLogHandler(slog.NewJSONHandler(out, opts))), nil
 	}
 	return nil, errors.New("--log-format: want text or json")
 }
