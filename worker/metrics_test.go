@@ -133,6 +133,22 @@ func TestEachDeliveryIsCountedOnce(t *testing.T) {
 		}
 		return total >= 3
 	})
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(ctx, &rm); err != nil {
+		t.Fatal(err)
+	}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if sum, ok := m.Data.(metricdata.Sum[int64]); ok && m.Name == "toolq.ledger.indeterminate" {
+				if len(sum.DataPoints) != 1 || sum.DataPoints[0].Value != 1 {
+					t.Errorf("toolq.ledger.indeterminate %+v, want one row for ticket", sum.DataPoints)
+				}
+			}
+		}
+	}
+	if !hasMetric(rm, "toolq.ledger.indeterminate") {
+		t.Error("no toolq.ledger.indeterminate")
+	}
 	want := map[string]int64{"indeterminate/ticket": 1, "rejected/unknown": 2}
 	if len(counts) != len(want) || counts["indeterminate/ticket"] != 1 || counts["rejected/unknown"] != 2 {
 		t.Fatalf("toolq.jobs %v, want %v", counts, want)
