@@ -77,6 +77,26 @@ func newInstruments(mp metric.MeterProvider, reg *tools.Registry) (*instruments,
 		metric.WithDescription("Time a tool call took, by tool and outcome.")); err != nil {
 		return nil, err
 	}
+	// The series an alert or a dashboard watches exist from the start, at
+	// zero, rather than from their first event: rate() and absence checks
+	// then work on a worker that has seen none yet.
+	ctx := context.Background()
+	in.inFlight.Add(ctx, 0)
+	for _, reason := range []string{jobs.DLQInvalid, jobs.DLQTooLarge, jobs.DLQMaxDeliver} {
+		in.deadLetters.Add(ctx, 0, metric.WithAttributes(tracing.KeyDLQReason.String(reason)))
+	}
+	for _, dep := range []string{"ledger", "broker"} {
+		in.outage.Add(ctx, 0, metric.WithAttributes(tracing.KeyDependency.String(dep)))
+	}
+	for _, t := range reg.Tools() {
+		if !t.UsesLedger {
+			continue
+		}
+		in.indeterminate.Add(ctx, 0, metric.WithAttributes(tracing.KeyTool.String(t.Name)))
+		for _, route := range []string{routeNewToolUseID, routeRedelivery, routeReplay, routeRequeue, routeRepublish} {
+			in.duplicates.Add(ctx, 0, metric.WithAttributes(tracing.KeyTool.String(t.Name), tracing.KeyRoute.String(route)))
+		}
+	}
 	// 0 closed, 1 half-open, 2 open, per downstream.
 	_, err = m.Int64ObservableGauge("toolq.breaker.state", metric.WithDescription("Circuit breaker state per downstream: 0 closed, 1 half-open, 2 open."),
 		metric.WithInt64Callback(func(_ context.Context, o metric.Int64Observer) error {
