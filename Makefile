@@ -2,7 +2,7 @@
 STATICCHECK_VERSION := v0.8.2
 GO ?= go
 
-.PHONY: help build test test-race lint fuzz
+.PHONY: help build test test-race lint fuzz compose-check
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -23,3 +23,9 @@ lint: ## gofmt check, go vet, staticcheck (pinned)
 
 fuzz: ## fuzz the canonicalizer for a minute
 	cd internal/jcs && $(GO) test -run='^$$' -fuzz=FuzzCanonicalize -fuzztime=60s .
+
+compose-check: ## validate docker-compose.yml (needs docker-compose: apt-get install -y docker-compose)
+	@if command -v docker-compose >/dev/null 2>&1; then docker-compose -f docker-compose.yml config -q; \
+	elif docker compose version >/dev/null 2>&1; then docker compose -f docker-compose.yml config -q; \
+	else echo "compose-check needs docker-compose: apt-get install -y docker-compose (Debian), or Docker's compose plugin"; exit 1; fi
+	@echo "docker-compose.yml is valid"
