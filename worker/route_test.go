@@ -163,7 +163,7 @@ func TestEachDuplicateRouteHasItsSeries(t *testing.T) {
 			}
 			attrs := map[attribute.Key]string{}
 			for _, kv := range e.Attributes {
-				attrs[kv.Key] = kv.Value.Emit()
+				attrs[kv.Key] = kv.Value.String()
 			}
 			if attrs["toolq.duplicate.route"] == "new_tool_use_id" {
 				found = true
