@@ -9,7 +9,8 @@
 // prometheus for metrics), OTEL_EXPORTER_OTLP_PROTOCOL (grpc, http/protobuf)
 // and the per-signal OTEL_EXPORTER_OTLP_{TRACES,METRICS}_* variables,
 // OTEL_TRACES_SAMPLER and OTEL_TRACES_SAMPLER_ARG, OTEL_SERVICE_NAME,
-// OTEL_RESOURCE_ATTRIBUTES and OTEL_SDK_DISABLED. One difference from the
+// OTEL_RESOURCE_ATTRIBUTES and OTEL_SDK_DISABLED; OTEL_LOGS_EXPORTER, when
+// set, also sends the consumer's log records. One difference from the
 // specification's defaults: with neither an exporter nor an OTLP endpoint
 // set for a signal, that signal is not exported (rather than sent to
 // localhost), but trace context still propagates, so a caller's trace
@@ -155,7 +156,7 @@ func Resource(service string) (*resource.Resource, error) {
 // exported reports whether signal (TRACES, METRICS) is to be exported: the
 // SDK is not disabled, and an exporter or an OTLP endpoint is named.
 func exported(signal string) bool {
-	if strings.EqualFold(strings.TrimSpace(os.Getenv("OTEL_SDK_DISABLED")), "true") {
+	if disabled() {
 		return false
 	}
 	for _, name := range []string{"OTEL_" + signal + "_EXPORTER", "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_" + signal + "_ENDPOINT"} {
@@ -164,6 +165,11 @@ func exported(signal string) bool {
 		}
 	}
 	return false
+}
+
+// disabled reports OTEL_SDK_DISABLED=true.
+func disabled() bool {
+	return strings.EqualFold(strings.TrimSpace(os.Getenv("OTEL_SDK_DISABLED")), "true")
 }
 
 func oneLine(err error) string {

@@ -126,3 +126,37 @@ func TestMeterProvider(t *testing.T) {
 		t.Fatal("unknown metrics exporter accepted")
 	}
 }
+
+// TestLoggerProvider: OTel logs only when OTEL_LOGS_EXPORTER asks for them.
+func TestLoggerProvider(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		exporter, disabled string
+		want               bool
+	}{{"", "", false}, {"none", "", false}, {"console", "", true}, {"console", "true", false}} {
+		t.Setenv("OTEL_LOGS_EXPORTER", tc.exporter)
+		t.Setenv("OTEL_SDK_DISABLED", tc.disabled)
+		lp, err := tracing.LoggerProvider(ctx, "toolq-test")
+		if err != nil || (lp != nil) != tc.want {
+			t.Fatalf("OTEL_LOGS_EXPORTER=%q OTEL_SDK_DISABLED=%q: provider %v, err %v", tc.exporter, tc.disabled, lp != nil, err)
+		}
+		if lp != nil {
+			// Below the handler's level, nothing reaches the provider either.
+			var buf bytes.Buffer
+			log := tracing.NewLogger(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelWarn}), lp, "test")
+			if log.Enabled(ctx, slog.LevelInfo) {
+				t.Error("info enabled under a warn handler")
+			}
+			log.Warn("kept")
+			if !strings.Contains(buf.String(), "kept") {
+				t.Errorf("text handler got %q", buf.String())
+			}
+			lp.Shutdown(ctx)
+		}
+	}
+	t.Setenv("OTEL_SDK_DISABLED", "")
+	t.Setenv("OTEL_LOGS_EXPORTER", "carrier-pigeon")
+	if _, err := tracing.LoggerProvider(ctx, "toolq-test"); err == nil {
+		t.Fatal("unknown logs exporter accepted")
+	}
+}

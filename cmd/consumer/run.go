@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	sdklog "go.opentelemetry.io/otel/sdk/log"
 
 	"github.com/toolq/toolq/embedded"
 	"github.com/toolq/toolq/internal/cli"
@@ -56,10 +57,6 @@ func runWorker(ctx context.Context, args []string, stdio cli.IO, getenv func(str
 	if err := cli.ParseNone(fs, args); err != nil {
 		return err
 	}
-	logger, err := newLogger(stdio.Err, *logFormat, *logLevel)
-	if err != nil {
-		return err
-	}
 	backoffs, err := parseDurations(*backoff)
 	if err != nil {
 		return fmt.Errorf("--backoff: %w", err)
@@ -71,6 +68,25 @@ func runWorker(ctx context.Context, args []string, stdio cli.IO, getenv func(str
 			cleanups[i]()
 		}
 	}()
+	// flush bounds the last export of a provider: the drain is over.
+	flush := func(shutdown func(context.Context) error) func() {
+		return func() {
+			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cli.FlushTimeout)
+			defer cancel()
+			shutdown(sctx)
+		}
+	}
+	logs, err := tracing.LoggerProvider(ctx, "toolq-consumer")
+	if err != nil {
+		return err
+	}
+	if logs != nil {
+		cleanups = append(cleanups, flush(logs.Shutdown))
+	}
+	logger, err := newLogger(stdio.Err, *logFormat, *logLevel, logs)
+	if err != nil {
+		return err
+	}
 	banner := []string{"toolq consumer"}
 
 	natsOpts, err := nf.Options("toolq consumer")
@@ -111,12 +127,7 @@ func runWorker(ctx context.Context, args []string, stdio cli.IO, getenv func(str
 	if err != nil {
 		return err
 	}
-	cleanups = append(cleanups, func() {
-		// The last export, bounded: the drain is over.
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cli.FlushTimeout)
-		defer cancel()
-		meters.Shutdown(sctx)
-	})
+	cleanups = append(cleanups, flush(meters.Shutdown))
 	w, err := st.NewWorker(ctx, worker.Config{
 		MeterProvider: meters,
 		Streams:       jobs.Streams{Replicas: *replicas},
@@ -202,18 +213,21 @@ func serveHealth(addr string, nc *nats.Conn, store *ledger.Store, metrics http.H
 	return l.Addr().String(), func() { srv.Close() }, nil
 }
 
-func newLogger(out io.Writer, format, level string) (*slog.Logger, error) {
+// newLogger logs to out, and to logs (OTEL_LOGS_EXPORTER) when it is not
+// nil; a line logged while a span is active carries its trace_id and
+// span_id.
+func newLogger(out io.Writer, format, level string, logs *sdklog.LoggerProvider) (*slog.Logger, error) {
 	var lvl slog.Level
 	if err := lvl.UnmarshalText([]byte(level)); err != nil {
 		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", level)
 	}
 	opts := &slog.HandlerOptions{Level: lvl}
-	// A line logged while a span is active carries its trace_id and span_id.
+	const name = "github.com/toolq/toolq/cmd/consumer"
 	switch format {
 	case "text":
-		return slog.New(tracing.NewLogHandler(slog.NewTextHandler(out, opts))), nil
+		return tracing.NewLogger(slog.NewTextHandler(out, opts), logs, name), nil
 	case "json":
-		return slog.New(tracing.NewLogHandler(slog.NewJSONHandler(out, opts))), nil
+		return tracing.NewLogger(slog.NewJSONHandler(out, opts), logs, name), nil
 	}
 	return nil, errors.New("--log-format: want text or json")
 }

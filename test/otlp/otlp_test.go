@@ -1,7 +1,7 @@
 // Package otlp tests what toolq's processes export through the real OTLP
 // wire protocol, configured only through OTEL_* variables: a receiver in
-// the test implements the collector's gRPC TraceService and MetricsService
-// and the HTTP /v1/traces and /v1/metrics endpoints, decoding the official
+// the test implements the collector's gRPC TraceService, MetricsService and
+// LogsService and the HTTP /v1/traces, /v1/metrics and /v1/logs endpoints, decoding the official
 // go.opentelemetry.io/proto/otlp messages, and the built consumer and
 // publisher binaries export to it.
 package otlp
@@ -24,6 +24,7 @@ import (
 	"testing"
 	"time"
 
+	collectorlogs "go.opentelemetry.io/proto/otlp/collector/logs/v1"
 	collectormetrics "go.opentelemetry.io/proto/otlp/collector/metrics/v1"
 	collectortrace "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	commonpb "go.opentelemetry.io/proto/otlp/common/v1"
@@ -68,6 +69,34 @@ type receiver struct {
 	mu      sync.Mutex
 	spans   []span
 	metrics map[string]string // metric name → service.name
+	logs    []logRecord
+}
+
+// logRecord is what the receiver keeps of a log record.
+type logRecord struct{ service, body, traceID string }
+
+// logsService is the receiver as a LogsServiceServer.
+type logsService struct {
+	collectorlogs.UnimplementedLogsServiceServer
+	*receiver
+}
+
+func (l logsService) Export(_ context.Context, req *collectorlogs.ExportLogsServiceRequest) (*collectorlogs.ExportLogsServiceResponse, error) {
+	l.addLogs(req)
+	return &collectorlogs.ExportLogsServiceResponse{}, nil
+}
+
+func (r *receiver) addLogs(req *collectorlogs.ExportLogsServiceRequest) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, rl := range req.ResourceLogs {
+		service := serviceName(rl.Resource)
+		for _, sl := range rl.ScopeLogs {
+			for _, lr := range sl.LogRecords {
+				r.logs = append(r.logs, logRecord{service: service, body: lr.Body.GetStringValue(), traceID: hex.EncodeToString(lr.TraceId)})
+			}
+		}
+	}
 }
 
 func (r *receiver) Export(_ context.Context, req *collectortrace.ExportTraceServiceRequest) (*collectortrace.ExportTraceServiceResponse, error) {
@@ -161,6 +190,12 @@ func (r *receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 			r.addMetrics(&m)
 		}
 		resp = &collectormetrics.ExportMetricsServiceResponse{}
+	case "/v1/logs":
+		var m collectorlogs.ExportLogsServiceRequest
+		if err = proto.Unmarshal(data, &m); err == nil {
+			r.addLogs(&m)
+		}
+		resp = &collectorlogs.ExportLogsServiceResponse{}
 	default:
 		http.NotFound(w, req)
 		return
@@ -188,6 +223,7 @@ func startReceiver(t *testing.T, protocol string) (*receiver, string) {
 		gs := grpc.NewServer()
 		collectortrace.RegisterTraceServiceServer(gs, r)
 		collectormetrics.RegisterMetricsServiceServer(gs, metricsService{r})
+		collectorlogs.RegisterLogsServiceServer(gs, logsService{receiver: r})
 		go gs.Serve(l)
 		t.Cleanup(gs.Stop)
 	default:
@@ -198,14 +234,14 @@ func startReceiver(t *testing.T, protocol string) (*receiver, string) {
 	return r, "http://" + l.Addr().String()
 }
 
-func (r *receiver) snapshot() ([]span, map[string]string) {
+func (r *receiver) snapshot() ([]span, map[string]string, []logRecord) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	metrics := make(map[string]string, len(r.metrics))
 	for k, v := range r.metrics {
 		metrics[k] = v
 	}
-	return append([]span(nil), r.spans...), metrics
+	return append([]span(nil), r.spans...), metrics, append([]logRecord(nil), r.logs...)
 }
 
 // otelEnv is the environment of a process that exports to endpoint over
@@ -222,6 +258,8 @@ func otelEnv(protocol, endpoint string) []string {
 		"OTEL_EXPORTER_OTLP_ENDPOINT="+endpoint,
 		"OTEL_TRACES_EXPORTER=otlp",
 		"OTEL_METRICS_EXPORTER=otlp",
+		"OTEL_LOGS_EXPORTER=otlp",
+		"OTEL_BLRP_SCHEDULE_DELAY=100",
 		"OTEL_METRIC_EXPORT_INTERVAL=300",
 		"OTEL_BSP_SCHEDULE_DELAY=100",
 	)
@@ -250,7 +288,8 @@ func (l *lockedBuffer) String() string {
 // export spans that make one trace (the publisher's send span, the
 // consumer's process span under it, and the HTTP client span of the tool
 // call with the key on it), and the consumer's metrics; /metrics still
-// serves them in the Prometheus format. Logs carry the trace id.
+// serves them in the Prometheus format. Log lines carry the trace id, and
+// with OTEL_LOGS_EXPORTER=otlp are exported as log records in their trace.
 func TestSpansAndMetricsArriveOverOTLP(t *testing.T) {
 	t.Parallel()
 	for _, protocol := range []string{"grpc", "http/protobuf"} {
@@ -292,7 +331,7 @@ func TestSpansAndMetricsArriveOverOTLP(t *testing.T) {
 
 			var send, process, client, dupSend span
 			testenv.Eventually(t, 30*time.Second, "the publisher's and the consumer's spans in one trace, and the consumer's metrics", func() bool {
-				spans, metrics := rcv.snapshot()
+				spans, metrics, _ := rcv.snapshot()
 				send, process, client, dupSend = span{}, span{}, span{}, span{}
 				for _, s := range spans {
 					switch {
@@ -319,6 +358,18 @@ func TestSpansAndMetricsArriveOverOTLP(t *testing.T) {
 			if !regexp.MustCompile(`"msg":"duplicate answered from the ledger".*"trace_id":"` + dupSend.traceID + `","span_id":"[0-9a-f]{16}"`).MatchString(logs.String()) {
 				t.Errorf("no duplicate log line carries trace_id %s:\n%s", dupSend.traceID, logs.String())
 			}
+
+			// With OTEL_LOGS_EXPORTER=otlp, the same line is an OTel log record in
+			// the duplicate's trace.
+			testenv.Eventually(t, 30*time.Second, "the duplicate's log record over OTLP", func() bool {
+				_, _, records := rcv.snapshot()
+				for _, lr := range records {
+					if lr.service == "toolq-consumer" && lr.body == "duplicate answered from the ledger" && lr.traceID == dupSend.traceID {
+						return true
+					}
+				}
+				return false
+			})
 
 			resp, err := http.Get(healthURL + "/metrics")
 			if err != nil {
