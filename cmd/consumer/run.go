@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"go.opentelemetry.io/otel"
 	sdklog "go.opentelemetry.io/otel/sdk/log"
 
 	"github.com/toolq/toolq/embedded"
@@ -128,6 +129,9 @@ func runWorker(ctx context.Context, args []string, stdio cli.IO, getenv func(str
 		return err
 	}
 	cleanups = append(cleanups, flush(meters.Shutdown))
+	// The binary's meter provider is the global one, which libraries use
+	// (otelhttp's http.client.* metrics of the HTTP tools).
+	otel.SetMeterProvider(meters)
 	w, err := st.NewWorker(ctx, worker.Config{
 		MeterProvider: meters,
 		Streams:       jobs.Streams{Replicas: *replicas},
