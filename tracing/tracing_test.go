@@ -160,3 +160,26 @@ func TestLoggerProvider(t *testing.T) {
 		t.Fatal("unknown logs exporter accepted")
 	}
 }
+
+// TestSamplerFromEnvironment: OTEL_TRACES_SAMPLER chooses the sampler.
+func TestSamplerFromEnvironment(t *testing.T) {
+	ctx := context.Background()
+	t.Setenv("OTEL_SDK_DISABLED", "")
+	t.Setenv("OTEL_TRACES_EXPORTER", "none") // a provider, exporting nothing
+	for sampler, sampled := range map[string]bool{"always_off": false, "always_on": true, "traceidratio": false} {
+		t.Setenv("OTEL_TRACES_SAMPLER", sampler)
+		t.Setenv("OTEL_TRACES_SAMPLER_ARG", "0")
+		shutdown, err := tracing.Setup(ctx, "toolq-test")
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, span := otel.Tracer("test").Start(ctx, "op")
+		if got := span.SpanContext().IsSampled(); got != sampled {
+			t.Errorf("OTEL_TRACES_SAMPLER=%s: sampled %v", sampler, got)
+		}
+		span.End()
+		sctx, cancel := context.WithTimeout(ctx, 0)
+		shutdown(sctx)
+		cancel()
+	}
+}
