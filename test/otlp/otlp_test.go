@@ -60,6 +60,8 @@ func TestMain(m *testing.M) {
 type span struct {
 	service, traceID, spanID, parentID, name string
 	attrs                                    map[string]string
+	events                                   map[string]map[string]string // name → attributes
+	links                                    []string                     // linked span ids
 }
 
 // receiver is an OTLP endpoint over gRPC and HTTP.
@@ -120,8 +122,15 @@ func (r *receiver) addSpans(req *collectortrace.ExportTraceServiceRequest) {
 		service := serviceName(rs.Resource)
 		for _, ss := range rs.ScopeSpans {
 			for _, s := range ss.Spans {
-				r.spans = append(r.spans, span{service: service, traceID: hex.EncodeToString(s.TraceId), spanID: hex.EncodeToString(s.SpanId),
-					parentID: hex.EncodeToString(s.ParentSpanId), name: s.Name, attrs: strAttrs(s.Attributes)})
+				sp := span{service: service, traceID: hex.EncodeToString(s.TraceId), spanID: hex.EncodeToString(s.SpanId),
+					parentID: hex.EncodeToString(s.ParentSpanId), name: s.Name, attrs: strAttrs(s.Attributes), events: map[string]map[string]string{}}
+				for _, e := range s.Events {
+					sp.events[e.Name] = strAttrs(e.Attributes)
+				}
+				for _, l := range s.Links {
+					sp.links = append(sp.links, hex.EncodeToString(l.SpanId))
+				}
+				r.spans = append(r.spans, sp)
 			}
 		}
 	}
@@ -288,7 +297,8 @@ func (l *lockedBuffer) String() string {
 // export spans that make one trace (the publisher's send span, the
 // consumer's process span under it, and the HTTP client span of the tool
 // call with the key on it), and the consumer's metrics; /metrics still
-// serves them in the Prometheus format. Log lines carry the trace id, and
+// serves them in the Prometheus format. The duplicate's span carries its
+// toolq.duplicate event and its link to the original. Log lines carry the trace id, and
 // with OTEL_LOGS_EXPORTER=otlp are exported as log records in their trace.
 func TestSpansAndMetricsArriveOverOTLP(t *testing.T) {
 	t.Parallel()
@@ -329,10 +339,10 @@ func TestSpansAndMetricsArriveOverOTLP(t *testing.T) {
 				}
 			}
 
-			var send, process, client, dupSend span
+			var send, process, client, dupSend, dupProcess span
 			testenv.Eventually(t, 30*time.Second, "the publisher's and the consumer's spans in one trace, and the consumer's metrics", func() bool {
 				spans, metrics, _ := rcv.snapshot()
-				send, process, client, dupSend = span{}, span{}, span{}, span{}
+				send, process, client, dupSend, dupProcess = span{}, span{}, span{}, span{}, span{}
 				for _, s := range spans {
 					switch {
 					case s.service == "toolq-publisher" && s.name == "send toolq.jobs.send_payment" && s.attrs["toolq.tool_use_id"] == "toolu_otlp":
@@ -341,11 +351,13 @@ func TestSpansAndMetricsArriveOverOTLP(t *testing.T) {
 						dupSend = s
 					case s.service == "toolq-consumer" && s.name == "process toolq.jobs.send_payment" && s.attrs["toolq.tool_use_id"] == "toolu_otlp":
 						process = s
+					case s.service == "toolq-consumer" && s.name == "process toolq.jobs.send_payment" && s.attrs["toolq.tool_use_id"] == "toolu_otlp_retry":
+						dupProcess = s
 					case s.service == "toolq-consumer" && s.name == "HTTP POST":
 						client = s
 					}
 				}
-				return send.traceID != "" && process.traceID != "" && client.traceID != "" && dupSend.traceID != "" &&
+				return send.traceID != "" && process.traceID != "" && client.traceID != "" && dupSend.traceID != "" && dupProcess.traceID != "" &&
 					metrics["toolq.jobs"] == "toolq-consumer" && metrics["toolq.tool.duration"] == "toolq-consumer"
 			})
 			if process.traceID != send.traceID || process.parentID != send.spanID {
@@ -353,6 +365,11 @@ func TestSpansAndMetricsArriveOverOTLP(t *testing.T) {
 			}
 			if client.traceID != send.traceID || client.attrs["toolq.key"] == "" || client.attrs["http.request.method"] != "POST" {
 				t.Errorf("HTTP client span %+v", client)
+			}
+			// The duplicate's span says why nothing ran and links to the original.
+			if ev := dupProcess.events["toolq.duplicate"]; ev["toolq.original.tool_use_id"] != "toolu_otlp" || ev["toolq.duplicate.reason"] != "completed_before" ||
+				ev["toolq.duplicate.route"] != "new_tool_use_id" || len(dupProcess.links) != 1 || dupProcess.links[0] != process.spanID {
+				t.Errorf("duplicate's span: event %v, links %v (the original's span is %s)", ev, dupProcess.links, process.spanID)
 			}
 			// The duplicate's log line names its trace: the retried turn's.
 			if !regexp.MustCompile(`"msg":"duplicate answered from the ledger".*"trace_id":"` + dupSend.traceID + `","span_id":"[0-9a-f]{16}"`).MatchString(logs.String()) {
