@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -69,20 +70,25 @@ func runWorker(ctx context.Context, args []string, stdio cli.IO, getenv func(str
 			cleanups[i]()
 		}
 	}()
-	// flush bounds the last export of a provider: the drain is over.
-	flush := func(shutdown func(context.Context) error) func() {
-		return func() {
-			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cli.FlushTimeout)
-			defer cancel()
-			shutdown(sctx)
+	// Last of all, the logs and metrics providers flush their last records
+	// together, within one bounded wait (the spans are flushed by
+	// cli.Traced after run returns).
+	var flushes []func(context.Context) error
+	cleanups = append(cleanups, func() {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cli.FlushTimeout)
+		defer cancel()
+		var wg sync.WaitGroup
+		for _, shutdown := range flushes {
+			wg.Go(func() { shutdown(sctx) })
 		}
-	}
+		wg.Wait()
+	})
 	logs, err := tracing.LoggerProvider(ctx, "toolq-consumer")
 	if err != nil {
 		return err
 	}
 	if logs != nil {
-		cleanups = append(cleanups, flush(logs.Shutdown))
+		flushes = append(flushes, logs.Shutdown)
 	}
 	logger, err := newLogger(stdio.Err, *logFormat, *logLevel, logs)
 	if err != nil {
@@ -128,7 +134,7 @@ func runWorker(ctx context.Context, args []string, stdio cli.IO, getenv func(str
 	if err != nil {
 		return err
 	}
-	cleanups = append(cleanups, flush(meters.Shutdown))
+	flushes = append(flushes, meters.Shutdown)
 	// The binary's meter provider is the global one, which libraries use
 	// (otelhttp's http.client.* metrics of the HTTP tools).
 	otel.SetMeterProvider(meters)

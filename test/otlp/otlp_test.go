@@ -419,3 +419,81 @@ func find(s, pattern string) string {
 	}
 	return m[1]
 }
+
+// TestExitIsBoundedWithAStuckCollector: with a collector that accepts
+// connections and never answers, a consumer that has spans and metrics to
+// export still exits soon after SIGTERM, and the publisher soon after its
+// result: each provider's last flush waits a bounded time.
+func TestExitIsBoundedWithAStuckCollector(t *testing.T) {
+	t.Parallel()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		var held []net.Conn // read nothing, answer nothing
+		defer func() {
+			for _, c := range held {
+				c.Close()
+			}
+		}()
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			held = append(held, c)
+		}
+	}()
+	endpoint := "http://" + l.Addr().String()
+	consumer := exec.Command(filepath.Join(bin, "consumer"), "--data-dir", t.TempDir(), "--nats-listen", "127.0.0.1:0",
+		"--sandbox-listen", "127.0.0.1:0")
+	consumer.Env = otelEnv("http/protobuf", endpoint)
+	var out, logs lockedBuffer
+	consumer.Stdout, consumer.Stderr = &out, &logs
+	if err := consumer.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- consumer.Wait() }()
+	t.Cleanup(func() { consumer.Process.Kill() })
+	var natsURL string
+	testenv.Eventually(t, 60*time.Second, "the consumer's banner", func() bool {
+		natsURL = find(out.String(), `embedded, (nats://\S+)`)
+		return natsURL != ""
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	publish := exec.CommandContext(ctx, filepath.Join(bin, "publisher"), "publish", "--nats-url", natsURL,
+		"--conversation", "otlp", "--turn", "1", "--tool", "send_payment",
+		"--args", `{"invoice_id":"inv_bounded","amount_cents":700,"currency":"EUR"}`, "--wait")
+	publish.Env = consumer.Env
+	start := time.Now()
+	if result, err := publish.CombinedOutput(); err != nil {
+		t.Fatalf("publisher: %v\n%s", err, result)
+	}
+	// Its spans' last flush: at most cli.FlushTimeout (5s).
+	if took := time.Since(start); took > 12*time.Second {
+		t.Errorf("the publisher took %s to publish, wait and flush", took)
+	} else {
+		t.Logf("publisher: %s", took)
+	}
+	consumer.Process.Signal(syscall.SIGTERM)
+	start = time.Now()
+	select {
+	case err := <-exited:
+		if err != nil {
+			t.Fatalf("consumer exit: %v\n%s", err, logs.String())
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the consumer did not exit within 30s of SIGTERM with its collector gone")
+	}
+	// Logs and metrics flushed together for at most 5s, then the spans for
+	// at most 5s.
+	if took := time.Since(start); took > 16*time.Second {
+		t.Errorf("exit took %s", took)
+	} else {
+		t.Logf("consumer exit: %s", took)
+	}
+}
