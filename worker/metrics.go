@@ -19,7 +19,9 @@ const meterName = "github.com/toolq/toolq/worker"
 var secondsBuckets = metric.WithExplicitBucketBoundaries(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 // instruments are the worker's metrics. Keys and conversation ids stay on
-// spans: metric attributes are only the tool, its class and the outcome.
+// spans: metric attributes are bounded sets only (the registered tool, its
+// class, the outcome, a duplicate's route, a dead letter's reason, the
+// dependency of an outage, the downstream).
 type instruments struct {
 	jobs          metric.Int64Counter
 	duplicates    metric.Int64Counter
