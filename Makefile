@@ -2,7 +2,7 @@
 STATICCHECK_VERSION := v0.8.2
 GO ?= go
 
-.PHONY: help build test test-race lint fuzz soak
+.PHONY: help build test test-race lint fuzz soak compose-check
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -26,3 +26,9 @@ fuzz: ## fuzz the canonicalizer for a minute
 
 soak: ## the full soak: 10,000 jobs, 50 faults of each kind, separate processes (SOAK_SEED=N to change the seed)
 	$(GO) test ./test/soak -run TestSoak -count=1 -timeout 60m -v -soak.full -soak.seed=$${SOAK_SEED:-1}
+
+compose-check: ## validate docker-compose.yml (needs docker-compose: apt-get install -y docker-compose)
+	@if command -v docker-compose >/dev/null 2>&1; then docker-compose -f docker-compose.yml config -q; \
+	elif docker compose version >/dev/null 2>&1; then docker compose -f docker-compose.yml config -q; \
+	else echo "compose-check needs docker-compose: apt-get install -y docker-compose (Debian), or Docker's compose plugin"; exit 1; fi
+	@echo "docker-compose.yml is valid"

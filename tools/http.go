@@ -19,10 +19,11 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"go.opentelemetry.io/otel"
-	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/toolq/toolq/internal/jcs"
+	"github.com/toolq/toolq/tracing"
 )
 
 // HTTP is the executor of a tool that calls an HTTP API. Method and URL are
@@ -38,7 +39,8 @@ type HTTP struct {
 	MaxResponseBytes  int64 // default 1 MiB
 	// Client sends the calls (default: one with redirects limited to the same
 	// origin). HTTPExecutor uses a copy whose transport never re-sends a call
-	// by itself.
+	// by itself and records each request as an OpenTelemetry client span
+	// (otelhttp: the HTTP semantic conventions, traceparent sent downstream).
 	Client *http.Client
 }
 
@@ -80,7 +82,7 @@ func HTTPExecutor(h HTTP) (*HTTP, error) {
 		next = http.DefaultTransport
 	}
 	c := *client
-	c.Transport = noReplay{next: next}
+	c.Transport = tracedTransport(noReplay{next: next})
 	h.Client = &c
 	return &h, nil
 }
@@ -101,6 +103,42 @@ func keepAliveTransport() *http.Transport {
 	t.MaxIdleConnsPerHost = IdleConnsPerHost
 	return t
 }
+
+// tracedTransport records each request as an otelhttp client span, with the
+// call's key and tool on it, around inner. otelhttp wraps the request body
+// it is given and keeps its GetBody, so it sits outside noReplay: what
+// reaches net/http is always noReplay's, whatever otelhttp does with the
+// request. Its spans use the parent span's provider, its metrics the global
+// meter provider.
+func tracedTransport(inner noReplay) http.RoundTripper {
+	return closeIdle{
+		RoundTripper: otelhttp.NewTransport(annotate{next: inner}),
+		inner:        inner,
+	}
+}
+
+// annotate puts the call's key and tool, from the request's context, on the
+// otelhttp span the context carries.
+type annotate struct{ next http.RoundTripper }
+
+func (a annotate) RoundTrip(req *http.Request) (*http.Response, error) {
+	if c, ok := req.Context().Value(callKey{}).(Request); ok {
+		trace.SpanFromContext(req.Context()).SetAttributes(tracing.KeyKey.String(c.Key), tracing.KeyTool.String(c.Tool))
+	}
+	return a.next.RoundTrip(req)
+}
+
+// callKey is the context key of the Request an HTTP call is made for.
+type callKey struct{}
+
+// closeIdle passes http.Client.CloseIdleConnections through otelhttp's
+// transport, which does not.
+type closeIdle struct {
+	http.RoundTripper
+	inner noReplay
+}
+
+func (c closeIdle) CloseIdleConnections() { c.inner.CloseIdleConnections() }
 
 // noReplay is the round tripper of every executor: it hands the transport
 // each request in a form the transport will not re-send by itself.
@@ -192,7 +230,7 @@ func (h *HTTP) Execute(ctx context.Context, req Request) (json.RawMessage, error
 	} else {
 		body = strings.NewReader(string(req.Args))
 	}
-	hreq, err := http.NewRequestWithContext(ctx, h.Method, target, body)
+	hreq, err := http.NewRequestWithContext(context.WithValue(ctx, callKey{}, Request{Tool: req.Tool, Key: req.Key}), h.Method, target, body)
 	if err != nil {
 		return nil, NotSentError("bad_request", err.Error(), 0, err)
 	}
@@ -208,15 +246,14 @@ func (h *HTTP) Execute(ctx context.Context, req Request) (json.RawMessage, error
 	for k, v := range h.Headers {
 		hreq.Header.Set(k, v)
 	}
-	// The trace continues downstream (W3C traceparent).
-	otel.GetTextMapPropagator().Inject(ctx, propagation.HeaderCarrier(hreq.Header))
+	// The trace continues downstream: otelhttp sends W3C traceparent.
 	keySent := req.Key != "" && h.ForwardsKey()
 	if keySent {
 		// draft-ietf-httpapi-idempotency-key-header: an sf-string.
 		hreq.Header.Set(h.IdempotencyHeader, strconv.Quote(req.Key))
 	}
 	var wrote atomic.Bool
-	hreq = hreq.WithContext(httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
+	hreq = hreq.WithContext(httptrace.WithClientTrace(hreq.Context(), &httptrace.ClientTrace{
 		WroteRequest: func(httptrace.WroteRequestInfo) { wrote.Store(true) },
 	}))
 	resp, err := h.Client.Do(hreq)

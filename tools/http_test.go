@@ -17,8 +17,15 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/toolq/toolq/internal/testenv"
 	"github.com/toolq/toolq/tools"
+	"github.com/toolq/toolq/tracing"
 )
 
 const anySchema = `{"type":"object"}`
@@ -445,5 +452,51 @@ func TestHTTPExecutorReusesConnections(t *testing.T) {
 	wg.Wait()
 	if n := conns.Load(); n > 2*workers {
 		t.Fatalf("%d connections for %d calls by %d concurrent callers: connections are not kept alive", n, workers*calls, workers)
+	}
+}
+
+// TestHTTPCallIsAClientSpan: each request is an otelhttp client span under
+// the caller's span, with the HTTP semantic conventions and the call's key,
+// and the downstream receives its traceparent.
+func TestHTTPCallIsAClientSpan(t *testing.T) {
+	t.Parallel()
+	otel.SetTextMapPropagator(tracing.Propagator())
+	var traceparent atomic.Value
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		traceparent.Store(r.Header.Get("traceparent"))
+		fmt.Fprint(w, `{"ok":true}`)
+	}))
+	defer srv.Close()
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	ctx, parent := tp.Tracer("test").Start(context.Background(), "tool t")
+	tool := httpTool(t, tools.KeyedWrite, "POST", srv.URL+"/v1/pay", time.Second)
+	if _, err := tool.Run(ctx, tools.Request{Tool: tool.Name, Key: "k123", Args: json.RawMessage(`{}`), ToolUseID: "toolu_1"}); err != nil {
+		t.Fatal(err)
+	}
+	parent.End()
+	var client sdktrace.ReadOnlySpan
+	for _, s := range rec.Ended() {
+		if s.SpanKind() == trace.SpanKindClient {
+			client = s
+		}
+	}
+	if client == nil {
+		t.Fatalf("no client span among %d", len(rec.Ended()))
+	}
+	attrs := map[attribute.Key]string{}
+	for _, kv := range client.Attributes() {
+		attrs[kv.Key] = kv.Value.String()
+	}
+	for k, want := range map[attribute.Key]string{"http.request.method": "POST", "http.response.status_code": "200", "toolq.key": "k123", "toolq.tool": "t"} {
+		if attrs[k] != want {
+			t.Errorf("%s = %q, want %q (all: %v)", k, attrs[k], want, attrs)
+		}
+	}
+	if client.Parent().SpanID() != parent.SpanContext().SpanID() {
+		t.Errorf("client span's parent %s, want %s", client.Parent().SpanID(), parent.SpanContext().SpanID())
+	}
+	if tp, _ := traceparent.Load().(string); !strings.Contains(tp, parent.SpanContext().TraceID().String()) || !strings.Contains(tp, client.SpanContext().SpanID().String()) {
+		t.Errorf("traceparent %q, want trace %s and span %s", tp, parent.SpanContext().TraceID(), client.SpanContext().SpanID())
 	}
 }

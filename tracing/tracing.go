@@ -1,32 +1,38 @@
 // Package tracing sets up OpenTelemetry for toolq's commands and names what
-// toolq records: the attribute keys of its spans and the W3C trace context
-// that travels in NATS headers from the publisher's send span to the
-// consumer's process span.
+// toolq records: the attribute keys of its spans and metrics, the W3C trace
+// context that travels in NATS headers from the publisher's send span to the
+// consumer's process span, and the trace_id and span_id of its log lines.
 //
-// Configuration is the standard OTEL_* environment: OTEL_TRACES_EXPORTER
-// (otlp, console or none), OTEL_EXPORTER_OTLP_ENDPOINT and the other
-// OTEL_EXPORTER_OTLP_* variables, OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES.
-// With none of them set no spans are exported, but trace context still
-// propagates, so a caller's trace continues through toolq.
+// Configuration is the standard OTEL_* environment, read by the
+// OpenTelemetry exporters themselves (go.opentelemetry.io/contrib/exporters/autoexport):
+// OTEL_TRACES_EXPORTER and OTEL_METRICS_EXPORTER (otlp, console, none; and
+// prometheus for metrics), OTEL_EXPORTER_OTLP_PROTOCOL (grpc, http/protobuf)
+// and the per-signal OTEL_EXPORTER_OTLP_{TRACES,METRICS}_* variables,
+// OTEL_TRACES_SAMPLER and OTEL_TRACES_SAMPLER_ARG, OTEL_SERVICE_NAME,
+// OTEL_RESOURCE_ATTRIBUTES and OTEL_SDK_DISABLED; OTEL_LOGS_EXPORTER, when
+// set, also sends the consumer's log records. One difference from the
+// specification's defaults: with neither an exporter nor an OTLP endpoint
+// set for a signal, that signal is not exported (rather than sent to
+// localhost), but trace context still propagates, so a caller's trace
+// continues through toolq.
 package tracing
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
+	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"go.opentelemetry.io/contrib/exporters/autoexport"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
-	"go.opentelemetry.io/otel/exporters/stdout/stdouttrace"
 	"go.opentelemetry.io/otel/propagation"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/resource"
@@ -52,6 +58,16 @@ const (
 	KeyOutcome       = attribute.Key("toolq.outcome")    // how a delivery ended (the toolq.jobs metric's label)
 	KeyLink          = attribute.Key("toolq.link")       // on a link: why it was added
 	KeyDLQReason     = attribute.Key("toolq.dlq.reason") // a dead letter's reason
+	// KeyRoute is how a duplicate came back: new_tool_use_id, redelivery,
+	// replay, requeue or republish (the toolq.duplicates.suppressed label).
+	KeyRoute = attribute.Key("toolq.duplicate.route")
+	// KeyReason is, on a duplicate's event, why nothing ran: completed_before,
+	// waited_for_in_flight, indeterminate or collision.
+	KeyReason = attribute.Key("toolq.duplicate.reason")
+	// KeyOriginalToolUseID is the tool_use_id that first claimed the call.
+	KeyOriginalToolUseID = attribute.Key("toolq.original.tool_use_id")
+	// KeyDependency is what an outage was of: ledger or broker.
+	KeyDependency = attribute.Key("toolq.dependency")
 )
 
 // The messaging attributes of the OpenTelemetry semantic conventions.
@@ -64,43 +80,68 @@ const (
 )
 
 // Propagator is the W3C trace context and baggage, the propagation toolq
-// uses in NATS headers.
+// uses in NATS headers and HTTP tool calls.
 func Propagator() propagation.TextMapPropagator {
 	return propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
 }
 
-// Setup installs the global tracer provider and propagator from the OTEL_*
-// environment and returns a function that flushes and stops the provider.
-// getenv reads the environment (os.Getenv when nil); service is the default
-// service name.
-func Setup(ctx context.Context, service string, getenv func(string) string) (shutdown func(context.Context) error, err error) {
-	if getenv == nil {
-		getenv = os.Getenv
-	}
+// Setup installs the global propagator and tracer provider from the OTEL_*
+// environment of the process and returns a function that flushes and stops
+// the provider (give it a context with a deadline: it waits for the
+// exporter). service is the service name unless OTEL_SERVICE_NAME or
+// OTEL_RESOURCE_ATTRIBUTES name another. An exporter name or protocol the
+// exporters do not know is an error.
+func Setup(ctx context.Context, service string) (shutdown func(context.Context) error, err error) {
 	otel.SetTextMapPropagator(Propagator())
-	exporter := getenv("OTEL_TRACES_EXPORTER")
-	if exporter == "" && getenv("OTEL_EXPORTER_OTLP_ENDPOINT") == "" && getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") == "" {
-		exporter = "none"
-	}
-	var sp sdktrace.SpanExporter
-	switch exporter {
-	case "none":
+	if !exported("TRACES") {
 		return func(context.Context) error { return nil }, nil
-	case "", "otlp":
-		if p := getenv("OTEL_EXPORTER_OTLP_PROTOCOL"); p != "" && p != "http/protobuf" {
-			return nil, fmt.Errorf("tracing: OTEL_EXPORTER_OTLP_PROTOCOL %q: toolq exports http/protobuf", p)
-		}
-		sp, err = otlptracehttp.New(ctx)
-	case "console":
-		sp, err = stdouttrace.New(stdouttrace.WithWriter(io.Writer(os.Stderr)))
-	default:
-		return nil, fmt.Errorf("tracing: OTEL_TRACES_EXPORTER %q: want otlp, console or none", exporter)
 	}
+	sp, err := autoexport.NewSpanExporter(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("tracing: %w", err)
+		return nil, fmt.Errorf("tracing: traces exporter: %s", oneLine(err))
 	}
-	// The service name given here, unless OTEL_SERVICE_NAME or
-	// OTEL_RESOURCE_ATTRIBUTES say otherwise.
+	res, err := Resource(service)
+	if err != nil {
+		return nil, err
+	}
+	// The sampler is OTEL_TRACES_SAMPLER's (parent-based always-on by default).
+	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(sp), sdktrace.WithResource(res))
+	otel.SetTracerProvider(tp)
+	return tp.Shutdown, nil
+}
+
+// MeterProvider returns a meter provider that feeds two readers: the
+// returned handler, which serves its metrics in the Prometheus text format
+// (the consumer's /metrics) together with the Go runtime and process
+// collectors, and the exporter OTEL_METRICS_EXPORTER chooses, if any.
+// Shut the provider down, with a deadline, to flush the last export.
+func MeterProvider(ctx context.Context, service string) (*sdkmetric.MeterProvider, http.Handler, error) {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	prom, err := otelprom.New(otelprom.WithRegisterer(reg))
+	if err != nil {
+		return nil, nil, fmt.Errorf("tracing: prometheus exporter: %w", err)
+	}
+	res, err := Resource(service)
+	if err != nil {
+		return nil, nil, err
+	}
+	opts := []sdkmetric.Option{sdkmetric.WithReader(prom), sdkmetric.WithResource(res)}
+	if exported("METRICS") {
+		r, err := autoexport.NewMetricReader(ctx)
+		if err != nil {
+			return nil, nil, fmt.Errorf("tracing: metrics exporter: %s", oneLine(err))
+		}
+		if !autoexport.IsNoneMetricReader(r) {
+			opts = append(opts, sdkmetric.WithReader(r))
+		}
+	}
+	return sdkmetric.NewMeterProvider(opts...), promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), nil
+}
+
+// Resource is the SDK's default resource named service, unless
+// OTEL_SERVICE_NAME or OTEL_RESOURCE_ATTRIBUTES say otherwise.
+func Resource(service string) (*resource.Resource, error) {
 	named, err := resource.Merge(resource.NewSchemaless(attribute.String("service.name", service)), resource.Environment())
 	if err != nil && !errors.Is(err, resource.ErrPartialResource) {
 		return nil, fmt.Errorf("tracing: resource: %w", err)
@@ -109,20 +150,28 @@ func Setup(ctx context.Context, service string, getenv func(string) string) (shu
 	if err != nil && !errors.Is(err, resource.ErrPartialResource) {
 		return nil, fmt.Errorf("tracing: resource: %w", err)
 	}
-	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(sp), sdktrace.WithResource(res))
-	otel.SetTracerProvider(tp)
-	return tp.Shutdown, nil
+	return res, nil
 }
 
-// PrometheusMeterProvider returns a meter provider whose metrics are served,
-// in the Prometheus text format, by the returned handler (the consumer's
-// /metrics), together with the Go runtime and process collectors.
-func PrometheusMeterProvider() (*sdkmetric.MeterProvider, http.Handler, error) {
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	exp, err := otelprom.New(otelprom.WithRegisterer(reg))
-	if err != nil {
-		return nil, nil, fmt.Errorf("tracing: prometheus exporter: %w", err)
+// exported reports whether signal (TRACES, METRICS) is to be exported: the
+// SDK is not disabled, and an exporter or an OTLP endpoint is named.
+func exported(signal string) bool {
+	if disabled() {
+		return false
 	}
-	return sdkmetric.NewMeterProvider(sdkmetric.WithReader(exp)), promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), nil
+	for _, name := range []string{"OTEL_" + signal + "_EXPORTER", "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_" + signal + "_ENDPOINT"} {
+		if os.Getenv(name) != "" {
+			return true
+		}
+	}
+	return false
+}
+
+// disabled reports OTEL_SDK_DISABLED=true.
+func disabled() bool {
+	return strings.EqualFold(strings.TrimSpace(os.Getenv("OTEL_SDK_DISABLED")), "true")
+}
+
+func oneLine(err error) string {
+	return strings.Join(strings.Fields(err.Error()), " ")
 }

@@ -32,8 +32,9 @@ type delivery struct {
 	key      string
 	tool     *tools.Tool
 
-	ctx  context.Context // carries the process span
-	span trace.Span
+	ctx      context.Context // carries the process span
+	span     trace.Span
+	dupRoute string // how a duplicate came back (route), for its metric
 
 	// runCtx lives until the drain gives up on running jobs; startCtx ends
 	// when the drain starts: a tool call that has not begun by then is
@@ -139,7 +140,7 @@ func (d *delivery) refuse(r *refusal) outcome {
 	if r.reason != "" {
 		return deadLettered(r.reason, r.err)
 	}
-	d.w.log.Info("job rejected", d.attrs("code", r.code, "reason", r.message)...)
+	d.w.log.InfoContext(d.ctx, "job rejected", d.attrs("code", r.code, "reason", r.message)...)
 	res := jobs.NewResult(d.job, d.key, jobs.StatusRejected)
 	res.Error = &jobs.ResultError{Code: r.code, Message: r.message}
 	res.Attempts = 0
@@ -165,7 +166,7 @@ func (d *delivery) claim() (ledger.ClaimResult, error) {
 		return claim, err
 	}
 	if !claim.Claimed && claim.Err == nil && unanswered && d.ownClaim(claim.Row) {
-		d.w.log.Info("the claim had committed before its answer was lost; running it", d.attrs("attempt", claim.Row.Attempt)...)
+		d.w.log.InfoContext(d.ctx, "the claim had committed before its answer was lost; running it", d.attrs("attempt", claim.Row.Attempt)...)
 		claim.Claimed = true
 	}
 	if claim.Claimed {
@@ -189,7 +190,8 @@ func (d *delivery) ownClaim(row ledger.Row) bool {
 // key collision or tampering.
 func (d *delivery) collision(err error) outcome {
 	d.ledgerOutcome(ledgerCollision, nil)
-	d.w.log.Warn("key collision: the ledger row has other material", d.attrs("error", err)...)
+	d.explainDuplicate(ledgerCollision, nil)
+	d.w.log.WarnContext(d.ctx, "key collision: the ledger row has other material", d.attrs("error", err)...)
 	return d.refuse(&refusal{code: "key_collision", message: err.Error()})
 }
 
@@ -205,7 +207,8 @@ func (d *delivery) claimed(row ledger.Row) outcome {
 // the stored result addressed to this job's tool_use_id.
 func (d *delivery) duplicate(row ledger.Row, found ledgerOutcome) outcome {
 	d.ledgerOutcome(found, &row)
-	d.w.log.Info("duplicate answered from the ledger", d.attrs("state", row.State, "original_tool_use_id", row.FirstToolUseID)...)
+	d.explainDuplicate(found, &row)
+	d.w.log.InfoContext(d.ctx, "duplicate answered from the ledger", d.attrs("state", row.State, "original_tool_use_id", row.FirstToolUseID)...)
 	return d.publish(d.resultOf(row), OutcomeDuplicate)
 }
 
@@ -249,7 +252,7 @@ func (d *delivery) takeOver(row ledger.Row) outcome {
 		}
 		taken.Failures = tries
 	}
-	d.w.log.Warn("took over an expired lease; running again with the same key", d.attrs("attempt", taken.Attempt, "previous_owner", row.Owner)...)
+	d.w.log.WarnContext(d.ctx, "took over an expired lease; running again with the same key", d.attrs("attempt", taken.Attempt, "previous_owner", row.Owner)...)
 	return d.execute(taken)
 }
 
@@ -266,7 +269,8 @@ func (d *delivery) holderLost(row ledger.Row) outcome {
 		return d.lostRace(err)
 	}
 	taken.State, taken.Error = ledger.Indeterminate, &info
-	d.w.log.Warn("unkeyed write left indeterminate: resolve it with consumer ledger resolve", d.attrs("previous_owner", row.Owner)...)
+	d.countIndeterminate()
+	d.w.log.WarnContext(d.ctx, "unkeyed write left indeterminate: resolve it with consumer ledger resolve", d.attrs("previous_owner", row.Owner)...)
 	d.hook(AfterComplete)
 	return d.publish(d.resultOf(taken), OutcomeIndeterminate)
 }
@@ -322,7 +326,8 @@ func (d *delivery) execute(row ledger.Row) outcome {
 		if err := d.durably(ctx, "mark indeterminate", func() error { return store.MarkIndeterminate(ctx, fence, info) }); err != nil {
 			return d.lostClaim(err)
 		}
-		d.w.log.Warn("unkeyed write left indeterminate: resolve it with consumer ledger resolve", d.attrs("error", te.Error())...)
+		d.countIndeterminate()
+		d.w.log.WarnContext(d.ctx, "unkeyed write left indeterminate: resolve it with consumer ledger resolve", d.attrs("error", te.Error())...)
 		row.State, row.Error, label = ledger.Indeterminate, &info, OutcomeIndeterminate
 
 	case tools.Success:
@@ -392,7 +397,7 @@ func (d *delivery) runTool(attempt int64) (out json.RawMessage, result tools.Out
 func (d *delivery) callTool(ctx context.Context, attempt int64) (out json.RawMessage, err error) {
 	defer func() {
 		if p := recover(); p != nil {
-			d.w.log.Error("tool executor panicked; its outcome is unknown", d.attrs("panic", fmt.Sprint(p), "stack", string(debug.Stack()))...)
+			d.w.log.ErrorContext(d.ctx, "tool executor panicked; its outcome is unknown", d.attrs("panic", fmt.Sprint(p), "stack", string(debug.Stack()))...)
 			out, err = nil, tools.AmbiguousError("panic", fmt.Sprintf("the executor panicked: %v", p), 0, nil)
 		}
 	}()
@@ -499,7 +504,7 @@ func (d *delivery) counted() int {
 // ledger.
 func (d *delivery) lostClaim(err error) outcome {
 	if isFenced(err) {
-		d.w.log.Warn("lost the claim while the tool ran; publishing nothing", d.attrs("error", err)...)
+		d.w.log.WarnContext(d.ctx, "lost the claim while the tool ran; publishing nothing", d.attrs("error", err)...)
 		o := retryAfter(d.w.cfg.RetryDelay, err)
 		o.label = OutcomeFenced
 		return o

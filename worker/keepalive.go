@@ -16,24 +16,27 @@ import (
 func (d *delivery) durably(ctx context.Context, what string, op func() error) error {
 	delay := 100 * time.Millisecond
 	for attempt := 0; ; attempt++ {
+		began := time.Now()
 		err := op()
 		if err == nil || !transient(err) {
 			if attempt > 0 && err == nil {
-				d.w.log.Info(what+" succeeded after an outage", d.attrs("retries", attempt)...)
+				d.w.log.InfoContext(d.ctx, what+" succeeded after an outage", d.attrs("retries", attempt)...)
 			}
 			return err
 		}
 		if attempt == 0 {
-			d.w.log.Warn(what+" failed; retrying until the outage ends", d.attrs("error", err)...)
+			d.w.log.WarnContext(d.ctx, what+" failed; retrying until the outage ends", d.attrs("error", err)...)
 		}
 		d.msg.InProgress()
 		t := time.NewTimer(delay)
 		select {
 		case <-ctx.Done():
 			t.Stop()
+			d.countOutage(what, time.Since(began))
 			return err
 		case <-t.C:
 		}
+		d.countOutage(what, time.Since(began))
 		delay = min(delay*2, 5*time.Second, d.w.ackWait/3) // InProgress often enough to keep the delivery
 	}
 }
@@ -75,13 +78,13 @@ func (d *delivery) heartbeat(fence ledger.Fence) (stop func()) {
 			case <-done:
 				return
 			case <-giveUp:
-				d.w.log.Error("the tool outlived its timeout; no longer keeping its claim and delivery alive", d.attrs("timeout", d.tool.Timeout)...)
+				d.w.log.ErrorContext(d.ctx, "the tool outlived its timeout; no longer keeping its claim and delivery alive", d.attrs("timeout", d.tool.Timeout)...)
 				<-done
 				return
 			case <-t.C:
 				if fence.Key != "" {
 					if err := d.w.cfg.Ledger.Extend(d.runCtx, fence, d.tool.Lease); err != nil {
-						d.w.log.Warn("lease extension failed", d.attrs("error", err)...)
+						d.w.log.WarnContext(d.ctx, "lease extension failed", d.attrs("error", err)...)
 					}
 				}
 				d.msg.InProgress()
@@ -153,7 +156,7 @@ func (d *delivery) warnIdenticalCall() {
 		return
 	}
 	if row, err := d.w.cfg.Ledger.Get(d.runCtx, key); err == nil {
-		d.w.log.Warn("identical call repeated in one turn (ordinal > 0): running it, as asked; usually a model error",
+		d.w.log.WarnContext(d.ctx, "identical call repeated in one turn (ordinal > 0): running it, as asked; usually a model error",
 			d.attrs("ordinal", d.job.Ordinal, "first_tool_use_id", row.FirstToolUseID, "conversation_id", d.job.ConversationID, "turn_index", d.job.TurnIndex)...)
 	}
 }

@@ -2,10 +2,13 @@ package worker
 
 import (
 	"context"
+	"strings"
 	"time"
 
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/toolq/toolq/jobs"
+	"github.com/toolq/toolq/ledger"
 	"github.com/toolq/toolq/tools"
 	"github.com/toolq/toolq/tracing"
 )
@@ -16,13 +19,29 @@ const meterName = "github.com/toolq/toolq/worker"
 var secondsBuckets = metric.WithExplicitBucketBoundaries(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 // instruments are the worker's metrics. Keys and conversation ids stay on
-// spans: metric attributes are only the tool, its class and the outcome.
+// spans: metric attributes are bounded sets only (the registered tool, its
+// class, the outcome, a duplicate's route, a dead letter's reason, the
+// dependency of an outage, the downstream).
 type instruments struct {
-	jobs         metric.Int64Counter
-	duplicates   metric.Int64Counter
-	claimLatency metric.Float64Histogram
-	toolLatency  metric.Float64Histogram
+	jobs          metric.Int64Counter
+	duplicates    metric.Int64Counter
+	inFlight      metric.Int64UpDownCounter
+	deadLetters   metric.Int64Counter
+	indeterminate metric.Int64Counter
+	outage        metric.Float64Counter
+	claimLatency  metric.Float64Histogram
+	toolLatency   metric.Float64Histogram
 }
+
+// How a duplicate came back, the toolq.duplicate.route label of
+// toolq.duplicates.suppressed (see delivery.route).
+const (
+	routeNewToolUseID = "new_tool_use_id" // the retried turn: the same call under a new tool_use_id
+	routeRedelivery   = "redelivery"      // the same message delivered again (its ack was lost, or it was handed back)
+	routeReplay       = "replay"          // republished by an operator from TOOLQ_JOBS (Toolq-Replay-Of: <seq>)
+	routeRequeue      = "requeue"         // requeued from the DLQ (Toolq-Replay-Of: dlq:<seq>)
+	routeRepublish    = "republish"       // the same job published again outside the duplicate window
+)
 
 func newInstruments(mp metric.MeterProvider, reg *tools.Registry) (*instruments, error) {
 	m := mp.Meter(meterName)
@@ -33,7 +52,23 @@ func newInstruments(mp metric.MeterProvider, reg *tools.Registry) (*instruments,
 		return nil, err
 	}
 	if in.duplicates, err = m.Int64Counter("toolq.duplicates.suppressed", metric.WithUnit("{job}"),
-		metric.WithDescription("Duplicate deliveries answered from the ledger without running the tool.")); err != nil {
+		metric.WithDescription("Duplicate deliveries answered from the ledger without running the tool, by tool and route (toolq.duplicate.route): new_tool_use_id, redelivery, replay, requeue, republish.")); err != nil {
+		return nil, err
+	}
+	if in.inFlight, err = m.Int64UpDownCounter("toolq.jobs.in_flight", metric.WithUnit("{job}"),
+		metric.WithDescription("Deliveries being processed now.")); err != nil {
+		return nil, err
+	}
+	if in.deadLetters, err = m.Int64Counter("toolq.dead_letters", metric.WithUnit("{job}"),
+		metric.WithDescription("Messages published to the dead-letter stream, by reason (toolq.dlq.reason): invalid, too_large, max_deliver.")); err != nil {
+		return nil, err
+	}
+	if in.indeterminate, err = m.Int64Counter("toolq.ledger.indeterminate", metric.WithUnit("{row}"),
+		metric.WithDescription("Ledger rows this worker marked indeterminate, by tool: each waits for an operator (consumer ledger resolve).")); err != nil {
+		return nil, err
+	}
+	if in.outage, err = m.Float64Counter("toolq.outage.duration", metric.WithUnit("s"),
+		metric.WithDescription("Time deliveries spent riding out an outage, by dependency (toolq.dependency): ledger or broker. Summed over deliveries: a rate above 1 is several deliveries waiting.")); err != nil {
 		return nil, err
 	}
 	if in.claimLatency, err = m.Float64Histogram("toolq.claim.duration", metric.WithUnit("s"), secondsBuckets,
@@ -43,6 +78,26 @@ func newInstruments(mp metric.MeterProvider, reg *tools.Registry) (*instruments,
 	if in.toolLatency, err = m.Float64Histogram("toolq.tool.duration", metric.WithUnit("s"), secondsBuckets,
 		metric.WithDescription("Time a tool call took, by tool and outcome.")); err != nil {
 		return nil, err
+	}
+	// The series an alert or a dashboard watches exist from the start, at
+	// zero, rather than from their first event: rate() and absence checks
+	// then work on a worker that has seen none yet.
+	ctx := context.Background()
+	in.inFlight.Add(ctx, 0)
+	for _, reason := range []string{jobs.DLQInvalid, jobs.DLQTooLarge, jobs.DLQMaxDeliver} {
+		in.deadLetters.Add(ctx, 0, metric.WithAttributes(tracing.KeyDLQReason.String(reason)))
+	}
+	for _, dep := range []string{"ledger", "broker"} {
+		in.outage.Add(ctx, 0, metric.WithAttributes(tracing.KeyDependency.String(dep)))
+	}
+	for _, t := range reg.Tools() {
+		if !t.UsesLedger {
+			continue
+		}
+		in.indeterminate.Add(ctx, 0, metric.WithAttributes(tracing.KeyTool.String(t.Name)))
+		for _, route := range []string{routeNewToolUseID, routeRedelivery, routeReplay, routeRequeue, routeRepublish} {
+			in.duplicates.Add(ctx, 0, metric.WithAttributes(tracing.KeyTool.String(t.Name), tracing.KeyRoute.String(route)))
+		}
 	}
 	// 0 closed, 1 half-open, 2 open, per downstream.
 	_, err = m.Int64ObservableGauge("toolq.breaker.state", metric.WithDescription("Circuit breaker state per downstream: 0 closed, 1 half-open, 2 open."),
@@ -61,16 +116,61 @@ func newInstruments(mp metric.MeterProvider, reg *tools.Registry) (*instruments,
 // the label set.
 func (w *Worker) record(d *delivery, o outcome) {
 	w.stats.add(o.label)
-	tool := "unknown"
-	if d.tool != nil {
-		tool = d.tool.Name
-	}
-	attrs := metric.WithAttributes(tracing.KeyOutcome.String(string(o.label)), tracing.KeyTool.String(tool))
-	w.metrics.jobs.Add(context.Background(), 1, attrs)
+	tool := d.toolLabel()
+	ctx := context.Background()
+	w.metrics.jobs.Add(ctx, 1, metric.WithAttributes(tracing.KeyOutcome.String(string(o.label)), tracing.KeyTool.String(tool)))
 	if o.label == OutcomeDuplicate {
-		w.metrics.duplicates.Add(context.Background(), 1, metric.WithAttributes(tracing.KeyTool.String(tool)))
+		w.metrics.duplicates.Add(ctx, 1, metric.WithAttributes(tracing.KeyTool.String(tool), tracing.KeyRoute.String(d.dupRoute)))
+	}
+	if o.verb == verbDeadLetter { // published: settle turned a dead letter it could not publish into a retry
+		w.metrics.deadLetters.Add(ctx, 1, metric.WithAttributes(tracing.KeyDLQReason.String(o.reason)))
+	}
+	if d.span != nil { // started (a delivery handed back by the drain never was)
+		w.metrics.inFlight.Add(ctx, -1)
 	}
 	d.endSpan(o)
+}
+
+// toolLabel is the registered tool's name, or "unknown".
+func (d *delivery) toolLabel() string {
+	if d.tool != nil {
+		return d.tool.Name
+	}
+	return "unknown"
+}
+
+// countIndeterminate counts a row this delivery marked indeterminate.
+func (d *delivery) countIndeterminate() {
+	d.w.metrics.indeterminate.Add(context.Background(), 1, metric.WithAttributes(tracing.KeyTool.String(d.toolLabel())))
+}
+
+// countOutage adds time spent waiting out an outage of what durably was
+// doing: publishing a result waits for the broker, the rest for the ledger.
+func (d *delivery) countOutage(what string, spent time.Duration) {
+	dep := "ledger"
+	if what == "publish result" {
+		dep = "broker"
+	}
+	d.w.metrics.outage.Add(context.Background(), spent.Seconds(), metric.WithAttributes(tracing.KeyDependency.String(dep)))
+}
+
+// route is how a duplicate of row came back: through a replay or a requeue
+// (their header), under a new tool_use_id (the retried turn), as the same
+// message delivered again, or, with none of these, as the same job
+// published again after the stream's duplicate window.
+func (d *delivery) route(row ledger.Row) string {
+	switch replayOf := d.msg.Headers().Get(jobs.HeaderReplayOf); {
+	case strings.HasPrefix(replayOf, "dlq:"):
+		return routeRequeue
+	case replayOf != "":
+		return routeReplay
+	case row.FirstToolUseID != d.job.ToolUseID:
+		return routeNewToolUseID
+	case d.deliveries > 1:
+		return routeRedelivery
+	default:
+		return routeRepublish
+	}
 }
 
 func (w *Worker) observeTool(d *delivery, start time.Time, outcome tools.Outcome) {

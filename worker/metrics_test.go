@@ -38,7 +38,7 @@ func TestMetrics(t *testing.T) {
 		if err := reader.Collect(ctx, &rm); err != nil {
 			t.Fatal(err)
 		}
-		return hasMetric(rm, "toolq.duplicates.suppressed")
+		return sumOf(rm, "toolq.duplicates.suppressed") >= 1 // its series exist from the start, at zero
 	})
 	seen := map[string]bool{}
 	for _, sm := range rm.ScopeMetrics {
@@ -58,7 +58,7 @@ func TestMetrics(t *testing.T) {
 							t.Errorf("toolq.jobs{%s} = %d, want 1", outcome.AsString(), dp.Value)
 						}
 					}
-					if m.Name == "toolq.duplicates.suppressed" && dp.Value != 1 {
+					if route, _ := dp.Attributes.Value(attribute.Key("toolq.duplicate.route")); m.Name == "toolq.duplicates.suppressed" && route.AsString() == "new_tool_use_id" && dp.Value != 1 {
 						t.Errorf("duplicates suppressed = %d", dp.Value)
 					}
 				}
@@ -74,6 +74,21 @@ func TestMetrics(t *testing.T) {
 			t.Errorf("no %s metric", name)
 		}
 	}
+}
+
+// sumOf adds up the data points of the int64 sum name.
+func sumOf(rm metricdata.ResourceMetrics, name string) int64 {
+	var n int64
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if sum, ok := m.Data.(metricdata.Sum[int64]); ok && m.Name == name {
+				for _, dp := range sum.DataPoints {
+					n += dp.Value
+				}
+			}
+		}
+	}
+	return n
 }
 
 func hasMetric(rm metricdata.ResourceMetrics, name string) bool {
@@ -133,6 +148,22 @@ func TestEachDeliveryIsCountedOnce(t *testing.T) {
 		}
 		return total >= 3
 	})
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(ctx, &rm); err != nil {
+		t.Fatal(err)
+	}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if sum, ok := m.Data.(metricdata.Sum[int64]); ok && m.Name == "toolq.ledger.indeterminate" {
+				if len(sum.DataPoints) != 1 || sum.DataPoints[0].Value != 1 { // the one ledgered tool
+					t.Errorf("toolq.ledger.indeterminate %+v, want one row for ticket", sum.DataPoints)
+				}
+			}
+		}
+	}
+	if !hasMetric(rm, "toolq.ledger.indeterminate") {
+		t.Error("no toolq.ledger.indeterminate")
+	}
 	want := map[string]int64{"indeterminate/ticket": 1, "rejected/unknown": 2}
 	if len(counts) != len(want) || counts["indeterminate/ticket"] != 1 || counts["rejected/unknown"] != 2 {
 		t.Fatalf("toolq.jobs %v, want %v", counts, want)

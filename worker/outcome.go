@@ -103,7 +103,7 @@ func (w *Worker) settle(ctx context.Context, d *delivery, o outcome) {
 	}
 	if o.verb == verbDeadLetter {
 		if err := w.publishDeadLetter(ctx, d, o); err != nil {
-			w.log.Error("dead letter not published; the job will be redelivered", d.attrs("error", err)...)
+			w.log.ErrorContext(d.ctx, "dead letter not published; the job will be redelivered", d.attrs("error", err)...)
 			o = retryUncounted(w.backoff(d), fmt.Errorf("dead letter not published: %w", err))
 		}
 	}
@@ -113,10 +113,10 @@ func (w *Worker) settle(ctx context.Context, d *delivery, o outcome) {
 		d.hook(BeforeAck)
 		err = d.msg.Ack()
 	case verbNak:
-		w.log.Info("job retried later", d.attrs("delay", o.delay, "reason", o.err.Error())...)
+		w.log.InfoContext(d.ctx, "job retried later", d.attrs("delay", o.delay, "reason", o.err.Error())...)
 		err = d.msg.NakWithDelay(o.delay)
 	case verbDeadLetter:
-		w.log.Warn("job dead-lettered", d.attrs("reason", o.reason, "detail", o.err.Error())...)
+		w.log.WarnContext(d.ctx, "job dead-lettered", d.attrs("reason", o.reason, "detail", o.err.Error())...)
 		err = d.msg.TermWithReason(o.reason)
 	}
 	if d.meta != nil {
@@ -129,7 +129,7 @@ func (w *Worker) settle(ctx context.Context, d *delivery, o outcome) {
 	if err != nil {
 		// Not fatal: without an answer JetStream delivers the job again
 		// after the ack wait, and the ledger answers it.
-		w.log.Warn("answering JetStream failed; the job will be redelivered", d.attrs("verb", o.verb.String(), "error", err)...)
+		w.log.WarnContext(d.ctx, "answering JetStream failed; the job will be redelivered", d.attrs("verb", o.verb.String(), "error", err)...)
 	}
 	w.record(d, o)
 }

@@ -53,7 +53,7 @@ func (d *delivery) publish(r *jobs.Result, label Outcome) outcome {
 	}
 	err = d.durably(ctx, "publish result", send)
 	if tooLarge(err) { // a limit lower than the server's (the stream's max message size): the smallest form
-		d.w.log.Warn("result too large for the results stream; publishing it without its output", d.attrs("bytes", len(msg.Data), "error", err)...)
+		d.w.log.WarnContext(d.ctx, "result too large for the results stream; publishing it without its output", d.attrs("bytes", len(msg.Data), "error", err)...)
 		msg.Data, _ = encodeResult(r, 0, 0)
 		err = d.durably(ctx, "publish result", send)
 	}

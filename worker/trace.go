@@ -52,6 +52,37 @@ func (d *delivery) startSpan() {
 		attrs = append(attrs, tracing.KeyToolClass.String(string(d.tool.Class)))
 	}
 	d.ctx, d.span = w.tracer.Start(parent, "process "+d.msg.Subject(), trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(attrs...))
+	w.metrics.inFlight.Add(context.Background(), 1) // until record
+}
+
+// Why a duplicate ran nothing, on its toolq.duplicate event.
+const (
+	reasonCompletedBefore = "completed_before"     // another delivery completed or failed the call
+	reasonWaitedInFlight  = "waited_for_in_flight" // another attempt was running; this delivery waited for its result
+	reasonIndeterminate   = "indeterminate"        // the call's outcome is unknown: an operator resolves it
+	reasonCollision       = "collision"            // the key holds another call's material
+)
+
+// explainDuplicate records on the process span why nothing ran, with the
+// original's tool_use_id (beside the link ledgerOutcome adds), and the
+// route the duplicate came by for the metrics. row is nil for a collision.
+func (d *delivery) explainDuplicate(found ledgerOutcome, row *ledger.Row) {
+	reason := reasonCompletedBefore
+	attrs := []attribute.KeyValue{}
+	switch {
+	case row == nil:
+		reason = reasonCollision
+	case row.State == ledger.Indeterminate:
+		reason = reasonIndeterminate
+	case found == ledgerInFlight:
+		reason = reasonWaitedInFlight
+	}
+	if row != nil {
+		d.dupRoute = d.route(*row)
+		attrs = append(attrs, tracing.KeyOriginalToolUseID.String(row.FirstToolUseID), tracing.KeyRoute.String(d.dupRoute),
+			tracing.KeyAttempt.String(strconv.FormatInt(row.Attempt, 10)))
+	}
+	d.span.AddEvent("toolq.duplicate", trace.WithAttributes(append(attrs, tracing.KeyReason.String(reason))...))
 }
 
 // child starts a span under the delivery's process span, on ctx's

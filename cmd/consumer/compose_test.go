@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 
@@ -29,16 +30,24 @@ func TestComposeFileIsValid(t *testing.T) {
 			Command     []string          `yaml:"command"`
 			Environment map[string]string `yaml:"environment"`
 			DependsOn   map[string]any    `yaml:"depends_on"`
+			Volumes     []string          `yaml:"volumes"`
 		} `yaml:"services"`
 	}
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	if err := dec.Decode(&compose); err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range []string{"nats", "postgres", "jaeger", "sandbox", "consumer"} {
+	for _, name := range []string{"nats", "postgres", "jaeger", "sandbox", "consumer", "prometheus", "grafana"} {
 		s, ok := compose.Services[name]
 		if !ok || (s.Image == "" && s.Build == "") {
 			t.Fatalf("service %s missing or without image/build", name)
+		}
+		for _, v := range s.Volumes { // files of this repository mounted in
+			if src, _, _ := strings.Cut(v, ":"); strings.HasPrefix(src, "./") {
+				if _, err := os.Stat("../../" + src); err != nil {
+					t.Fatalf("%s mounts %s: %v", name, src, err)
+				}
+			}
 		}
 		for dep := range s.DependsOn {
 			if _, ok := compose.Services[dep]; !ok {
@@ -46,7 +55,15 @@ func TestComposeFileIsValid(t *testing.T) {
 			}
 		}
 	}
+	// Prometheus scrapes the consumer where it serves /metrics.
+	prom, err := os.ReadFile("../../deploy/prometheus/prometheus.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
 	c := compose.Services["consumer"]
+	if addr := c.Command[slices.Index(c.Command, "--health-addr")+1]; !strings.Contains(string(prom), `"consumer:`+addr[strings.LastIndex(addr, ":")+1:]+`"`) {
+		t.Fatalf("prometheus.yml does not scrape the consumer's --health-addr %s", addr)
+	}
 	for _, k := range []string{"NATS_URL", "DATABASE_URL", "SANDBOX_URL"} {
 		if c.Environment[k] == "" {
 			t.Fatalf("consumer without %s", k)

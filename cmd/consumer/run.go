@@ -4,13 +4,18 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"go.opentelemetry.io/otel"
+	sdklog "go.opentelemetry.io/otel/sdk/log"
 
 	"github.com/toolq/toolq/embedded"
 	"github.com/toolq/toolq/internal/cli"
@@ -54,10 +59,6 @@ func runWorker(ctx context.Context, args []string, stdio cli.IO, getenv func(str
 	if err := cli.ParseNone(fs, args); err != nil {
 		return err
 	}
-	logger, err := cli.NewLogger(stdio.Err, *logFormat, *logLevel)
-	if err != nil {
-		return err
-	}
 	backoffs, err := parseDurations(*backoff)
 	if err != nil {
 		return fmt.Errorf("--backoff: %w", err)
@@ -69,6 +70,30 @@ func runWorker(ctx context.Context, args []string, stdio cli.IO, getenv func(str
 			cleanups[i]()
 		}
 	}()
+	// Last of all, the logs and metrics providers flush their last records
+	// together, within one bounded wait (the spans are flushed by
+	// cli.Traced after run returns).
+	var flushes []func(context.Context) error
+	cleanups = append(cleanups, func() {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cli.FlushTimeout)
+		defer cancel()
+		var wg sync.WaitGroup
+		for _, shutdown := range flushes {
+			wg.Go(func() { shutdown(sctx) })
+		}
+		wg.Wait()
+	})
+	logs, err := tracing.LoggerProvider(ctx, "toolq-consumer")
+	if err != nil {
+		return err
+	}
+	if logs != nil {
+		flushes = append(flushes, logs.Shutdown)
+	}
+	logger, err := newLogger(stdio.Err, *logFormat, *logLevel, logs)
+	if err != nil {
+		return err
+	}
 	banner := []string{"toolq consumer"}
 
 	natsOpts, err := nf.Options("toolq consumer")
@@ -105,11 +130,14 @@ func runWorker(ctx context.Context, args []string, stdio cli.IO, getenv func(str
 		banner = append(banner, "  tools    "+*toolsFile+": "+strings.Join(names, ", "))
 	}
 
-	meters, metricsHandler, err := tracing.PrometheusMeterProvider()
+	meters, metricsHandler, err := tracing.MeterProvider(ctx, "toolq-consumer")
 	if err != nil {
 		return err
 	}
-	cleanups = append(cleanups, func() { meters.Shutdown(context.Background()) })
+	flushes = append(flushes, meters.Shutdown)
+	// The binary's meter provider is the global one, which libraries use
+	// (otelhttp's http.client.* metrics of the HTTP tools).
+	otel.SetMeterProvider(meters)
 	w, err := st.NewWorker(ctx, worker.Config{
 		MeterProvider: meters,
 		Streams:       jobs.Streams{Replicas: *replicas},
@@ -193,6 +221,25 @@ func serveHealth(addr string, nc *nats.Conn, store *ledger.Store, metrics http.H
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go srv.Serve(l)
 	return l.Addr().String(), func() { srv.Close() }, nil
+}
+
+// newLogger logs to out, and to logs (OTEL_LOGS_EXPORTER) when it is not
+// nil; a line logged while a span is active carries its trace_id and
+// span_id.
+func newLogger(out io.Writer, format, level string, logs *sdklog.LoggerProvider) (*slog.Logger, error) {
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", level)
+	}
+	opts := &slog.HandlerOptions{Level: lvl}
+	const name = "github.com/toolq/toolq/cmd/consumer"
+	switch format {
+	case "text":
+		return tracing.NewLogger(slog.NewTextHandler(out, opts), logs, name), nil
+	case "json":
+		return tracing.NewLogger(slog.NewJSONHandler(out, opts), logs, name), nil
+	}
+	return nil, errors.New("--log-format: want text or json")
 }
 
 func parseDurations(list string) ([]time.Duration, error) {

@@ -39,16 +39,21 @@ func Exit(w io.Writer, name string, err error) int {
 	return 1
 }
 
-// Traced runs run with tracing set up from its environment for service (see
-// tracing.Setup), and flushes the last spans after it returns.
+// FlushTimeout bounds how long a command waits, on its way out, for its
+// last spans and metrics to be exported.
+const FlushTimeout = 5 * time.Second
+
+// Traced runs run with tracing set up from the process's OTEL_* environment
+// for service (see tracing.Setup), and flushes the last spans after it
+// returns, waiting at most FlushTimeout.
 func Traced(service string, run Func) Func {
 	return func(ctx context.Context, args []string, stdio IO, getenv func(string) string) error {
-		shutdown, err := tracing.Setup(ctx, service, getenv)
+		shutdown, err := tracing.Setup(ctx, service)
 		if err != nil {
 			return err
 		}
 		err = run(ctx, args, stdio, getenv)
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), FlushTimeout)
 		defer cancel()
 		shutdown(sctx)
 		return err

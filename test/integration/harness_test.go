@@ -19,6 +19,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/metric"
 
 	"github.com/toolq/toolq/demo/sandbox"
 	"github.com/toolq/toolq/embedded"
@@ -129,6 +130,7 @@ type options struct {
 	durable    string // default toolq
 	filter     string // default toolq.jobs.>
 	inFlight   time.Duration
+	meters     metric.MeterProvider // default: the global one
 }
 
 func setup(t *testing.T, o options) *env {
@@ -219,6 +221,7 @@ func (e *env) startWorker(o options, hook func(worker.FaultPoint, *jobs.Job)) *r
 		Consumer: o.consumer(),
 		Owner:    fmt.Sprintf("test-worker-%d", len(e.workers)), BatchSize: 16, RetryDelay: 100 * time.Millisecond,
 		MaxBodySize: o.maxBody, ShutdownTimeout: 10 * time.Second, InFlightWait: o.inFlight, Logger: slog.New(slog.NewTextHandler(e.logs, nil)), Test: worker.TestConfig{Hook: hook},
+		MeterProvider: o.meters,
 	})
 	if err != nil {
 		cancel()

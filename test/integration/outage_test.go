@@ -6,6 +6,9 @@ import (
 	"testing"
 	"time"
 
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+
 	"github.com/toolq/toolq/demo/sandbox"
 	"github.com/toolq/toolq/internal/testenv"
 	"github.com/toolq/toolq/jobs"
@@ -15,10 +18,12 @@ import (
 // TestLedgerOutage: Postgres stops while a tool runs and while new jobs
 // arrive. The worker keeps the outcome and the jobs (telling JetStream they
 // are in progress) and finishes them when Postgres is back: one payment per
-// call, no dead letter, no redelivery.
+// call, no dead letter, no redelivery. The time spent waiting is counted as
+// a ledger outage.
 func TestLedgerOutage(t *testing.T) {
 	t.Parallel()
-	o := options{ownCluster: true, faults: sandbox.Faults{LatencyMS: 1000}}
+	reader := sdkmetric.NewManualReader()
+	o := options{ownCluster: true, faults: sandbox.Faults{LatencyMS: 1000}, meters: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))}
 	e := setup(t, o)
 	e.startWorker(o, nil)
 	running := job(conv(t), 0, "send_payment", payment("outage_running"))
@@ -53,6 +58,25 @@ func TestLedgerOutage(t *testing.T) {
 	}
 	if n := len(e.sandbox.Payments()); n != 2 {
 		t.Fatalf("%d payments for 2 calls", n)
+	}
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(context.Background(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	outage := map[string]float64{}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if sum, ok := m.Data.(metricdata.Sum[float64]); ok && m.Name == "toolq.outage.duration" {
+				for _, dp := range sum.DataPoints {
+					dep, _ := dp.Attributes.Value("toolq.dependency")
+					outage[dep.AsString()] += dp.Value
+				}
+			}
+		}
+	}
+	// Two deliveries each waited through the time the cluster was down.
+	if min := 2 * o.consumer().AckWait.Seconds(); outage["ledger"] < min || outage["broker"] != 0 {
+		t.Fatalf("outage seconds %v, want ledger ≥ %.0f and no broker outage", outage, min)
 	}
 }
 
