@@ -2,7 +2,7 @@
 STATICCHECK_VERSION := v0.8.2
 GO ?= go
 
-.PHONY: help build test test-race lint fuzz
+.PHONY: help build test test-go test-race test-ts lint fuzz
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -10,8 +10,13 @@ help: ## list the targets
 build: ## build the binaries into ./bin
 	$(GO) build -o bin/ ./cmd/...
 
-test: ## run every test (starts its own NATS and Postgres)
+test: test-go test-ts ## run every test: Go, then the TypeScript client
+
+test-go: ## run the Go tests (they start their own NATS and Postgres)
 	$(GO) test ./...
+
+test-ts: ## build and test the TypeScript client (Node 20, npm)
+	cd clients/typescript && npm ci --no-audit --no-fund && npm run build && npm test
 
 test-race: ## run every test with the race detector, as CI does
 	$(GO) test -race ./...
