@@ -46,7 +46,7 @@ func TestConversationCommitsATurnOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	first.Cut(pay("toolu_a0_cut", "inv_cut")) // the stream broke inside this block
-	retry := turn.Attempt()                  // abandons the first attempt
+	retry := turn.Attempt()                   // abandons the first attempt
 	if _, err := first.Dispatch(ctx, pay("toolu_late", "inv_1")); !errors.Is(err, jobs.ErrAttemptAbandoned) {
 		t.Fatalf("dispatch on an abandoned attempt: %v", err)
 	}
