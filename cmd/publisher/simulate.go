@@ -227,11 +227,12 @@ func printArithmetic(out io.Writer, asJSON bool, toolLatency, providerGap time.D
 		})
 	}
 	fmt.Fprintf(out, "exposure window per turn: %v = tool latency %v + provider gap %v\n", window, toolLatency, providerGap)
-	fmt.Fprintf(out, "  A call is exposed from its dispatch until the turn is on the record. The tool runs first\n"+
-		"  (tool latency); only with its result can the agent go back to the provider, whose next\n"+
-		"  response takes the provider gap. The second wait starts when the first ends, so the\n"+
-		"  windows add up instead of overlapping; a stream failure anywhere in them leaves a call\n"+
-		"  that ran and a turn the model will emit again with a new tool_use_id.\n")
+	fmt.Fprintf(out, "  A call is exposed from its dispatch until its turn is on the record. The stream must first\n"+
+		"  reach message_stop (the provider gap), and the turn is committed only with the tool's result,\n"+
+		"  which the agent awaits once the stream has stopped; so the tool latency follows the gap\n"+
+		"  instead of overlapping it, and the window is their sum (at most: a tool that already runs\n"+
+		"  during the gap shortens it). A stream failure or a lost connection inside it leaves a call\n"+
+		"  that ran and a turn the model emits again with a new tool_use_id.\n")
 	fmt.Fprintf(out, "expected duplicate side effects per month without toolq: %d turns × %v failure rate × %v after dispatch = %.1f\n",
 		turnsPerMonth, cfg.FailureRate, cfg.AfterDispatch, perMonth)
 	fmt.Fprintf(out, "with toolq: 0 (the retry's call has the same key; the ledger answers it with the first result)\n")

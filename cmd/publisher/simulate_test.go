@@ -85,7 +85,7 @@ func TestSimulateArithmetic(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"exposure window per turn: 1.06s = tool latency 820ms + provider gap 240ms", "add up", "= 3.3\n"} {
+	for _, want := range []string{"exposure window per turn: 1.06s = tool latency 820ms + provider gap 240ms", "the window is their sum", "= 3.3\n"} {
 		if !strings.Contains(out, want) {
 			t.Fatalf("%q lacks %q", out, want)
 		}
