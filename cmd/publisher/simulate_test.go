@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+
+	"github.com/toolq/toolq/internal/testenv"
 )
 
 type simSideJSON struct {
@@ -88,6 +90,19 @@ func TestSimulateArithmetic(t *testing.T) {
 	for _, want := range []string{"exposure window per turn: 1.06s = tool latency 820ms + provider gap 240ms", "the window is their sum", "= 3.3\n"} {
 		if !strings.Contains(out, want) {
 			t.Fatalf("%q lacks %q", out, want)
+		}
+	}
+}
+
+// TestSimulateOnARunningServer: with --nats-url the scenario runs over that
+// server, twice in a row without the runs meeting.
+func TestSimulateOnARunningServer(t *testing.T) {
+	t.Parallel()
+	n := testenv.StartNATS(t)
+	for range 2 {
+		r := simulateJSON(t, "--nats-url", n.URL, "--turns", "150", "--failure-rate", "0.3", "--after-dispatch", "0.5", "--seed", "3")
+		if r.Naive.Duplicates == 0 || r.Toolq.Duplicates != 0 || r.Toolq.Payments < r.Toolq.Committed || r.Toolq.Payments > r.Toolq.Turns || !r.Record.OK {
+			t.Fatalf("%+v", r)
 		}
 	}
 }
