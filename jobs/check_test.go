@@ -10,7 +10,9 @@ import (
 // wrong on the record.
 func TestConversationCheck(t *testing.T) {
 	t.Parallel()
-	use := func(id string) ToolCall { return ToolCall{ToolUseID: id, Tool: "send_payment", Args: json.RawMessage(`{}`)} }
+	use := func(id string) ToolCall {
+		return ToolCall{ToolUseID: id, Tool: "send_payment", Args: json.RawMessage(`{}`)}
+	}
 	ran := func(id string) ToolResult {
 		return (&Result{ToolUseID: id, Status: StatusOK, Output: json.RawMessage(`{"id":"pay_1"}`)}).ToolResult()
 	}
