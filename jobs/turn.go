@@ -115,7 +115,9 @@ func (t *Turn) Attempt() *Attempt {
 
 // Dispatch publishes a completed tool_use block as a job, with the next
 // ordinal among identical calls of this attempt, while the stream goes on.
-// Errors: ErrAttemptAbandoned, a *FieldError, or the publish error.
+// Errors: ErrAttemptAbandoned, a *FieldError, or the publish error; after a
+// publish error the attempt is abandoned: retry the turn (the retry's call
+// has the same key, so it runs at most once).
 func (a *Attempt) Dispatch(ctx context.Context, call ToolCall) (Published, error) {
 	t := a.turn
 	t.mu.Lock()
@@ -136,7 +138,11 @@ func (a *Attempt) Dispatch(ctx context.Context, call ToolCall) (Published, error
 	a.uses = append(a.uses, attemptUse{call: call, dispatched: true})
 	t.mu.Unlock()
 	j := &Job{ConversationID: t.conv.ID, TurnIndex: t.Index, Ordinal: ordinal, Tool: call.Tool, ToolUseID: call.ToolUseID, Args: call.Args}
-	return t.conv.results.client.Publish(ctx, j)
+	pub, err := t.conv.results.client.Publish(ctx, j)
+	if err != nil {
+		a.Abandon() // whether it reached the stream is unknown: the turn is retried
+	}
+	return pub, err
 }
 
 // Cut records a tool_use block that the stream's failure cut before it
