@@ -99,6 +99,11 @@ export class Client {
     this.js = jetstream(nc);
   }
 
+  /** The client bound to one conversation. */
+  conversation(conversationId: string): Conversation {
+    return new Conversation(this, conversationId);
+  }
+
   /**
    * Validates the job, derives its key and publishes it on toolq.jobs.<tool>
    * with the Toolq-Key header, the Nats-Msg-Id job:<key>:<tool_use_id> and
@@ -199,6 +204,26 @@ export class Client {
     opts.signal?.throwIfAborted();
     if (got.size < want.size) throw new Error(`toolq: results of ${conversationId}: the subscription ended before every result came`);
     return got;
+  }
+}
+
+/** A Client bound to one conversation: publish, awaitResult(toolUseId) and runTurn(turnIndex, calls). */
+export class Conversation {
+  constructor(
+    readonly client: Client,
+    readonly id: string,
+  ) {}
+
+  publish(job: Omit<Job, "conversationId">, opts?: PublishOptions): Promise<Published> {
+    return this.client.publish({ ...job, conversationId: this.id }, opts);
+  }
+
+  awaitResult(toolUseId: string, opts?: AwaitOptions): Promise<Result> {
+    return this.client.awaitResult(this.id, toolUseId, opts);
+  }
+
+  runTurn(turnIndex: number, calls: ToolCall[], opts?: PublishOptions & AwaitOptions): Promise<ToolResult[]> {
+    return this.client.runTurn(this.id, turnIndex, calls, opts);
   }
 }
 

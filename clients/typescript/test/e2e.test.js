@@ -115,7 +115,11 @@ test("runTurn numbers identical calls and returns their results in order", async
     { toolUseId: "toolu_rt_0", tool: "send_payment", args: pay },
     { toolUseId: "toolu_rt_1", tool: "send_payment", args: '{"currency":"EUR","amount_cents":100,"invoice_id":"inv_ts_2"}' },
   ];
-  const results = await client.runTurn("conv_ts_turn", 1, calls, { signal: withTimeout(30_000) });
+  const conv = client.conversation("conv_ts_turn");
+  const results = await conv.runTurn(1, calls, { signal: withTimeout(30_000) });
+  const again = await conv.awaitResult("toolu_rt_1", { signal: withTimeout(30_000) });
+  assert.equal(again.turn_index, 1);
+  assert.equal(again.ordinal, 1);
   assert.deepEqual(results.map((r) => r.tool_use_id), ["toolu_rt_0", "toolu_rt_1"]);
   for (const r of results) {
     assert.equal(r.type, "tool_result");
