@@ -72,7 +72,7 @@ type Turn struct {
 	attempts   []*Attempt
 	committing bool
 	committed  bool
-	winner     *Attempt // the attempt committed
+	winner     *Attempt // the attempt committed, or being committed
 }
 
 // NextTurn starts the turn after the last committed one. Until it commits,
@@ -196,7 +196,7 @@ func (t *Turn) Commit(ctx context.Context, a *Attempt) (*CommittedTurn, error) {
 		t.mu.Unlock()
 		return nil, ErrAttemptAbandoned
 	}
-	t.committing = true
+	t.committing, t.winner = true, a // not abandoned meanwhile by a call to Attempt
 	uses, aws := append([]attemptUse(nil), a.uses...), append([]*Awaiting(nil), a.awaiting...)
 	others := make([]*Attempt, 0, len(t.attempts))
 	for _, o := range t.attempts {
@@ -211,7 +211,7 @@ func (t *Turn) Commit(ctx context.Context, a *Attempt) (*CommittedTurn, error) {
 		got, err := aw.Wait(ctx)
 		if err != nil {
 			t.mu.Lock()
-			t.committing = false
+			t.committing, t.winner = false, nil
 			t.mu.Unlock()
 			return nil, err
 		}
@@ -234,7 +234,7 @@ func (t *Turn) Commit(ctx context.Context, a *Attempt) (*CommittedTurn, error) {
 	if int64(len(c.turns)) != t.Index {
 		c.mu.Unlock()
 		t.mu.Lock()
-		t.committing = false
+		t.committing, t.winner = false, nil
 		t.mu.Unlock()
 		return nil, ErrNotNextTurn
 	}
@@ -246,7 +246,7 @@ func (t *Turn) Commit(ctx context.Context, a *Attempt) (*CommittedTurn, error) {
 	}
 	c.mu.Unlock()
 	t.mu.Lock()
-	t.committed, t.committing, t.winner = true, false, a
+	t.committed, t.committing = true, false
 	t.mu.Unlock()
 	for _, o := range others {
 		o.Abandon()
