@@ -99,6 +99,11 @@ export class Client {
     this.js = jetstream(nc);
   }
 
+  /** Starts a reader of the results published from now on (filter: toolq.results.> by default). */
+  results(filter = "toolq.results.>"): Promise<ResultsReader> {
+    return ResultsReader.start(this, filter);
+  }
+
   /** The client bound to one conversation. */
   conversation(conversationId: string): Conversation {
     return new Conversation(this, conversationId);
@@ -205,6 +210,94 @@ export class Client {
     if (got.size < want.size) throw new Error(`toolq: results of ${conversationId}: the subscription ended before every result came`);
     return got;
   }
+}
+
+/**
+ * ResultsReader reads the results stream through one ordered consumer and
+ * hands each result to whoever expects its tool_use_id; a result nobody
+ * expects (an abandoned attempt's, another agent's) is dropped at once. An
+ * agent that plays many turns holds one consumer and only the ids it awaits
+ * (awaitResult creates a consumer for each call). Start it with
+ * Client.results(), expect an id before publishing its job.
+ */
+export class ResultsReader {
+  private readonly waiting = new Map<string, { resolve: (r: Result) => void; reject: (err: Error) => void }>();
+  private stopped?: Error;
+
+  private constructor(private readonly messages: { stop(): void } & AsyncIterable<{ json<T>(): T }>) {}
+
+  /** @internal */
+  static async start(client: Client, filter: string): Promise<ResultsReader> {
+    const consumer = await client.js.consumers.get(RESULTS_STREAM, { filter_subjects: [filter], deliver_policy: DeliverPolicy.New });
+    const reader = new ResultsReader(await consumer.consume());
+    void reader.read();
+    return reader;
+  }
+
+  private async read(): Promise<void> {
+    let err = new Error("toolq: results reader closed");
+    try {
+      for await (const m of this.messages) {
+        let r: Result;
+        try {
+          r = m.json<Result>();
+        } catch {
+          continue;
+        }
+        const w = this.waiting.get(r.tool_use_id);
+        if (w) {
+          this.waiting.delete(r.tool_use_id);
+          w.resolve(r);
+        }
+      }
+    } catch (e) {
+      err = e instanceof Error ? e : new Error(String(e));
+    }
+    this.stopped = err;
+    for (const w of this.waiting.values()) w.reject(err);
+    this.waiting.clear();
+  }
+
+  /** Starts keeping the results addressed to the ids; call before publishing their jobs. */
+  expect(toolUseIds: string[]): Expected {
+    const promises = toolUseIds.map(
+      (id) =>
+        new Promise<Result>((resolve, reject) => {
+          if (this.stopped) return reject(this.stopped);
+          this.waiting.set(id, { resolve, reject });
+        }),
+    );
+    const cancel = () => toolUseIds.forEach((id) => this.waiting.delete(id));
+    return {
+      cancel,
+      wait: async (signal?: AbortSignal) => {
+        const all = Promise.all(promises);
+        if (!signal) return all;
+        signal.throwIfAborted();
+        let onAbort!: () => void;
+        const aborted = new Promise<never>((_, reject) => {
+          onAbort = () => reject(signal.reason);
+          signal.addEventListener("abort", onAbort, { once: true });
+        });
+        try {
+          return await Promise.race([all, aborted]);
+        } finally {
+          signal.removeEventListener("abort", onAbort);
+        }
+      },
+    };
+  }
+
+  /** Stops the reader; waits still pending reject. */
+  close(): void {
+    this.messages.stop();
+  }
+}
+
+/** Results kept for a set of ids: wait() gives them in the order of the ids; cancel() drops them. */
+export interface Expected {
+  wait(signal?: AbortSignal): Promise<Result[]>;
+  cancel(): void;
 }
 
 /** A Client bound to one conversation: publish, awaitResult(toolUseId) and runTurn(turnIndex, calls). */

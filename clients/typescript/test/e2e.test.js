@@ -169,3 +169,30 @@ test("a streamed turn retried after its stream broke pays once", async () => {
   assert.equal((await payments("inv_ts_3")).length, 1);
   assert.equal((await payments("inv_ts_4")).length, 0);
 });
+
+test("one results reader serves many calls and drops what nobody expects", async () => {
+  const jsm = await jetstreamManager(nc);
+  const before = (await jsm.consumers.info(JOBS_STREAM, "toolq")) && (await jsm.streams.info("TOOLQ_RESULTS")).state.consumer_count;
+  const reader = await client.results();
+  try {
+    const conv = client.conversation("conv_ts_reader");
+    // An abandoned attempt: published, then given up; its result must not be delivered to anyone.
+    const abandoned = reader.expect(["toolu_rd_abandoned"]);
+    await conv.publish({ turnIndex: 0, tool: "send_payment", toolUseId: "toolu_rd_abandoned", args: '{"invoice_id":"inv_rd_0","amount_cents":1,"currency":"EUR"}' });
+    abandoned.cancel();
+    for (let i = 0; i < 60; i++) {
+      const id = `toolu_rd_${i}`;
+      const expected = reader.expect([id]);
+      await conv.publish({ turnIndex: i % 30, tool: "send_payment", toolUseId: id, args: `{"invoice_id":"inv_rd_${i % 30}","amount_cents":1,"currency":"EUR"}` });
+      const [r] = await expected.wait(withTimeout(30_000));
+      assert.equal(r.tool_use_id, id);
+      // Turn 0 repeats the abandoned attempt's call: either of the two may run first.
+      if (i > 0) assert.equal(r.duplicate, i >= 30, id);
+    }
+    const during = (await jsm.streams.info("TOOLQ_RESULTS")).state.consumer_count;
+    assert.ok(during <= before + 1, `${during} consumers on TOOLQ_RESULTS, ${before} before`);
+  } finally {
+    reader.close();
+  }
+  assert.equal((await payments("inv_rd_0")).length, 1);
+});
