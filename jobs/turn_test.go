@@ -95,3 +95,49 @@ func TestConversationCommitsATurnOnce(t *testing.T) {
 		t.Fatalf("payments %v, want one for inv_1", invoices)
 	}
 }
+
+// TestResultsDropsWhatNobodyExpects: a cancelled expectation gets nothing,
+// an expected id gets its result, and after Close a wait fails.
+func TestResultsDropsWhatNobodyExpects(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	st, err := embedded.Start(ctx, embedded.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if _, err := st.StartWorker(ctx, worker.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}); err != nil {
+		t.Fatal(err)
+	}
+	client := jobs.NewClient(st.JS)
+	rs, err := client.Results(ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	job := func(id string) *jobs.Job {
+		return &jobs.Job{ConversationID: "conv-r", TurnIndex: 1, Tool: "send_payment", ToolUseID: id,
+			Args: json.RawMessage(`{"invoice_id":"inv_r","amount_cents":100,"currency":"EUR"}`)}
+	}
+	dropped := rs.Expect("toolu_dropped")
+	dropped.Cancel()
+	kept := rs.Expect("toolu_kept")
+	for _, id := range []string{"toolu_dropped", "toolu_kept"} {
+		if _, err := client.Publish(ctx, job(id)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := kept.Wait(ctx)
+	if err != nil || got[0].ToolUseID != "toolu_kept" {
+		t.Fatalf("kept: %v %v", got, err)
+	}
+	short, stop := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer stop()
+	if got, err := dropped.Wait(short); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a cancelled expectation got %v, %v", got, err)
+	}
+	rs.Close()
+	if _, err := rs.Expect("toolu_late").Wait(ctx); !errors.Is(err, jobs.ErrResultsClosed) {
+		t.Fatalf("wait after Close: %v", err)
+	}
+}
