@@ -6,7 +6,7 @@
 //
 // The types below are the few fields used here, so that no SDK is needed.
 
-import { toToolResult, type Client, type ToolResult } from "./client.js";
+import { toToolResult, type Client, type Expected, type Result, type ResultsReader, type ToolResult } from "./client.js";
 import { canonicalizeArgs } from "./key.js";
 
 export type StreamEvent =
@@ -61,6 +61,12 @@ export interface StreamTurnOptions {
   turnIndex: number;
   /** Starts (again) the model's streamed response for this turn; attempt counts from 0. */
   stream: (attempt: number) => AsyncIterable<StreamEvent>;
+  /**
+   * Read the results through this reader (one consumer for every turn)
+   * instead of a consumer for each turn; an abandoned attempt's ids are then
+   * cancelled, and their results dropped.
+   */
+  results?: ResultsReader;
   /** Attempts before giving up (default 3). */
   maxAttempts?: number;
   signal?: AbortSignal;
@@ -78,12 +84,13 @@ export async function streamTurn(opts: StreamTurnOptions): Promise<StreamedTurn>
   const max = opts.maxAttempts ?? 3;
   for (let n = 0; n < max; n++) {
     opts.signal?.throwIfAborted();
-    const fromSeq = await opts.client.resultsCursor();
+    const fromSeq = opts.results ? 0 : await opts.client.resultsCursor();
     const attempt: Attempt = { dispatched: [], notRun: [] };
     attempts.push(attempt);
     const blocks = new Map<number, { start: ContentBlockStart; text: string; done: boolean }>();
     const content: AssistantBlock[] = [];
     const ordinals = new Map<string, number>();
+    const expected: Expected[] = [];
     let fresh = true; // no dispatch was dropped as an exact re-publication
     try {
       for await (const ev of opts.stream(n)) {
@@ -105,6 +112,7 @@ export async function streamTurn(opts: StreamTurnOptions): Promise<StreamedTurn>
           const identity = `${name}|${canonicalizeArgs(args)}`;
           const ordinal = ordinals.get(identity) ?? 0;
           ordinals.set(identity, ordinal + 1);
+          if (opts.results) expected.push(opts.results.expect([id]));
           // Dispatched now, while the rest of the response still streams.
           const pub = await opts.client.publish({ conversationId: opts.conversationId, turnIndex: opts.turnIndex, ordinal, tool: name, toolUseId: id, args });
           fresh &&= !pub.duplicate;
@@ -116,6 +124,7 @@ export async function streamTurn(opts: StreamTurnOptions): Promise<StreamedTurn>
       }
     } catch (err) {
       attempt.error = err instanceof Error ? err.message : String(err);
+      for (const e of expected) e.cancel();
       for (const b of blocks.values()) {
         if (!b.done && b.start.type === "tool_use") {
           const { id, name } = b.start as { id: string; name: string };
@@ -124,8 +133,16 @@ export async function streamTurn(opts: StreamTurnOptions): Promise<StreamedTurn>
       }
       continue;
     }
-    const got = await opts.client.awaitResults(opts.conversationId, attempt.dispatched, { fromSeq: fresh ? fromSeq : 0, signal: opts.signal });
-    return { content, toolResults: attempt.dispatched.map((id) => toToolResult(got.get(id)!)), attempts };
+    let results: Result[];
+    if (opts.results && fresh) {
+      results = (await Promise.all(expected.map((e) => e.wait(opts.signal)))).flat();
+    } else {
+      // An exact re-publication was dropped: its result may be older than any reader.
+      for (const e of expected) e.cancel();
+      const got = await opts.client.awaitResults(opts.conversationId, attempt.dispatched, { fromSeq: fresh ? fromSeq : 0, signal: opts.signal });
+      results = attempt.dispatched.map((id) => got.get(id)!);
+    }
+    return { content, toolResults: results.map(toToolResult), attempts };
   }
   throw new Error(`toolq: turn ${opts.turnIndex} of ${opts.conversationId}: ${max} attempts failed; last: ${attempts.at(-1)?.error}`);
 }

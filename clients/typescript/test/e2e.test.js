@@ -129,8 +129,10 @@ test("runTurn numbers identical calls and returns their results in order", async
   assert.equal((await payments("inv_ts_2")).length, 2);
 });
 
-test("a streamed turn retried after its stream broke pays once", async () => {
-  const args = '{"invoice_id":"inv_ts_3","amount_cents":700,"currency":"EUR"}';
+for (const viaReader of [false, true]) {
+test(`a streamed turn retried after its stream broke pays once${viaReader ? " (through a ResultsReader)" : ""}`, async () => {
+  const inv = viaReader ? "inv_ts_3r" : "inv_ts_3";
+  const args = `{"invoice_id":"${inv}","amount_cents":700,"currency":"EUR"}`;
   const recorded = [
     // Attempt 0: the payment block completes and is dispatched, a second block is cut, then the stream fails.
     [
@@ -159,16 +161,23 @@ test("a streamed turn retried after its stream broke pays once", async () => {
   async function* stream(attempt) {
     for (const ev of recorded[attempt]) yield ev;
   }
-  const turn = await streamTurn({ client, conversationId: "conv_ts_stream", turnIndex: 0, stream, signal: withTimeout(30_000) });
+  const reader = viaReader ? await client.results() : undefined;
+  let turn;
+  try {
+    turn = await streamTurn({ client, conversationId: viaReader ? "conv_ts_stream_r" : "conv_ts_stream", turnIndex: 0, stream, results: reader, signal: withTimeout(30_000) });
+  } finally {
+    reader?.close();
+  }
   assert.equal(turn.attempts.length, 2);
   assert.deepEqual(turn.attempts[0].dispatched, ["toolu_st_0"]);
   assert.deepEqual(turn.attempts[0].notRun, [{ id: "toolu_st_1", name: "send_payment", note: NOT_RUN }]);
   assert.deepEqual(turn.content.map((b) => b.type), ["text", "tool_use"]);
   assert.deepEqual(turn.toolResults.map((r) => r.tool_use_id), ["toolu_st_2"]);
   assert.equal(turn.toolResults[0].is_error, undefined, turn.toolResults[0].content);
-  assert.equal((await payments("inv_ts_3")).length, 1);
+  assert.equal((await payments(inv)).length, 1);
   assert.equal((await payments("inv_ts_4")).length, 0);
 });
+}
 
 test("one results reader serves many calls and drops what nobody expects", async () => {
   const jsm = await jetstreamManager(nc);
