@@ -2,7 +2,7 @@
 STATICCHECK_VERSION := v0.8.2
 GO ?= go
 
-.PHONY: help build test test-race lint fuzz soak compose-check
+.PHONY: help build test test-go test-race test-ts lint fuzz soak compose-check
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -10,11 +10,15 @@ help: ## list the targets
 build: ## build the binaries into ./bin
 	$(GO) build -o bin/ ./cmd/...
 
-test: ## run every test (starts its own NATS and Postgres)
-	$(GO) test ./...
+test: test-go test-ts ## run every test, as CI does: Go with the race detector, then the TypeScript client
 
-test-race: ## run every test with the race detector, as CI does
-	$(GO) test -race ./...
+test-go: ## run the Go tests with the race detector (they start their own NATS and Postgres)
+	$(GO) test -race -count=1 ./...
+
+test-ts: ## build and test the TypeScript client (Node 20, npm)
+	cd clients/typescript && npm ci --no-audit --no-fund && npm run build && npm test
+
+test-race: test-go ## the Go tests with the race detector (test-go)
 
 lint: ## gofmt check, go vet, staticcheck (pinned)
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi

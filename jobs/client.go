@@ -109,7 +109,9 @@ func (c *Client) Publish(ctx context.Context, j *Job) (Published, error) {
 // Await waits for the result addressed to toolUseID in the conversation,
 // including one published before Await was called (it reads the
 // conversation's results from the start; PublishAndAwait reads only what
-// comes after the job). It returns ctx's error when ctx ends first.
+// comes after the job). It returns ctx's error when ctx ends first. Each call
+// reads through an ordered consumer of its own; an agent that awaits many
+// results at once reads them through one Results instead.
 func (c *Client) Await(ctx context.Context, conversationID, toolUseID string) (*Result, error) {
 	got, err := c.awaitAll(ctx, conversationID, []string{toolUseID}, 0)
 	if err != nil {

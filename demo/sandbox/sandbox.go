@@ -399,7 +399,8 @@ func readBody(w http.ResponseWriter, r *http.Request) (body []byte, canonical st
 		writeError(w, http.StatusBadRequest, "invalid_json", err.Error())
 		return nil, "", false
 	}
-	return body, string(canon), true
+	// Kept with the payment: without the spare capacity of the read buffer.
+	return bytes.Clone(body), string(canon), true
 }
 
 // drop resets the connection without answering.

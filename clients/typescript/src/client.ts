@@ -1,0 +1,340 @@
+// The agent's side of toolq: publish each completed tool call as a job and
+// await the result addressed to its tool_use_id, with the subjects, headers
+// and bodies of the Go client (jobs.Client).
+
+import { randomBytes } from "node:crypto";
+import { headers, type NatsConnection } from "@nats-io/transport-node";
+import { DeliverPolicy, jetstream, jetstreamManager, type JetStreamClient } from "@nats-io/jetstream";
+import { canonicalizeArgs, callMaterial, keyOf, KeyError, TOOL_USE_ID_PATTERN, type Args } from "./key.js";
+
+export const JOBS_STREAM = "TOOLQ_JOBS";
+export const RESULTS_STREAM = "TOOLQ_RESULTS";
+export const HEADER_KEY = "Toolq-Key";
+export const HEADER_MSG_ID = "Nats-Msg-Id";
+export const HEADER_TRACEPARENT = "traceparent";
+/** The only version of the job and result bodies this client writes and reads. */
+export const VERSION = 1;
+
+export const jobSubject = (tool: string) => `toolq.jobs.${tool}`;
+export const resultSubject = (conversationId: string) => `toolq.results.${conversationId}`;
+export const jobMsgId = (key: string, toolUseId: string) => `job:${key}:${toolUseId}`;
+
+/** One completed tool call of an assistant turn. */
+export interface Job {
+  conversationId: string;
+  turnIndex: number;
+  /** Position among identical calls (same tool, same canonical args) of the turn; default 0. */
+  ordinal?: number;
+  tool: string;
+  /** The model's id for this attempt's block; new on every attempt of the turn. */
+  toolUseId: string;
+  /** The JSON text of the arguments (exact), or a plain object (see Args). */
+  args: Args;
+}
+
+export interface PublishOptions {
+  /**
+   * The W3C traceparent of the caller's span; the job's send span is its
+   * child. Without it the job starts a new trace.
+   */
+  traceparent?: string;
+}
+
+export interface Published {
+  key: string;
+  stream: string;
+  seq: number;
+  /** JetStream dropped it as an exact re-publication (same key and tool_use_id). */
+  duplicate: boolean;
+}
+
+export type Status = "ok" | "error" | "rejected" | "indeterminate";
+
+/** The body of a message on toolq.results.<conversation_id>. */
+export interface Result {
+  version: number;
+  key: string;
+  conversation_id: string;
+  turn_index: number;
+  ordinal: number;
+  tool: string;
+  tool_use_id: string;
+  status: Status;
+  output?: unknown;
+  error?: { code: string; message: string };
+  duplicate: boolean;
+  original_tool_use_id?: string;
+  attempts: number;
+  completed_at: string;
+}
+
+/** A tool_use block of a completed assistant turn. */
+export interface ToolCall {
+  toolUseId: string;
+  tool: string;
+  args: Args;
+}
+
+/** The tool_result entry to append to the turn for one call, in the Messages API's shape. */
+export interface ToolResult {
+  type: "tool_result";
+  tool_use_id: string;
+  /** The output as JSON text, or for a call that did not succeed an error object the model can read. */
+  content: string;
+  is_error?: boolean;
+}
+
+export interface AwaitOptions {
+  /** Stops the wait; the promise then rejects with the signal's reason. */
+  signal?: AbortSignal;
+  /** Read the conversation's results from this stream sequence (default: from the start). */
+  fromSeq?: number;
+}
+
+/** Client publishes jobs and awaits their results. The streams must exist (the consumer creates them). */
+export class Client {
+  readonly js: JetStreamClient;
+
+  constructor(readonly nc: NatsConnection) {
+    this.js = jetstream(nc);
+  }
+
+  /** Starts a reader of the results published from now on (filter: toolq.results.> by default). */
+  results(filter = "toolq.results.>"): Promise<ResultsReader> {
+    return ResultsReader.start(this, filter);
+  }
+
+  /** The client bound to one conversation. */
+  conversation(conversationId: string): Conversation {
+    return new Conversation(this, conversationId);
+  }
+
+  /**
+   * Validates the job, derives its key and publishes it on toolq.jobs.<tool>
+   * with the Toolq-Key header, the Nats-Msg-Id job:<key>:<tool_use_id> and
+   * a W3C traceparent. Throws a KeyError for an invalid job, or the publish
+   * error.
+   */
+  async publish(job: Job, opts: PublishOptions = {}): Promise<Published> {
+    if (typeof job.toolUseId !== "string" || !TOOL_USE_ID_PATTERN.test(job.toolUseId)) {
+      throw new KeyError("field", "tool_use_id", `must match ${TOOL_USE_ID_PATTERN.source}`);
+    }
+    const m = callMaterial(job);
+    const key = keyOf(m);
+    const body =
+      `{"version":${VERSION},"conversation_id":${JSON.stringify(job.conversationId)},"turn_index":${job.turnIndex},` +
+      `"ordinal":${job.ordinal ?? 0},"tool":${JSON.stringify(job.tool)},"tool_use_id":${JSON.stringify(job.toolUseId)},` +
+      `"args":${m.canonical},"created_at":${JSON.stringify(new Date().toISOString())}}`;
+    const h = headers();
+    h.set(HEADER_KEY, key);
+    h.set(HEADER_TRACEPARENT, childTraceparent(opts.traceparent));
+    const ack = await this.js.publish(jobSubject(job.tool), body, {
+      msgID: jobMsgId(key, job.toolUseId),
+      headers: h,
+      expect: { streamName: JOBS_STREAM },
+    });
+    return { key, stream: ack.stream, seq: ack.seq, duplicate: ack.duplicate };
+  }
+
+  /**
+   * Waits for the result addressed to toolUseId in the conversation, one
+   * published before the call included.
+   */
+  async awaitResult(conversationId: string, toolUseId: string, opts: AwaitOptions = {}): Promise<Result> {
+    const got = await this.awaitResults(conversationId, [toolUseId], opts);
+    return got.get(toolUseId)!;
+  }
+
+  /** The sequence the next result will get: results of jobs published after this come at or after it. */
+  async resultsCursor(): Promise<number> {
+    const jsm = await jetstreamManager(this.nc);
+    const info = await jsm.streams.info(RESULTS_STREAM);
+    return info.state.last_seq + 1;
+  }
+
+  /**
+   * Publishes the tool calls of one completed assistant turn and returns
+   * their tool_result entries in the order of the calls. Identical calls
+   * (same tool and canonical args) get ordinals 0, 1, … in order of
+   * appearance. Results addressed to ids that are not in this turn (an
+   * abandoned attempt's) are ignored.
+   */
+  async runTurn(conversationId: string, turnIndex: number, calls: ToolCall[], opts: PublishOptions & AwaitOptions = {}): Promise<ToolResult[]> {
+    let fromSeq = opts.fromSeq ?? (await this.resultsCursor());
+    const seen = new Map<string, number>();
+    for (const c of calls) {
+      const identity = `${c.tool}|${canonicalizeArgs(c.args)}`;
+      const ordinal = seen.get(identity) ?? 0;
+      seen.set(identity, ordinal + 1);
+      const pub = await this.publish({ conversationId, turnIndex, ordinal, tool: c.tool, toolUseId: c.toolUseId, args: c.args }, opts);
+      // An exact re-publication was dropped: its result may be older than the cursor.
+      if (pub.duplicate) fromSeq = 0;
+    }
+    const ids = calls.map((c) => c.toolUseId);
+    const got = await this.awaitResults(conversationId, ids, { ...opts, fromSeq });
+    return ids.map((id) => toToolResult(got.get(id)!));
+  }
+
+  /**
+   * Reads the conversation's results until it has one for each of the
+   * tool_use_ids; results addressed to other ids are skipped.
+   */
+  async awaitResults(conversationId: string, toolUseIds: string[], opts: AwaitOptions = {}): Promise<Map<string, Result>> {
+    const want = new Set(toolUseIds);
+    const got = new Map<string, Result>();
+    opts.signal?.throwIfAborted();
+    const from = opts.fromSeq ?? 0;
+    const consumer = await this.js.consumers.get(RESULTS_STREAM, {
+      filter_subjects: [resultSubject(conversationId)],
+      ...(from > 0 ? { deliver_policy: DeliverPolicy.StartSequence, opt_start_seq: from } : { deliver_policy: DeliverPolicy.All }),
+    });
+    const messages = await consumer.consume();
+    const onAbort = () => messages.stop();
+    opts.signal?.addEventListener("abort", onAbort, { once: true });
+    try {
+      for await (const m of messages) {
+        let r: Result;
+        try {
+          r = m.json<Result>();
+        } catch {
+          continue;
+        }
+        if (want.has(r.tool_use_id)) got.set(r.tool_use_id, r);
+        if (got.size === want.size) break;
+      }
+    } finally {
+      opts.signal?.removeEventListener("abort", onAbort);
+      messages.stop();
+    }
+    opts.signal?.throwIfAborted();
+    if (got.size < want.size) throw new Error(`toolq: results of ${conversationId}: the subscription ended before every result came`);
+    return got;
+  }
+}
+
+/**
+ * ResultsReader reads the results stream through one ordered consumer and
+ * hands each result to whoever expects its tool_use_id; a result nobody
+ * expects (an abandoned attempt's, another agent's) is dropped at once. An
+ * agent that plays many turns holds one consumer and only the ids it awaits
+ * (awaitResult creates a consumer for each call). Start it with
+ * Client.results(), expect an id before publishing its job.
+ */
+export class ResultsReader {
+  private readonly waiting = new Map<string, { resolve: (r: Result) => void; reject: (err: Error) => void }>();
+  private stopped?: Error;
+
+  private constructor(private readonly messages: { stop(): void } & AsyncIterable<{ json<T>(): T }>) {}
+
+  /** @internal */
+  static async start(client: Client, filter: string): Promise<ResultsReader> {
+    const consumer = await client.js.consumers.get(RESULTS_STREAM, { filter_subjects: [filter], deliver_policy: DeliverPolicy.New });
+    const reader = new ResultsReader(await consumer.consume());
+    void reader.read();
+    return reader;
+  }
+
+  private async read(): Promise<void> {
+    let err = new Error("toolq: results reader closed");
+    try {
+      for await (const m of this.messages) {
+        let r: Result;
+        try {
+          r = m.json<Result>();
+        } catch {
+          continue;
+        }
+        const w = this.waiting.get(r.tool_use_id);
+        if (w) {
+          this.waiting.delete(r.tool_use_id);
+          w.resolve(r);
+        }
+      }
+    } catch (e) {
+      err = e instanceof Error ? e : new Error(String(e));
+    }
+    this.stopped = err;
+    for (const w of this.waiting.values()) w.reject(err);
+    this.waiting.clear();
+  }
+
+  /** Starts keeping the results addressed to the ids; call before publishing their jobs. */
+  expect(toolUseIds: string[]): Expected {
+    const promises = toolUseIds.map(
+      (id) =>
+        new Promise<Result>((resolve, reject) => {
+          if (this.stopped) return reject(this.stopped);
+          this.waiting.set(id, { resolve, reject });
+        }),
+    );
+    const cancel = () => toolUseIds.forEach((id) => this.waiting.delete(id));
+    return {
+      cancel,
+      wait: async (signal?: AbortSignal) => {
+        const all = Promise.all(promises);
+        if (!signal) return all;
+        signal.throwIfAborted();
+        let onAbort!: () => void;
+        const aborted = new Promise<never>((_, reject) => {
+          onAbort = () => reject(signal.reason);
+          signal.addEventListener("abort", onAbort, { once: true });
+        });
+        try {
+          return await Promise.race([all, aborted]);
+        } finally {
+          signal.removeEventListener("abort", onAbort);
+        }
+      },
+    };
+  }
+
+  /** Stops the reader; waits still pending reject. */
+  close(): void {
+    this.messages.stop();
+  }
+}
+
+/** Results kept for a set of ids: wait() gives them in the order of the ids; cancel() drops them. */
+export interface Expected {
+  wait(signal?: AbortSignal): Promise<Result[]>;
+  cancel(): void;
+}
+
+/** A Client bound to one conversation: publish, awaitResult(toolUseId) and runTurn(turnIndex, calls). */
+export class Conversation {
+  constructor(
+    readonly client: Client,
+    readonly id: string,
+  ) {}
+
+  publish(job: Omit<Job, "conversationId">, opts?: PublishOptions): Promise<Published> {
+    return this.client.publish({ ...job, conversationId: this.id }, opts);
+  }
+
+  awaitResult(toolUseId: string, opts?: AwaitOptions): Promise<Result> {
+    return this.client.awaitResult(this.id, toolUseId, opts);
+  }
+
+  runTurn(turnIndex: number, calls: ToolCall[], opts?: PublishOptions & AwaitOptions): Promise<ToolResult[]> {
+    return this.client.runTurn(this.id, turnIndex, calls, opts);
+  }
+}
+
+/** The tool_result entry for a result: its output for ok, else an error object the model can read. */
+export function toToolResult(r: Result): ToolResult {
+  if (r.status === "ok") {
+    return { type: "tool_result", tool_use_id: r.tool_use_id, content: JSON.stringify(r.output ?? null) };
+  }
+  const error = r.error ?? { code: r.status, message: "" };
+  return { type: "tool_result", tool_use_id: r.tool_use_id, content: JSON.stringify({ status: r.status, error }), is_error: true };
+}
+
+const TRACEPARENT = /^00-([0-9a-f]{32})-[0-9a-f]{16}-([0-9a-f]{2})$/;
+
+/** A traceparent for a new span: a child of parent when it is valid, else the root of a new trace. */
+export function childTraceparent(parent?: string): string {
+  const span = randomBytes(8).toString("hex");
+  const m = parent ? TRACEPARENT.exec(parent) : null;
+  if (m && !/^0+$/.test(m[1])) return `00-${m[1]}-${span}-${m[2]}`;
+  return `00-${randomBytes(16).toString("hex")}-${span}-01`;
+}

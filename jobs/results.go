@@ -1,0 +1,143 @@
+package jobs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// ErrResultsClosed is returned by Awaiting.Wait once the Results reader has
+// stopped (Close, or its subscription failed).
+var ErrResultsClosed = errors.New("jobs: results reader closed")
+
+// Results reads the results stream through one ordered consumer and hands
+// each result to whoever awaits its tool_use_id; a result nobody awaits (one
+// addressed to an abandoned attempt, or to another agent) is dropped at once.
+// It serves any number of turns at the cost of one consumer on the server,
+// and holds nothing but the ids awaited, so an agent that plays many turns
+// uses bounded memory. Await from the start of a conversation is Client.Await.
+type Results struct {
+	client *Client
+	it     jetstream.MessagesContext
+
+	mu      sync.Mutex
+	waiting map[string]chan *Result
+	err     error // set once the reader stops
+	done    chan struct{}
+}
+
+// Results starts a reader of the results published from now on whose
+// subject matches filter (empty: toolq.results.>, every conversation).
+// Expect a tool_use_id before publishing its job, so that its result cannot
+// pass unseen. Errors: the consumer could not be created.
+func (c *Client) Results(ctx context.Context, filter string) (*Results, error) {
+	if filter == "" {
+		filter = ResultsSubjects
+	}
+	cons, err := c.js.OrderedConsumer(ctx, ResultsStream, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{filter},
+		DeliverPolicy:  jetstream.DeliverNewPolicy,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("jobs: results reader: %w", err)
+	}
+	it, err := cons.Messages()
+	if err != nil {
+		return nil, fmt.Errorf("jobs: results reader: %w", err)
+	}
+	r := &Results{client: c, it: it, waiting: map[string]chan *Result{}, done: make(chan struct{})}
+	go r.read()
+	return r, nil
+}
+
+func (r *Results) read() {
+	defer close(r.done)
+	for {
+		msg, err := r.it.Next()
+		if err != nil {
+			r.mu.Lock()
+			r.err = err
+			r.mu.Unlock()
+			return
+		}
+		res, err := DecodeResult(msg.Data())
+		if err != nil {
+			continue
+		}
+		r.mu.Lock()
+		ch, ok := r.waiting[res.ToolUseID]
+		delete(r.waiting, res.ToolUseID)
+		r.mu.Unlock()
+		if ok {
+			ch <- res // buffered: never blocks
+		}
+	}
+}
+
+// Close stops the reader; Wait calls still waiting return ErrResultsClosed.
+func (r *Results) Close() {
+	r.it.Stop()
+	<-r.done
+}
+
+// Awaiting is a set of tool_use_ids whose results a Results reader keeps.
+type Awaiting struct {
+	r   *Results
+	ids []string
+	chs []chan *Result
+}
+
+// Expect starts keeping the results addressed to the given tool_use_ids.
+// Call it before publishing their jobs; Wait collects them, Cancel gives
+// them up.
+func (r *Results) Expect(toolUseIDs ...string) *Awaiting {
+	a := &Awaiting{r: r, ids: toolUseIDs, chs: make([]chan *Result, len(toolUseIDs))}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for i, id := range toolUseIDs {
+		a.chs[i] = make(chan *Result, 1)
+		r.waiting[id] = a.chs[i]
+	}
+	return a
+}
+
+// Wait returns the results of the expected ids, in their order. It returns
+// ctx's error when ctx ends first, and ErrResultsClosed (wrapping the
+// reader's error) when the reader stopped.
+func (a *Awaiting) Wait(ctx context.Context) ([]*Result, error) {
+	out := make([]*Result, len(a.ids))
+	for i, ch := range a.chs {
+		select {
+		case res := <-ch:
+			out[i] = res
+		case <-ctx.Done():
+			return out, ctx.Err()
+		case <-a.r.done:
+			select {
+			case res := <-ch:
+				out[i] = res
+				continue
+			default:
+			}
+			a.r.mu.Lock()
+			err := a.r.err
+			a.r.mu.Unlock()
+			return out, fmt.Errorf("%w: %v", ErrResultsClosed, err)
+		}
+	}
+	return out, nil
+}
+
+// Cancel stops keeping the ids' results: those that come later are dropped.
+func (a *Awaiting) Cancel() {
+	a.r.mu.Lock()
+	defer a.r.mu.Unlock()
+	for i, id := range a.ids {
+		if a.r.waiting[id] == a.chs[i] {
+			delete(a.r.waiting, id)
+		}
+	}
+}

@@ -1,0 +1,295 @@
+package jobs
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/toolq/toolq/internal/jcs"
+)
+
+// NotRun is the tool_result content (a JSON string) of a call whose stream
+// was cut before its tool_use block completed: it was never sent to toolq.
+const NotRun = "not run (connection lost)"
+
+// Errors of the conversation record.
+var (
+	ErrTurnCommitted    = errors.New("jobs: turn already committed")
+	ErrAttemptAbandoned = errors.New("jobs: attempt abandoned")
+	ErrNotNextTurn      = errors.New("jobs: not the conversation's next turn")
+)
+
+// Conversation is an agent's record of one conversation: the turns it has
+// committed, each with its assistant tool_use blocks and one tool_result per
+// block, and the ids of the attempts it abandoned. A turn is committed once;
+// its index is the number of turns committed before it.
+type Conversation struct {
+	ID      string
+	results *Results
+
+	mu        sync.Mutex
+	turns     []*CommittedTurn
+	abandoned map[string]bool // tool_use_ids of abandoned attempts and cut calls
+	notRun    int
+}
+
+// CommittedTurn is one turn as it stands in the record.
+type CommittedTurn struct {
+	Index       int64
+	ToolUses    []ToolCall   // the assistant turn's tool_use blocks, in order
+	ToolResults []ToolResult // one per tool use, in the same order
+}
+
+// NewConversation starts the record of a conversation whose jobs are
+// published through r's client and whose results are read by r.
+func (r *Results) NewConversation(id string) *Conversation {
+	return &Conversation{ID: id, results: r, abandoned: map[string]bool{}}
+}
+
+// Turns returns the committed turns.
+func (c *Conversation) Turns() []*CommittedTurn {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]*CommittedTurn(nil), c.turns...)
+}
+
+// NotRunCalls is the number of calls recorded as not run because their
+// stream was cut before their block completed.
+func (c *Conversation) NotRunCalls() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.notRun
+}
+
+// Turn is the turn after the last committed one, to be played in attempts.
+type Turn struct {
+	conv  *Conversation
+	Index int64
+
+	mu         sync.Mutex
+	attempts   []*Attempt
+	committing bool
+	committed  bool
+	winner     *Attempt // the attempt committed, or being committed
+}
+
+// NextTurn starts the turn after the last committed one. Until it commits,
+// it is the conversation's next turn; a turn given up is simply left.
+func (c *Conversation) NextTurn() *Turn {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return &Turn{conv: c, Index: int64(len(c.turns))}
+}
+
+// Attempt is one streamed response of the turn. Each tool_use block is
+// either dispatched when it completes or, if the stream was cut first,
+// recorded as not run.
+type Attempt struct {
+	turn      *Turn
+	uses      []attemptUse
+	ordinals  map[string]int64
+	awaiting  []*Awaiting
+	abandoned bool
+}
+
+type attemptUse struct {
+	call       ToolCall
+	dispatched bool
+}
+
+// Attempt starts a new attempt of the turn; the previous ones are abandoned
+// (the model's retry of a turn emits its calls again with new ids).
+func (t *Turn) Attempt() *Attempt {
+	t.mu.Lock()
+	prev := t.attempts
+	a := &Attempt{turn: t, ordinals: map[string]int64{}}
+	t.attempts = append(t.attempts, a)
+	t.mu.Unlock()
+	for _, p := range prev {
+		p.Abandon()
+	}
+	return a
+}
+
+// Dispatch publishes a completed tool_use block as a job, with the next
+// ordinal among identical calls of this attempt, while the stream goes on.
+// Errors: ErrAttemptAbandoned, a *FieldError, or the publish error; after a
+// publish error the attempt is abandoned: retry the turn (the retry's call
+// has the same key, so it runs at most once).
+func (a *Attempt) Dispatch(ctx context.Context, call ToolCall) (Published, error) {
+	t := a.turn
+	t.mu.Lock()
+	if a.abandoned || t.committed {
+		t.mu.Unlock()
+		return Published{}, ErrAttemptAbandoned
+	}
+	canon, err := jcs.CanonicalizeObject(call.Args)
+	if err != nil {
+		t.mu.Unlock()
+		return Published{}, &FieldError{Field: "args", Rule: "of " + call.ToolUseID + " must be a canonicalizable JSON object", Err: err}
+	}
+	identity := call.Tool + "|" + string(canon)
+	ordinal := a.ordinals[identity]
+	a.ordinals[identity]++
+	aw := t.conv.results.Expect(call.ToolUseID)
+	a.awaiting = append(a.awaiting, aw)
+	a.uses = append(a.uses, attemptUse{call: call, dispatched: true})
+	t.mu.Unlock()
+	j := &Job{ConversationID: t.conv.ID, TurnIndex: t.Index, Ordinal: ordinal, Tool: call.Tool, ToolUseID: call.ToolUseID, Args: call.Args}
+	pub, err := t.conv.results.client.Publish(ctx, j)
+	if err != nil {
+		a.Abandon() // whether it reached the stream is unknown: the turn is retried
+	}
+	return pub, err
+}
+
+// Cut records a tool_use block that the stream's failure cut before it
+// completed: the call is not sent to toolq, and the record says NotRun.
+func (a *Attempt) Cut(call ToolCall) {
+	a.turn.mu.Lock()
+	a.uses = append(a.uses, attemptUse{call: call})
+	a.turn.mu.Unlock()
+}
+
+// Abandon gives the attempt up: results addressed to its ids are dropped,
+// and it can no longer be committed. Abandoning twice does nothing.
+func (a *Attempt) Abandon() {
+	t := a.turn
+	t.mu.Lock()
+	if a.abandoned || a == t.winner {
+		t.mu.Unlock()
+		return
+	}
+	a.abandoned = true
+	aws, uses := a.awaiting, a.uses
+	t.mu.Unlock()
+	for _, aw := range aws {
+		aw.Cancel()
+	}
+	c := t.conv
+	c.mu.Lock()
+	for _, u := range uses {
+		c.abandoned[u.call.ToolUseID] = true
+		if !u.dispatched {
+			c.notRun++
+		}
+	}
+	c.mu.Unlock()
+}
+
+// Commit waits for the results addressed to this attempt's ids and appends
+// the turn to the conversation: its tool_use blocks and one tool_result per
+// block, NotRun for a block that was cut. The other attempts are abandoned.
+// It returns ErrTurnCommitted for a turn committed (or being committed)
+// already, ErrAttemptAbandoned for an abandoned attempt, ErrNotNextTurn when
+// another turn took this index, and ctx's error when ctx ends first (the turn
+// can then be committed again).
+func (t *Turn) Commit(ctx context.Context, a *Attempt) (*CommittedTurn, error) {
+	t.mu.Lock()
+	switch {
+	case t.committed || t.committing:
+		t.mu.Unlock()
+		return nil, ErrTurnCommitted
+	case a.turn != t || a.abandoned:
+		t.mu.Unlock()
+		return nil, ErrAttemptAbandoned
+	}
+	t.committing, t.winner = true, a // not abandoned meanwhile by a call to Attempt
+	uses, aws := append([]attemptUse(nil), a.uses...), append([]*Awaiting(nil), a.awaiting...)
+	others := make([]*Attempt, 0, len(t.attempts))
+	for _, o := range t.attempts {
+		if o != a {
+			others = append(others, o)
+		}
+	}
+	t.mu.Unlock()
+
+	results := make([]*Result, 0, len(aws))
+	for _, aw := range aws {
+		got, err := aw.Wait(ctx)
+		if err != nil {
+			t.mu.Lock()
+			t.committing, t.winner = false, nil
+			t.mu.Unlock()
+			return nil, err
+		}
+		results = append(results, got...)
+	}
+	ct := &CommittedTurn{Index: t.Index}
+	next := 0
+	for _, u := range uses {
+		ct.ToolUses = append(ct.ToolUses, u.call)
+		if !u.dispatched {
+			ct.ToolResults = append(ct.ToolResults, notRunResult(u.call.ToolUseID))
+			continue
+		}
+		ct.ToolResults = append(ct.ToolResults, results[next].ToolResult())
+		next++
+	}
+
+	c := t.conv
+	c.mu.Lock()
+	if int64(len(c.turns)) != t.Index {
+		c.mu.Unlock()
+		t.mu.Lock()
+		t.committing, t.winner = false, nil
+		t.mu.Unlock()
+		return nil, ErrNotNextTurn
+	}
+	c.turns = append(c.turns, ct)
+	for _, u := range uses {
+		if !u.dispatched {
+			c.notRun++
+		}
+	}
+	c.mu.Unlock()
+	t.mu.Lock()
+	t.committed, t.committing = true, false
+	t.mu.Unlock()
+	for _, o := range others {
+		o.Abandon()
+	}
+	return ct, nil
+}
+
+func notRunResult(toolUseID string) ToolResult {
+	content, _ := json.Marshal(NotRun)
+	return ToolResult{ToolUseID: toolUseID, Content: content, IsError: true}
+}
+
+// Check verifies the record: every committed turn has exactly one
+// tool_result per tool_use, addressed to that block's id, in order; a call
+// that was not run says NotRun and nothing else; and no tool_result is
+// addressed to an id of an abandoned attempt. It returns the first breach.
+func (c *Conversation) Check() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i, ct := range c.turns {
+		if ct.Index != int64(i) {
+			return fmt.Errorf("jobs: conversation %s: turn %d has index %d", c.ID, i, ct.Index)
+		}
+		if len(ct.ToolResults) != len(ct.ToolUses) {
+			return fmt.Errorf("jobs: conversation %s: turn %d has %d tool_use and %d tool_result", c.ID, i, len(ct.ToolUses), len(ct.ToolResults))
+		}
+		seen := map[string]bool{}
+		for k, use := range ct.ToolUses {
+			tr := ct.ToolResults[k]
+			switch {
+			case seen[use.ToolUseID]:
+				return fmt.Errorf("jobs: conversation %s: turn %d: tool_use %s twice", c.ID, i, use.ToolUseID)
+			case tr.ToolUseID != use.ToolUseID:
+				return fmt.Errorf("jobs: conversation %s: turn %d: tool_result for %s where %s was used", c.ID, i, tr.ToolUseID, use.ToolUseID)
+			case c.abandoned[tr.ToolUseID]:
+				return fmt.Errorf("jobs: conversation %s: turn %d: a result for %s of an abandoned attempt", c.ID, i, tr.ToolUseID)
+			case tr.Result == nil && (!tr.IsError || string(tr.Content) != `"`+NotRun+`"`):
+				return fmt.Errorf("jobs: conversation %s: turn %d: %s has a result toolq never sent", c.ID, i, use.ToolUseID)
+			case tr.Result != nil && tr.Result.ToolUseID != use.ToolUseID:
+				return fmt.Errorf("jobs: conversation %s: turn %d: the result of %s is addressed to %s", c.ID, i, use.ToolUseID, tr.Result.ToolUseID)
+			}
+			seen[use.ToolUseID] = true
+		}
+	}
+	return nil
+}
