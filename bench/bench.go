@@ -323,7 +323,10 @@ func (b *bench) timed(ctx context.Context, batch []*jobs.Job, start func(context
 }
 
 // startToolq starts a worker on the Postgres ledger with the bench tools,
-// taking the jobs of one tool.
+// taking the jobs of one tool. The tools run Concurrency calls at once, as
+// the naive dispatcher does; the worker holds four times as many
+// deliveries, since most of them wait on the ledger's group commit, not on
+// a tool.
 func (b *bench) startToolq(ctx context.Context, tool string) (func(), error) {
 	slow := tools.ExecutorFunc(func(ctx context.Context, r tools.Request) (json.RawMessage, error) {
 		time.Sleep(b.cfg.SlowLatency)
@@ -348,7 +351,7 @@ func (b *bench) startToolq(ctx context.Context, tool string) (func(), error) {
 		return nil, err
 	}
 	wctx, cancel := context.WithCancel(ctx)
-	w, err := worker.New(wctx, worker.Config{JS: b.js, Ledger: store, Tools: reg, MaxInFlight: b.cfg.Concurrency,
+	w, err := worker.New(wctx, worker.Config{JS: b.js, Ledger: store, Tools: reg, MaxInFlight: 4 * b.cfg.Concurrency,
 		Consumer: worker.Consumer{Durable: "bench-toolq-" + tool, FilterSubject: jobs.JobSubject(tool), MaxAckPending: 4 * b.cfg.Concurrency},
 		Logger:   b.quiet})
 	if err != nil {
@@ -573,3 +576,4 @@ func bytesReader(b []byte) io.Reader { return bytes.NewReader(b) }
 type levelFilter struct{ slog.Handler }
 
 func (f levelFilter) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelWarn }
+
