@@ -576,4 +576,3 @@ func bytesReader(b []byte) io.Reader { return bytes.NewReader(b) }
 type levelFilter struct{ slog.Handler }
 
 func (f levelFilter) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelWarn }
-
