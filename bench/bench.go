@@ -16,7 +16,10 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -72,8 +75,10 @@ func (c *Config) fill() {
 // Throughput is one scenario's figures, the median of its runs.
 type Throughput struct {
 	JobsPerS      float64   `json:"jobs_per_s"`
-	CPUPer1000    float64   `json:"cpu_s_per_1000"`         // CPU seconds of this process (consumer, driver, sandbox) per 1,000 jobs
-	CommitsPerJob float64   `json:"ledger_commits_per_job"` // Postgres transactions per job (pg_stat_database)
+	CPUPer1000    float64   `json:"cpu_s_per_1000"`             // CPU seconds of this process (consumer, driver, sandbox) per 1,000 jobs
+	MachineCPU    float64   `json:"machine_cpu_s_per_1000"`     // CPU seconds of the whole machine (with nats-server and Postgres) per 1,000 jobs
+	CommitsPerJob float64   `json:"ledger_commits_per_job"`     // Postgres transactions per job (pg_stat_database)
+	FlushesPerJob float64   `json:"ledger_wal_flushes_per_job"` // WAL flushes to disk per job (pg_stat_wal)
 	PeakRSSMiB    float64   `json:"peak_rss_mib"`
 	Runs          []float64 `json:"runs_jobs_per_s"`
 }
@@ -202,27 +207,29 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 
 // measure runs one throughput scenario Reps times and keeps the median.
 func (b *bench) measure(ctx context.Context, name string, into *Throughput, run func(context.Context, int) (time.Duration, error)) error {
-	type sample struct{ perS, cpu, commits float64 }
+	type sample struct{ perS, cpu, machine, commits, flushes float64 }
 	var samples []sample
 	n := b.cfg.Jobs
 	if name == "slow" {
 		n = min(n, b.cfg.Concurrency*40)
 	}
 	for rep := range b.cfg.Reps {
-		cpu0, commits0 := cpuSeconds(), b.commits(ctx)
+		cpu0, machine0, commits0, flushes0 := cpuSeconds(), machineCPUSeconds(), b.commits(ctx), b.walFlushes(ctx)
 		elapsed, err := run(ctx, rep)
 		if err != nil {
 			return err
 		}
 		time.Sleep(300 * time.Millisecond) // the closed connections' statistics reach pg_stat_database
-		s := sample{perS: float64(n) / elapsed.Seconds(), cpu: (cpuSeconds() - cpu0) / float64(n) * 1000, commits: float64(b.commits(ctx)-commits0) / float64(n)}
+		per := func(d float64) float64 { return d / float64(n) }
+		s := sample{perS: float64(n) / elapsed.Seconds(), cpu: per(cpuSeconds()-cpu0) * 1000, machine: per(machineCPUSeconds()-machine0) * 1000,
+			commits: per(float64(b.commits(ctx) - commits0)), flushes: per(float64(b.walFlushes(ctx) - flushes0))}
 		samples = append(samples, s)
 		into.Runs = append(into.Runs, s.perS)
 		b.cfg.Logger.Info("bench run", "scenario", name, "rep", rep+1, "jobs_per_s", int(s.perS), "cpu_s_per_1000", fmt.Sprintf("%.3f", s.cpu))
 	}
 	slices.SortFunc(samples, func(a, b sample) int { return cmpFloat(a.perS, b.perS) })
 	m := samples[len(samples)/2]
-	into.JobsPerS, into.CPUPer1000, into.CommitsPerJob, into.PeakRSSMiB = m.perS, m.cpu, m.commits, peakRSSMiB()
+	into.JobsPerS, into.CPUPer1000, into.MachineCPU, into.CommitsPerJob, into.FlushesPerJob, into.PeakRSSMiB = m.perS, m.cpu, m.machine, m.commits, m.flushes, peakRSSMiB()
 	return nil
 }
 
@@ -470,6 +477,35 @@ func (b *bench) commits(ctx context.Context) int64 {
 	var n int64
 	b.pg.QueryRow(ctx, `SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()`).Scan(&n)
 	return n
+}
+
+// walFlushes is how many times the ledger's server has flushed its WAL to
+// disk (the whole server: the bench's Postgres has no other database).
+func (b *bench) walFlushes(ctx context.Context) int64 {
+	var n int64
+	b.pg.QueryRow(ctx, `SELECT wal_sync FROM pg_stat_wal`).Scan(&n)
+	return n
+}
+
+// machineCPUSeconds is the CPU time every process of the machine has used
+// (user, nice, system, irq, softirq from /proc/stat), 0 where there is no
+// /proc.
+func machineCPUSeconds() float64 {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line)
+	var ticks int64
+	for i := 1; i < len(f) && i <= 7; i++ {
+		if i == 4 || i == 5 { // idle, iowait
+			continue
+		}
+		n, _ := strconv.ParseInt(f[i], 10, 64)
+		ticks += n
+	}
+	return float64(ticks) / 100 // USER_HZ
 }
 
 func cpuSeconds() float64 {

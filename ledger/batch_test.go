@@ -151,3 +151,67 @@ func TestOutputMustBeValidUTF8JSON(t *testing.T) {
 		isErr(t, resolveErr(s.Resolve(ctx, row.Key, ledger.Resolution{Output: json.RawMessage("\"\xff\""), By: "op", Reason: "test"})), ledger.ErrInvalidOutput)
 	})
 }
+
+// TestDuplicateClaimsWriteNothing: a batch whose keys all have rows (a
+// retried turn, a replay) is answered from a read. It takes no transaction
+// id, so it commits without a WAL flush: duplicates cost a round trip, not
+// a disk write. With an upsert, every conflicting key was locked, and each
+// batch took a transaction id.
+func TestDuplicateClaimsWriteNothing(t *testing.T) {
+	cluster := testenv.OwnCluster(t) // transaction ids are per cluster: no other test may take any
+	url := cluster.Database(t)
+	ctx := context.Background()
+	s, err := ledger.OpenPostgres(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := s.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	raw, err := sql.Open("pgx", url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	var claims []ledger.Claim
+	for i := 0; i < 10; i++ {
+		c := newClaim(time.Minute)
+		row := mustClaim(t, s, c)
+		if i%2 == 0 { // half completed, half still in flight
+			if err := s.Complete(ctx, row.Fence(), json.RawMessage(`{"ok":true}`)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		c.ToolUseID, c.Owner, c.Token = fmt.Sprintf("toolu_retry_%d", i), "other", "other-token"
+		claims = append(claims, c)
+	}
+	nextXID := func() int64 {
+		var n int64
+		if err := raw.QueryRow(`SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	before := nextXID()
+	const rounds = 20
+	for r := 0; r < rounds; r++ {
+		res, err := s.Claim(ctx, claims)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, got := range res {
+			want := ledger.InFlight
+			if i%2 == 0 {
+				want = ledger.Completed
+			}
+			if got.Err != nil || got.Claimed || got.Row.State != want || got.Row.Key != claims[i].Key {
+				t.Fatalf("round %d, claim %d: claimed=%v err=%v state=%s key=%s, want the existing %s row of %s",
+					r, i, got.Claimed, got.Err, got.Row.State, got.Row.Key, want, claims[i].Key)
+			}
+		}
+	}
+	if taken := nextXID() - before; taken > 2 { // slack for the server's own background work
+		t.Fatalf("%d batches of duplicates took %d transaction ids; want none", rounds, taken)
+	}
+}

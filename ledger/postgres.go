@@ -42,28 +42,34 @@ var postgresDialect = newDialect(expandWith(func(name, arg string) string {
 	panic("ledger: unknown placeholder " + name)
 }))
 
-// claimPostgres inserts the whole batch in one statement and returns, for
-// each key, the inserted row or the row that was already there, looked up by
-// primary key for the conflicting keys only (OFFSET 0 keeps the planner from
-// turning the lookups into a scan). A row that a concurrent transaction
-// committed after this statement's snapshot was taken is not in the answer;
-// claim reads those again.
+// claimPostgres claims the whole batch in one statement and returns, for
+// each key, the inserted row or the row that was already there. The rows
+// already there (and not released) are read first, by primary key, and
+// only the other keys are inserted: a batch of duplicates writes nothing,
+// takes no row lock and so commits without a WAL flush (an upsert that
+// conflicts locks the row even when its WHERE leaves it alone). A key that
+// a concurrent transaction inserted after this statement's snapshot was
+// taken conflicts without being in the snapshot: it is not in the answer,
+// and claim reads it again. A released row is claimed again at its next
+// attempt by the upsert.
 var claimPostgres = `WITH input AS (
 	SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::bigint[], $6::text[],
 		$7::text[], $8::text[], $9::text[], $10::text[], $11::bigint[], $12::text[])
 		AS t(key, conversation_id, turn_index, tool, ordinal, args_digest, first_tool_use_id, owner, trace_id, span_id, lease_ms, claim_token)
+), existing AS (
+	SELECT ` + postgresDialect.cols + ` FROM toolq_ledger WHERE key = ANY ($1::text[]) AND ` + notRelease + `
 ), ins AS (
 	INSERT INTO toolq_ledger (key, conversation_id, turn_index, tool, ordinal, args_digest, state, attempt, owner,
 		lease_until, first_tool_use_id, trace_id, span_id, claim_token)
 	SELECT key, conversation_id, turn_index, tool, ordinal, args_digest, 'in_flight', 1, owner,
-		now() + lease_ms * interval '1 millisecond', first_tool_use_id, trace_id, span_id, claim_token FROM input ORDER BY key COLLATE "C"
+		now() + lease_ms * interval '1 millisecond', first_tool_use_id, trace_id, span_id, claim_token FROM input
+		WHERE key NOT IN (SELECT key FROM existing) ORDER BY key COLLATE "C"
 	` + claimConflict + `
 	RETURNING ` + postgresDialect.cols + `
 )
 SELECT true, ins.* FROM ins
 UNION ALL
-SELECT false, existing.* FROM (SELECT key FROM input WHERE key NOT IN (SELECT key FROM ins)) AS conflicted
-	CROSS JOIN LATERAL (SELECT ` + postgresDialect.cols + ` FROM toolq_ledger WHERE key = conflicted.key AND ` + notRelease + ` OFFSET 0) AS existing`
+SELECT false, existing.* FROM existing`
 
 type postgresDB struct {
 	pool *pgxpool.Pool

@@ -91,7 +91,8 @@ func TestAlertRules(t *testing.T) {
 			refs := metricRef.FindAllString(r.Expr, -1)
 			var metrics int
 			for _, ref := range refs {
-				if ref == "toolq_outcome" || ref == "toolq_tool" || ref == "toolq_downstream" || ref == "toolq_tool_class" {
+				if ref == "toolq_outcome" || ref == "toolq_tool" || ref == "toolq_downstream" || ref == "toolq_tool_class" ||
+					ref == "toolq_dlq_reason" || ref == "toolq_dependency" || ref == "toolq_duplicate_route" {
 					if !exported.labels[ref] {
 						t.Errorf("%s: label %s is on no exported metric", r.Alert, ref)
 					}

@@ -95,12 +95,13 @@ func runBench(ctx context.Context, args []string, stdio cli.IO, getenv func(stri
 
 func printBench(stdio cli.IO, r *bench.Report) {
 	w := cli.NewTable(stdio.Out)
-	fmt.Fprintf(w, "scenario\tjobs/s\t× naive\tCPU s/1000 jobs\tledger commits/job\tpeak RSS MiB\n")
+	fmt.Fprintf(w, "scenario\tjobs/s\t× naive\tCPU s/1000 jobs\tmachine CPU s/1000\tledger commits/job\tWAL flushes/job\tpeak RSS MiB\n")
 	for _, row := range []struct {
 		name string
 		t    bench.Throughput
 	}{{"naive", r.Naive}, {"fresh", r.Fresh}, {"duplicate", r.Duplicate}, {"slow (50ms tool)", r.Slow}} {
-		fmt.Fprintf(w, "%s\t%.0f\t%.2f\t%.3f\t%.2f\t%.0f\n", row.name, row.t.JobsPerS, row.t.JobsPerS/r.Naive.JobsPerS, row.t.CPUPer1000, row.t.CommitsPerJob, row.t.PeakRSSMiB)
+		fmt.Fprintf(w, "%s\t%.0f\t%.2f\t%.3f\t%.3f\t%.2f\t%.3f\t%.0f\n", row.name, row.t.JobsPerS, row.t.JobsPerS/r.Naive.JobsPerS,
+			row.t.CPUPer1000, row.t.MachineCPU, row.t.CommitsPerJob, row.t.FlushesPerJob, row.t.PeakRSSMiB)
 	}
 	w.Flush()
 	fmt.Fprintf(stdio.Out, "slow tool: %.0f jobs/s of a bound of %.0f (concurrency %d / 50ms): %.0f%%\n\n",
