@@ -17,6 +17,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -80,6 +81,7 @@ type Throughput struct {
 	CommitsPerJob float64   `json:"ledger_commits_per_job"`     // Postgres transactions per job (pg_stat_database)
 	FlushesPerJob float64   `json:"ledger_wal_flushes_per_job"` // WAL flushes to disk per job (pg_stat_wal)
 	PeakRSSMiB    float64   `json:"peak_rss_mib"`
+	Payments      int       `json:"payments"` // payments the sandbox made in the run reported (a duplicate makes none)
 	Runs          []float64 `json:"runs_jobs_per_s"`
 }
 
@@ -207,22 +209,30 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 
 // measure runs one throughput scenario Reps times and keeps the median.
 func (b *bench) measure(ctx context.Context, name string, into *Throughput, run func(context.Context, int) (time.Duration, error)) error {
-	type sample struct{ perS, cpu, machine, commits, flushes float64 }
+	type sample struct {
+		perS, cpu, machine, commits, flushes float64
+		payments                             int
+	}
 	var samples []sample
 	n := b.cfg.Jobs
 	if name == "slow" {
 		n = min(n, b.cfg.Concurrency*40)
 	}
 	for rep := range b.cfg.Reps {
-		cpu0, machine0, commits0, flushes0 := cpuSeconds(), machineCPUSeconds(), b.commits(ctx), b.walFlushes(ctx)
-		elapsed, err := run(ctx, rep)
+		cpu0, machine0, commits0, flushes0, payments0 := cpuSeconds(), machineCPUSeconds(), b.commits(ctx), b.walFlushes(ctx), len(b.sandbox.Payments())
+		var elapsed time.Duration
+		var err error
+		// The scenario labels its samples in a CPU profile (go tool pprof
+		// -tagfocus scenario=duplicate).
+		pprof.Do(ctx, pprof.Labels("scenario", name), func(ctx context.Context) { elapsed, err = run(ctx, rep) })
 		if err != nil {
 			return err
 		}
 		time.Sleep(300 * time.Millisecond) // the closed connections' statistics reach pg_stat_database
 		per := func(d float64) float64 { return d / float64(n) }
 		s := sample{perS: float64(n) / elapsed.Seconds(), cpu: per(cpuSeconds()-cpu0) * 1000, machine: per(machineCPUSeconds()-machine0) * 1000,
-			commits: per(float64(b.commits(ctx) - commits0)), flushes: per(float64(b.walFlushes(ctx) - flushes0))}
+			commits: per(float64(b.commits(ctx) - commits0)), flushes: per(float64(b.walFlushes(ctx) - flushes0)),
+			payments: len(b.sandbox.Payments()) - payments0}
 		samples = append(samples, s)
 		into.Runs = append(into.Runs, s.perS)
 		b.cfg.Logger.Info("bench run", "scenario", name, "rep", rep+1, "jobs_per_s", int(s.perS), "cpu_s_per_1000", fmt.Sprintf("%.3f", s.cpu))
@@ -230,6 +240,7 @@ func (b *bench) measure(ctx context.Context, name string, into *Throughput, run 
 	slices.SortFunc(samples, func(a, b sample) int { return cmpFloat(a.perS, b.perS) })
 	m := samples[len(samples)/2]
 	into.JobsPerS, into.CPUPer1000, into.MachineCPU, into.CommitsPerJob, into.FlushesPerJob, into.PeakRSSMiB = m.perS, m.cpu, m.machine, m.commits, m.flushes, peakRSSMiB()
+	into.Payments = m.payments
 	return nil
 }
 

@@ -121,32 +121,49 @@ func (j *Job) Key() (string, error) { return j.Call().Key() }
 // tool_use_id, args) must be present. An absent ordinal is 0. Errors are
 // *FieldError or *SyntaxError values.
 func DecodeJob(body []byte) (*Job, error) {
+	j, _, err := DecodeJobMaterial(body)
+	return j, err
+}
+
+// DecodeJobMaterial is DecodeJob that also returns the material of the
+// job's key (Call.Material), derived from the same parse of the body: the
+// worker's decode parses each body once.
+func DecodeJobMaterial(body []byte) (*Job, Material, error) {
 	fields, err := decodeFields(body, jobFields)
 	if err != nil {
-		return nil, err
+		return nil, Material{}, err
 	}
 	var j Job
 	if j.Version, err = intField(fields, "version", true); err != nil {
-		return nil, err
+		return nil, Material{}, err
 	}
 	if j.Version != Version {
-		return nil, &FieldError{Field: "version", Rule: fmt.Sprintf("must be %d, got %d", Version, j.Version), Err: ErrVersion}
+		return nil, Material{}, &FieldError{Field: "version", Rule: fmt.Sprintf("must be %d, got %d", Version, j.Version), Err: ErrVersion}
 	}
-	if err := decodeCallFields(fields, &j); err != nil {
-		return nil, err
+	args, err := decodeCallFields(fields, &j)
+	if err != nil {
+		return nil, Material{}, err
 	}
 	if j.ToolUseID, err = stringField(fields, "tool_use_id", true); err != nil {
-		return nil, err
+		return nil, Material{}, err
 	}
-	if raw, ok := fields["created_at"]; ok {
-		if err := json.Unmarshal(raw, &j.CreatedAt); err != nil {
-			return nil, &FieldError{Field: "created_at", Rule: "must be an RFC 3339 timestamp"}
+	if m, ok := fields["created_at"]; ok {
+		if err := json.Unmarshal(m.Raw, &j.CreatedAt); err != nil {
+			return nil, Material{}, &FieldError{Field: "created_at", Rule: "must be an RFC 3339 timestamp"}
 		}
 	}
-	if err := j.Validate(); err != nil {
-		return nil, err
+	call := j.Call()
+	if err := call.Validate(); err != nil {
+		return nil, Material{}, err
 	}
-	return &j, nil
+	if !toolUseIDPattern.MatchString(j.ToolUseID) {
+		return nil, Material{}, &FieldError{Field: "tool_use_id", Rule: "must match " + toolUseIDPattern.String()}
+	}
+	if args.Kind != jcs.KindObject { // the body passed the strict parser: only the kind can be wrong
+		_, err := jcs.CanonicalizeObject(j.Args)
+		return nil, Material{}, &FieldError{Field: "args", Rule: "must be a canonicalizable JSON object", Err: err}
+	}
+	return &j, call.material(args.Canonical()), nil
 }
 
 // DecodeCall decodes the fields of a job body that the key depends on
@@ -159,7 +176,7 @@ func DecodeCall(body []byte) (Call, error) {
 		return Call{}, err
 	}
 	var j Job
-	if err := decodeCallFields(fields, &j); err != nil {
+	if _, err := decodeCallFields(fields, &j); err != nil {
 		return Call{}, err
 	}
 	c := j.Call()
@@ -171,9 +188,10 @@ var jobFields = map[string]bool{
 	"tool": true, "tool_use_id": true, "args": true, "created_at": true,
 }
 
-// decodeFields checks the body with the strict parser and splits it into its
-// raw top-level members; known, when not nil, lists the only names allowed.
-func decodeFields(body []byte, known map[string]bool) (map[string]json.RawMessage, error) {
+// decodeFields checks the body with the strict parser and returns its
+// top-level members by name; known, when not nil, lists the only names
+// allowed.
+func decodeFields(body []byte, known map[string]bool) (map[string]jcs.Member, error) {
 	v, err := jcs.ParseStrict(body)
 	if err != nil {
 		return nil, err
@@ -181,77 +199,73 @@ func decodeFields(body []byte, known map[string]bool) (map[string]json.RawMessag
 	if v.Kind != jcs.KindObject {
 		return nil, &FieldError{Field: "(body)", Rule: "must be a JSON object, got " + v.Kind.String()}
 	}
-	var fields map[string]json.RawMessage
-	if err := json.Unmarshal(body, &fields); err != nil {
-		return nil, &FieldError{Field: "(body)", Rule: "must be a JSON object", Err: err}
-	}
-	if known != nil {
-		for _, m := range v.Members {
-			if !known[m.Name] {
-				return nil, &FieldError{Field: m.Name, Rule: "unknown field"}
-			}
+	fields := make(map[string]jcs.Member, len(v.Members))
+	for _, m := range v.Members {
+		if known != nil && !known[m.Name] {
+			return nil, &FieldError{Field: m.Name, Rule: "unknown field"}
 		}
+		fields[m.Name] = m
 	}
 	return fields, nil
 }
 
-func decodeCallFields(fields map[string]json.RawMessage, j *Job) error {
+// decodeCallFields fills the fields of j that its key is derived from, and
+// returns the parsed args.
+func decodeCallFields(fields map[string]jcs.Member, j *Job) (*jcs.Value, error) {
 	var err error
 	if j.ConversationID, err = stringField(fields, "conversation_id", true); err != nil {
-		return err
+		return nil, err
 	}
 	if j.TurnIndex, err = int64Field(fields, "turn_index", true); err != nil {
-		return err
+		return nil, err
 	}
 	if j.Tool, err = stringField(fields, "tool", true); err != nil {
-		return err
+		return nil, err
 	}
 	if j.Ordinal, err = int64Field(fields, "ordinal", false); err != nil {
-		return err
+		return nil, err
 	}
 	args, ok := fields["args"]
 	if !ok {
-		return &FieldError{Field: "args", Rule: "required"}
+		return nil, &FieldError{Field: "args", Rule: "required"}
 	}
-	j.Args = args
-	return nil
+	j.Args = bytes.Clone(args.Raw) // the job does not alias the caller's body
+	return &args.Value, nil
 }
 
-func stringField(fields map[string]json.RawMessage, name string, required bool) (string, error) {
-	raw, ok := fields[name]
+func stringField(fields map[string]jcs.Member, name string, required bool) (string, error) {
+	m, ok := fields[name]
 	if !ok {
 		if required {
 			return "", &FieldError{Field: name, Rule: "required"}
 		}
 		return "", nil
 	}
-	var s string
-	if len(raw) == 0 || raw[0] != '"' || json.Unmarshal(raw, &s) != nil {
+	if m.Value.Kind != jcs.KindString {
 		return "", &FieldError{Field: name, Rule: "must be a string"}
 	}
-	return s, nil
+	return m.Value.String, nil
 }
 
 // decimalInteger is a non-negative integer written without sign, fraction or
 // exponent: 1.0 or 1e0 is not a turn index.
 var decimalInteger = regexp.MustCompile(`^(0|[1-9][0-9]{0,15})$`)
 
-func int64Field(fields map[string]json.RawMessage, name string, required bool) (int64, error) {
-	raw, ok := fields[name]
+func int64Field(fields map[string]jcs.Member, name string, required bool) (int64, error) {
+	m, ok := fields[name]
 	if !ok {
 		if required {
 			return 0, &FieldError{Field: name, Rule: "required"}
 		}
 		return 0, nil
 	}
-	raw = bytes.TrimSpace(raw)
-	if !decimalInteger.Match(raw) {
-		return 0, &FieldError{Field: name, Rule: "must be a non-negative integer (at most 16 digits), got " + truncate(string(raw), 32)}
+	if !decimalInteger.Match(m.Raw) {
+		return 0, &FieldError{Field: name, Rule: "must be a non-negative integer (at most 16 digits), got " + truncate(string(m.Raw), 32)}
 	}
-	return strconv.ParseInt(string(raw), 10, 64)
+	return strconv.ParseInt(string(m.Raw), 10, 64)
 }
 
-func intField(fields map[string]json.RawMessage, name string, required bool) (int, error) {
+func intField(fields map[string]jcs.Member, name string, required bool) (int, error) {
 	n, err := int64Field(fields, name, required)
 	return int(n), err
 }

@@ -1,6 +1,7 @@
 package jobs_test
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -123,4 +124,39 @@ func ExampleCall_Key() {
 	// Output:
 	// conv-42|7|send_payment|0|{"amount_cents":1500,"currency":"EUR","invoice_id":"inv_9"}
 	// f59a97883fdd6f13531d0209b36a3446
+}
+
+// FuzzDecodeJobMaterial: whatever the body, a job that decodes has the
+// material Call.Material derives from its fields, and its re-encoding
+// decodes to the same job and key.
+func FuzzDecodeJobMaterial(f *testing.F) {
+	for _, seed := range []string{
+		`{"version":1,"conversation_id":"c1","turn_index":3,"tool":"send_payment","tool_use_id":"toolu_1","args":{"b":[1,2.5e0],"a":"\u00e9"}}`,
+		`{"version":1,"conversation_id":"c1","turn_index":0,"ordinal":2,"tool":"t","tool_use_id":"x","args":{},"created_at":"2026-01-02T03:04:05Z"}`,
+		`{"version":1,"conversation_id":"c1","turn_index":1,"tool":"t","tool_use_id":"x","args":[1]}`,
+		`{"version":1,"conversation_id":"c1","turn_index":1.0,"tool":"t","tool_use_id":"x","args":{}}`,
+	} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		j, m, err := jobs.DecodeJobMaterial(body)
+		if err != nil {
+			if j2, err2 := jobs.DecodeJob(body); err2 == nil || j2 != nil {
+				t.Fatalf("DecodeJobMaterial refuses (%v), DecodeJob does not", err)
+			}
+			return
+		}
+		want, err := j.Call().Material()
+		if err != nil || want.Text != m.Text || !bytes.Equal(want.Canonical, m.Canonical) {
+			t.Fatalf("decoded material %q, Call.Material %q (%v)", m.Text, want.Text, err)
+		}
+		again, err := json.Marshal(j)
+		if err != nil {
+			t.Fatal(err)
+		}
+		j2, m2, err := jobs.DecodeJobMaterial(again)
+		if err != nil || m2.Key() != m.Key() || j2.ToolUseID != j.ToolUseID {
+			t.Fatalf("re-encoded %s: %v, key %s want %s", again, err, m2.Key(), m.Key())
+		}
+	})
 }

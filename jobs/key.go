@@ -67,6 +67,11 @@ func (c Call) Material() (Material, error) {
 	if err != nil {
 		return Material{}, &FieldError{Field: "args", Rule: "must be a canonicalizable JSON object", Err: err}
 	}
+	return c.material(canon), nil
+}
+
+// material is the material of a valid call whose canonical args are canon.
+func (c Call) material(canon []byte) Material {
 	text := make([]byte, 0, len(c.ConversationID)+len(c.Tool)+len(canon)+48)
 	text = append(text, c.ConversationID...)
 	text = append(text, '|')
@@ -77,7 +82,7 @@ func (c Call) Material() (Material, error) {
 	text = strconv.AppendInt(text, c.Ordinal, 10)
 	text = append(text, '|')
 	text = append(text, canon...)
-	return Material{Text: string(text), Canonical: canon}, nil
+	return Material{Text: string(text), Canonical: canon}
 }
 
 // Key derives the idempotency key of the call:

@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -58,6 +59,17 @@ func TestKeyMatchesPythonFormula(t *testing.T) {
 		}
 		if string(m.Canonical) != v.Canonical || m.Text != v.Material || m.Key() != v.Key {
 			t.Fatalf("row %d:\n canonical %s\n want      %s\n key %s want %s", i, m.Canonical, v.Canonical, m.Key(), v.Key)
+		}
+		// The worker's decode derives the material from its one parse of
+		// the whole body: it must be the same.
+		body := fmt.Sprintf(`{"version":1,"conversation_id":%q,"turn_index":%d,"tool":%q,"ordinal":%d,"tool_use_id":"toolu_%d","args":%s}`,
+			v.ConversationID, v.TurnIndex, v.Tool, v.Ordinal, i, v.ArgsWire)
+		j, dm, err := jobs.DecodeJobMaterial([]byte(body))
+		if err != nil {
+			t.Fatalf("row %d: DecodeJobMaterial: %v", i, err)
+		}
+		if dm.Text != v.Material || string(dm.Canonical) != v.Canonical || string(j.Args) != v.ArgsWire {
+			t.Fatalf("row %d: DecodeJobMaterial gives material %q (args %s), want %q", i, dm.Text, j.Args, v.Material)
 		}
 	}
 }

@@ -67,3 +67,35 @@ func BenchmarkClaimComplete(b *testing.B) {
 }
 
 func openBenchStore(b *testing.B, backend string) *ledger.Store { return openStoreTB(b, backend) }
+
+// BenchmarkCompleteBatch is the completion of a batch of 16 claims (a busy
+// worker's group commit), per batch.
+func BenchmarkCompleteBatch(b *testing.B) {
+	for _, backend := range []string{"postgres", "sqlite"} {
+		b.Run(backend, func(b *testing.B) {
+			s := openBenchStore(b, backend)
+			ctx := context.Background()
+			output := json.RawMessage(`{"id":"pay_123","status":"succeeded"}`)
+			claims := make([]ledger.Claim, 16)
+			completions := make([]ledger.Completion, 16)
+			for b.Loop() {
+				b.StopTimer()
+				for i := range claims {
+					claims[i] = newClaim(time.Minute)
+				}
+				res, err := s.Claim(ctx, claims)
+				if err != nil {
+					b.Fatal(err)
+				}
+				for i, r := range res {
+					completions[i] = ledger.Completion{Fence: r.Row.Fence(), Output: output}
+				}
+				b.StartTimer()
+				errs, err := s.CompleteBatch(ctx, completions)
+				if err != nil || errs[0] != nil {
+					b.Fatal(err, errs)
+				}
+			}
+		})
+	}
+}

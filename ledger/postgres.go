@@ -44,8 +44,9 @@ var postgresDialect = newDialect(expandWith(func(name, arg string) string {
 
 // claimPostgres claims the whole batch in one statement and returns, for
 // each key, the inserted row or the row that was already there. The rows
-// already there (and not released) are read first, by primary key, and
-// only the other keys are inserted: a batch of duplicates writes nothing,
+// already there (and not released) are read first, by primary key (OFFSET
+// 0 keeps the planner from turning the lookups into a scan), and only the
+// other keys are inserted: a batch of duplicates writes nothing,
 // takes no row lock and so commits without a WAL flush (an upsert that
 // conflicts locks the row even when its WHERE leaves it alone). A key that
 // a concurrent transaction inserted after this statement's snapshot was
@@ -57,7 +58,8 @@ var claimPostgres = `WITH input AS (
 		$7::text[], $8::text[], $9::text[], $10::text[], $11::bigint[], $12::text[])
 		AS t(key, conversation_id, turn_index, tool, ordinal, args_digest, first_tool_use_id, owner, trace_id, span_id, lease_ms, claim_token)
 ), existing AS (
-	SELECT ` + postgresDialect.cols + ` FROM toolq_ledger WHERE key = ANY ($1::text[]) AND ` + notRelease + `
+	SELECT e.* FROM input CROSS JOIN LATERAL (SELECT ` + postgresDialect.cols + ` FROM toolq_ledger
+		WHERE key = input.key AND ` + notRelease + ` OFFSET 0) AS e
 ), ins AS (
 	INSERT INTO toolq_ledger (key, conversation_id, turn_index, tool, ordinal, args_digest, state, attempt, owner,
 		lease_until, first_tool_use_id, trace_id, span_id, claim_token)

@@ -108,7 +108,7 @@ func (d *delivery) decode() *refusal {
 	if len(msg.Data()) > d.w.cfg.MaxBodySize {
 		return &refusal{reason: jobs.DLQTooLarge, err: fmt.Errorf("body of %d bytes exceeds the limit of %d", len(msg.Data()), d.w.cfg.MaxBodySize)}
 	}
-	job, err := jobs.DecodeJob(msg.Data())
+	job, material, err := jobs.DecodeJobMaterial(msg.Data())
 	if err != nil {
 		return &refusal{reason: jobs.DLQInvalid, err: err}
 	}
@@ -116,10 +116,7 @@ func (d *delivery) decode() *refusal {
 	if subj := jobs.JobSubject(job.Tool); msg.Subject() != subj {
 		return &refusal{reason: jobs.DLQInvalid, err: fmt.Errorf("job for tool %q published on %s, want %s", job.Tool, msg.Subject(), subj)}
 	}
-	if d.material, err = job.Call().Material(); err != nil {
-		return &refusal{reason: jobs.DLQInvalid, err: err}
-	}
-	d.key = d.material.Key()
+	d.material, d.key = material, material.Key()
 	if sent := msg.Headers().Get(jobs.HeaderKey); sent != "" && sent != d.key {
 		return &refusal{code: "key_mismatch", message: fmt.Sprintf("the publisher's %s %s differs from the derived key %s", jobs.HeaderKey, sent, d.key)}
 	}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -45,8 +46,8 @@ func runBench(ctx context.Context, args []string, stdio cli.IO, getenv func(stri
 	fs.IntVar(&cfg.Rate, "rate", 0, "jobs/s of the latency runs (0: half of toolq's fresh throughput)")
 	fs.DurationVar(&cfg.LatencyFor, "latency-for", 10*time.Second, "how long each latency run publishes")
 	quick := fs.Bool("quick", false, "a short run (about a minute): 2,000 jobs, one run each, 3s latency runs")
-	asJSON := fs.Bool("json", false, "print the figures as one JSON object, last")
-	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file (go tool pprof)")
+	asJSON := fs.Bool("json", false, "print the figures as one JSON object, on the last line")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file (go tool pprof; -tagfocus scenario=NAME keeps one scenario)")
 	if err := cli.ParseNone(fs, args); err != nil {
 		return err
 	}
@@ -87,8 +88,13 @@ func runBench(ctx context.Context, args []string, stdio cli.IO, getenv func(stri
 		return err
 	}
 	printBench(stdio, r)
-	if *asJSON {
-		return cli.PrintJSON(stdio.Out, benchJSON(r))
+	if *asJSON { // one line, the last
+		line, err := json.Marshal(benchJSON(r))
+		if err != nil {
+			return err
+		}
+		_, err = fmt.Fprintf(stdio.Out, "%s\n", line)
+		return err
 	}
 	return nil
 }

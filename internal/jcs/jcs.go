@@ -127,6 +127,7 @@ type Value struct {
 type Member struct {
 	Name  string
 	Value Value
+	Raw   []byte // the value as written in the document (a slice of it, not a copy)
 }
 
 // ParseStrict parses one JSON document under the rules of Canonicalize, so
@@ -206,7 +207,7 @@ func (p *parser) object(depth int) (Value, error) {
 	}
 	p.pos++ // '{'
 	v := Value{Kind: KindObject, Members: []Member{}}
-	seen := map[string]struct{}{}
+	var seen map[string]struct{} // from the 16th member; before, the members are scanned
 	p.skipSpace()
 	if p.pos < len(p.in) && p.in[p.pos] == '}' {
 		p.pos++
@@ -222,21 +223,34 @@ func (p *parser) object(depth int) (Value, error) {
 		if err != nil {
 			return Value{}, err
 		}
-		if _, dup := seen[name]; dup {
+		if seen == nil && len(v.Members) >= 16 {
+			seen = make(map[string]struct{}, 2*len(v.Members))
+			for _, m := range v.Members {
+				seen[m.Name] = struct{}{}
+			}
+		}
+		dup := false
+		if seen != nil {
+			_, dup = seen[name]
+			seen[name] = struct{}{}
+		} else {
+			dup = slices.ContainsFunc(v.Members, func(m Member) bool { return m.Name == name })
+		}
+		if dup {
 			return Value{}, &SyntaxError{Offset: at, Detail: strconv.Quote(name), rule: ErrDuplicateName}
 		}
-		seen[name] = struct{}{}
 		p.skipSpace()
 		if p.pos >= len(p.in) || p.in[p.pos] != ':' {
 			return Value{}, p.fail(ErrSyntax, "expected ':'")
 		}
 		p.pos++
 		p.skipSpace()
+		start := p.pos
 		mv, err := p.value(depth)
 		if err != nil {
 			return Value{}, err
 		}
-		v.Members = append(v.Members, Member{Name: name, Value: mv})
+		v.Members = append(v.Members, Member{Name: name, Value: mv, Raw: p.in[start:p.pos]})
 		p.skipSpace()
 		if p.pos >= len(p.in) {
 			return Value{}, p.fail(ErrSyntax, "unexpected end of input in an object")
@@ -458,6 +472,14 @@ func (p *parser) hex4() (rune, error) {
 	}
 	p.pos += 4
 	return r, nil
+}
+
+// Canonical returns the RFC 8785 form of a value ParseStrict returned: what
+// Canonicalize returns for the document it was parsed from.
+func (v *Value) Canonical() []byte {
+	var buf bytes.Buffer
+	v.appendCanonical(&buf)
+	return buf.Bytes()
 }
 
 func (v *Value) appendCanonical(buf *bytes.Buffer) {

@@ -3,6 +3,7 @@ package jcs_test
 import (
 	"bufio"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -187,4 +188,53 @@ func mustMarshalValue(t *testing.T, v jcs.Value) []byte {
 	}
 	write(v)
 	return []byte(b.String())
+}
+
+// TestDuplicateNamesAtAnySize: a repeated member name is refused wherever it
+// is and however many members come before it (small objects are scanned,
+// large ones use a set from the 16th member on), and however it is spelled.
+func TestDuplicateNamesAtAnySize(t *testing.T) {
+	for _, n := range []int{1, 2, 15, 16, 17, 40} {
+		for _, dupOf := range []int{0, n / 2, n - 1} {
+			var b strings.Builder
+			b.WriteByte('{')
+			for i := range n {
+				fmt.Fprintf(&b, `"m%d":%d,`, i, i)
+			}
+			fmt.Fprintf(&b, `"\u006d%d":true}`, dupOf) // "m<dupOf>" spelled with an escape
+			if _, err := jcs.ParseStrict([]byte(b.String())); !errors.Is(err, jcs.ErrDuplicateName) {
+				t.Errorf("%d members, a second m%d: err %v, want ErrDuplicateName", n, dupOf, err)
+			}
+			ok := strings.Replace(b.String(), fmt.Sprintf(`"\u006d%d"`, dupOf), `"other"`, 1)
+			if _, err := jcs.ParseStrict([]byte(ok)); err != nil {
+				t.Errorf("%d members, all distinct: %v", n, err)
+			}
+		}
+	}
+}
+
+// TestMemberRawAndCanonical: a member's Raw is its value as written, and
+// Value.Canonical is what Canonicalize gives for the same text.
+func TestMemberRawAndCanonical(t *testing.T) {
+	doc := `{ "b" : [1, 2.50, "\u00e9"] , "a":{"y":null,"x":true} }`
+	v, err := jcs.ParseStrict([]byte(doc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{"b": `[1, 2.50, "\u00e9"]`, "a": `{"y":null,"x":true}`}
+	for _, m := range v.Members {
+		if string(m.Raw) != want[m.Name] {
+			t.Errorf("member %s: Raw %q, want %q", m.Name, m.Raw, want[m.Name])
+		}
+		canon, err := jcs.Canonicalize(m.Raw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := m.Value.Canonical(); string(got) != string(canon) {
+			t.Errorf("member %s: Canonical %s, Canonicalize %s", m.Name, got, canon)
+		}
+	}
+	if canon, _ := jcs.Canonicalize([]byte(doc)); string(v.Canonical()) != string(canon) {
+		t.Errorf("document: Canonical %s, Canonicalize %s", v.Canonical(), canon)
+	}
 }
