@@ -8,6 +8,7 @@ package bench
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -49,7 +50,12 @@ type Config struct {
 	// toolq's fresh throughput).
 	Rate       int
 	LatencyFor time.Duration // how long each latency run publishes (default 10s)
-	Logger     *slog.Logger  // progress lines (nil: none)
+	// ConsumerBin is the consumer binary the scaling and memory runs start
+	// as separate processes (empty: those runs are not made).
+	ConsumerBin string
+	Processes   []int         // consumer process counts of the scaling runs (default 1, 2, 4)
+	MemoryFor   time.Duration // how long the memory run lasts at the fixed rate (0: no memory run)
+	Logger      *slog.Logger  // progress lines (nil: none)
 }
 
 func (c *Config) fill() {
@@ -67,6 +73,9 @@ func (c *Config) fill() {
 	}
 	if c.LatencyFor <= 0 {
 		c.LatencyFor = 10 * time.Second
+	}
+	if c.Processes == nil {
+		c.Processes = []int{1, 2, 4}
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -110,6 +119,10 @@ type Report struct {
 	ToolqLat    Latency    `json:"toolq_latency"`
 	NaiveLat100 Latency    `json:"naive_latency_100"`
 	ToolqLat100 Latency    `json:"toolq_latency_100"`
+	// Processes are the scaling runs (consumer processes on one durable),
+	// Memory the long run at the fixed rate; both need Config.ConsumerBin.
+	Processes []Processes `json:"processes,omitempty"`
+	Memory    *Memory     `json:"memory,omitempty"`
 }
 
 // bench is one run's shared parts.
@@ -125,6 +138,9 @@ type bench struct {
 	results *resultWatch
 	seq     atomic.Int64
 	quiet   *slog.Logger // the worker's: warnings and errors only
+
+	toolsFile           string  // the consumer processes' registry
+	childCPU, childPeak float64 // the last run's consumer processes: CPU seconds, peak RSS MiB
 }
 
 // Run measures every scenario once (throughput ones Reps times) and
@@ -204,14 +220,49 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		}
 		*l.into = lat
 	}
+	if cfg.ConsumerBin == "" {
+		return r, nil
+	}
+	dir, err := os.MkdirTemp("", "toolq-bench-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	if b.toolsFile, err = b.writeScaleTools(dir); err != nil {
+		return nil, err
+	}
+	for _, n := range cfg.Processes {
+		p := Processes{N: n}
+		if err := b.measureCounted(ctx, fmt.Sprintf("processes-%d", n), &p.Throughput, b.processesRun(n)); err != nil {
+			return nil, fmt.Errorf("bench: %d consumer processes: %w", n, err)
+		}
+		r.Processes = append(r.Processes, p)
+	}
+	if cfg.MemoryFor > 0 {
+		b.cfg.Logger.Info("bench memory run", "rate", rate, "for", cfg.MemoryFor)
+		m, err := b.memory(ctx, rate, cfg.MemoryFor)
+		if err != nil {
+			return nil, fmt.Errorf("bench: memory run: %w", err)
+		}
+		r.Memory = &m
+	}
 	return r, nil
 }
 
 // measure runs one throughput scenario Reps times and keeps the median.
 func (b *bench) measure(ctx context.Context, name string, into *Throughput, run func(context.Context, int) (time.Duration, error)) error {
+	return b.measureCounted(ctx, name, into, func(ctx context.Context, rep int) (time.Duration, int, error) {
+		d, err := run(ctx, rep)
+		return d, 0, err
+	})
+}
+
+// measureCounted is measure for a run that says how many jobs its elapsed
+// time covers (0: all of them); the per-job figures are over all the jobs.
+func (b *bench) measureCounted(ctx context.Context, name string, into *Throughput, run func(context.Context, int) (time.Duration, int, error)) error {
 	type sample struct {
-		perS, cpu, machine, commits, flushes float64
-		payments                             int
+		perS, cpu, machine, commits, flushes, peak float64
+		payments                                   int
 	}
 	var samples []sample
 	n := b.cfg.Jobs
@@ -221,25 +272,30 @@ func (b *bench) measure(ctx context.Context, name string, into *Throughput, run 
 	for rep := range b.cfg.Reps {
 		cpu0, machine0, commits0, flushes0, payments0 := cpuSeconds(), machineCPUSeconds(), b.commits(ctx), b.walFlushes(ctx), len(b.sandbox.Payments())
 		var elapsed time.Duration
+		var counted int
 		var err error
+		b.childCPU, b.childPeak = 0, 0
 		// The scenario labels its samples in a CPU profile (go tool pprof
 		// -tagfocus scenario=duplicate).
-		pprof.Do(ctx, pprof.Labels("scenario", name), func(ctx context.Context) { elapsed, err = run(ctx, rep) })
+		pprof.Do(ctx, pprof.Labels("scenario", name), func(ctx context.Context) { elapsed, counted, err = run(ctx, rep) })
 		if err != nil {
 			return err
 		}
+		if counted == 0 {
+			counted = n
+		}
 		time.Sleep(300 * time.Millisecond) // the closed connections' statistics reach pg_stat_database
 		per := func(d float64) float64 { return d / float64(n) }
-		s := sample{perS: float64(n) / elapsed.Seconds(), cpu: per(cpuSeconds()-cpu0) * 1000, machine: per(machineCPUSeconds()-machine0) * 1000,
+		s := sample{perS: float64(counted) / elapsed.Seconds(), cpu: per(cpuSeconds()-cpu0+b.childCPU) * 1000, machine: per(machineCPUSeconds()-machine0) * 1000,
 			commits: per(float64(b.commits(ctx) - commits0)), flushes: per(float64(b.walFlushes(ctx) - flushes0)),
-			payments: len(b.sandbox.Payments()) - payments0}
+			payments: len(b.sandbox.Payments()) - payments0, peak: b.childPeak}
 		samples = append(samples, s)
 		into.Runs = append(into.Runs, s.perS)
 		b.cfg.Logger.Info("bench run", "scenario", name, "rep", rep+1, "jobs_per_s", int(s.perS), "cpu_s_per_1000", fmt.Sprintf("%.3f", s.cpu))
 	}
 	slices.SortFunc(samples, func(a, b sample) int { return cmpFloat(a.perS, b.perS) })
 	m := samples[len(samples)/2]
-	into.JobsPerS, into.CPUPer1000, into.MachineCPU, into.CommitsPerJob, into.FlushesPerJob, into.PeakRSSMiB = m.perS, m.cpu, m.machine, m.commits, m.flushes, peakRSSMiB()
+	into.JobsPerS, into.CPUPer1000, into.MachineCPU, into.CommitsPerJob, into.FlushesPerJob, into.PeakRSSMiB = m.perS, m.cpu, m.machine, m.commits, m.flushes, cmp.Or(m.peak, peakRSSMiB())
 	into.Payments = m.payments
 	return nil
 }

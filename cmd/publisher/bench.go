@@ -10,8 +10,10 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"path/filepath"
 	"runtime/pprof"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -47,14 +49,29 @@ func runBench(ctx context.Context, args []string, stdio cli.IO, getenv func(stri
 	fs.DurationVar(&cfg.LatencyFor, "latency-for", 10*time.Second, "how long each latency run publishes")
 	quick := fs.Bool("quick", false, "a short run (about a minute): 2,000 jobs, one run each, 3s latency runs")
 	asJSON := fs.Bool("json", false, "print the figures as one JSON object, on the last line")
+	consumer := fs.String("consumer", "", "the consumer binary the scaling and memory runs start as processes (empty: ./consumer beside this binary, if there is one)")
+	processes := fs.String("processes", "1,2,4", "consumer process counts of the scaling runs, comma-separated (empty: none)")
+	fs.DurationVar(&cfg.MemoryFor, "memory-for", 0, "also run one consumer process at the fixed rate this long, sampling its RSS (e.g. 10m)")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file (go tool pprof; -tagfocus scenario=NAME keeps one scenario)")
 	if err := cli.ParseNone(fs, args); err != nil {
 		return err
 	}
+	var err error
 	if *quick {
 		cfg.Jobs, cfg.Reps, cfg.LatencyFor = 2000, 1, 3*time.Second
 	}
 	cfg.Logger = slog.New(slog.NewTextHandler(stdio.Err, nil))
+	if cfg.Processes, err = parseCounts(*processes); err != nil {
+		return fmt.Errorf("--processes: %w", err)
+	}
+	cfg.ConsumerBin = *consumer
+	if cfg.ConsumerBin == "" {
+		cfg.ConsumerBin = besideSelf("consumer")
+	}
+	if cfg.ConsumerBin == "" && (len(cfg.Processes) > 0 || cfg.MemoryFor > 0) {
+		cfg.Logger.Warn("bench: no consumer binary beside this one: the scaling and memory runs are not made " +
+			"(go build -o bin/ ./cmd/consumer ./cmd/publisher && bin/publisher bench, or --consumer PATH)")
+	}
 	cfg.NATSURL, cfg.DatabaseURL = *natsURL, *dbURL
 	if cfg.NATSURL == "" {
 		url, stop, err := startNATSProcess()
@@ -121,17 +138,40 @@ func printBench(stdio cli.IO, r *bench.Report) {
 		fmt.Fprintf(w, "%s\t%d/s\t%.2f\t%.2f\t%.2f\t%.2f\n", row.name, row.l.Rate, row.l.P50ms, row.l.P90ms, row.l.P99ms, row.l.MaxMs)
 	}
 	w.Flush()
+	if len(r.Processes) > 0 {
+		fmt.Fprintln(stdio.Out)
+		w = cli.NewTable(stdio.Out)
+		fmt.Fprintf(w, "consumer processes\tjobs/s\t× 1 process\tCPU s/1000 jobs\tmachine CPU s/1000\tledger commits/job\tpeak RSS MiB (one process)\n")
+		for _, p := range r.Processes {
+			fmt.Fprintf(w, "%d\t%.0f\t%.2f\t%.3f\t%.3f\t%.2f\t%.0f\n", p.N, p.JobsPerS, p.JobsPerS/r.Processes[0].JobsPerS,
+				p.CPUPer1000, p.MachineCPU, p.CommitsPerJob, p.PeakRSSMiB)
+		}
+		w.Flush()
+	}
+	if m := r.Memory; m != nil {
+		fmt.Fprintf(stdio.Out, "\nmemory: one consumer process at %d/s for %s (%d jobs): RSS %.0f MiB after warm-up, %.0f MiB at the end (%+.1f%%), %.0f MiB at most\n",
+			m.Rate, time.Duration(m.Seconds*float64(time.Second)), m.Jobs, m.StartMiB, m.EndMiB, m.GrowthPct, m.MaxMiB)
+	}
 }
 
 // benchJSON is the last line of --json: the figures a script compares.
 func benchJSON(r *bench.Report) map[string]any {
-	return map[string]any{
+	perN := map[string]float64{}
+	for _, p := range r.Processes {
+		perN[strconv.Itoa(p.N)] = p.JobsPerS
+	}
+	out := map[string]any{
 		"naive_jobs_per_s": r.Naive.JobsPerS, "fresh_jobs_per_s": r.Fresh.JobsPerS,
 		"duplicate_jobs_per_s": r.Duplicate.JobsPerS, "slow_jobs_per_s": r.Slow.JobsPerS,
 		"fresh_p99_ms": r.ToolqLat.P99ms, "naive_p99_ms": r.NaiveLat.P99ms, "rate": r.ToolqLat.Rate,
 		"fresh_p50_ms_at_100": r.ToolqLat100.P50ms, "naive_p50_ms_at_100": r.NaiveLat100.P50ms,
-		"report": r,
+		"processes_jobs_per_s": perN,
+		"report":               r,
 	}
+	if r.Memory != nil {
+		out["memory_growth_pct"] = r.Memory.GrowthPct
+	}
+	return out
 }
 
 // natsServerCommand is the hidden command the bench re-executes this binary
@@ -197,4 +237,34 @@ func runNATSServer(port, dir string) error {
 	srv.Shutdown()
 	srv.WaitForShutdown()
 	return nil
+}
+
+// parseCounts reads "1,2,4".
+func parseCounts(s string) ([]int, error) {
+	out := []int{}
+	for f := range strings.SplitSeq(s, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		n, err := strconv.Atoi(f)
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("%q is not a process count", f)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+// besideSelf is the path of the executable name in this binary's
+// directory, or "" when there is none.
+func besideSelf(name string) string {
+	self, err := os.Executable()
+	if err != nil {
+		return ""
+	}
+	p := filepath.Join(filepath.Dir(self), name)
+	if st, err := os.Stat(p); err != nil || st.IsDir() || st.Mode()&0o111 == 0 {
+		return ""
+	}
+	return p
 }

@@ -2,6 +2,9 @@ package main
 
 import (
 	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -17,8 +20,13 @@ import (
 func TestBenchMeasuresWhatItSays(t *testing.T) {
 	t.Parallel()
 	nats := testenv.StartNATS(t)
+	dir := t.TempDir()
+	if out, err := exec.Command("go", "build", "-o", dir+string(os.PathSeparator), "github.com/toolq/toolq/cmd/consumer").CombinedOutput(); err != nil {
+		t.Fatalf("build the consumer: %v\n%s", err, out)
+	}
 	out, err := runPublisher(t, "", "bench", "--json", "--nats-url", nats.URL, "--database-url", testenv.Postgres(t),
-		"--jobs", "300", "--reps", "1", "--concurrency", "8", "--latency-for", "500ms", "--rate", "200")
+		"--jobs", "300", "--reps", "1", "--concurrency", "8", "--latency-for", "500ms", "--rate", "200",
+		"--consumer", filepath.Join(dir, "consumer"), "--processes", "1,2", "--memory-for", "3s")
 	if err != nil {
 		t.Fatalf("bench: %v\n%s", err, out)
 	}
@@ -53,6 +61,22 @@ func TestBenchMeasuresWhatItSays(t *testing.T) {
 		if l.Jobs == 0 || l.P50ms <= 0 || l.P50ms > l.P99ms || l.P99ms > l.MaxMs {
 			t.Errorf("latency at %d/s: %+v", l.Rate, l)
 		}
+	}
+	// The consumer binary, as separate processes on one durable: each run
+	// pays every job once, and the memory run sampled the process.
+	if len(r.Processes) != 2 || r.Processes[0].N != 1 || r.Processes[1].N != 2 {
+		t.Fatalf("scaling runs: %+v", r.Processes)
+	}
+	for _, p := range r.Processes {
+		if p.JobsPerS <= 0 || p.Payments != 300 || p.PeakRSSMiB <= 0 || p.CPUPer1000 <= 0 {
+			t.Errorf("%d processes: %+v, want 300 payments and figures", p.N, p.Throughput)
+		}
+	}
+	if m := r.Memory; m == nil || m.Jobs != 600 || len(m.Samples) < 2 || m.StartMiB <= 0 || m.EndMiB <= 0 || m.MaxMiB < m.EndMiB {
+		t.Errorf("memory run: %+v", r.Memory)
+	}
+	if !strings.Contains(out, "consumer processes") || !strings.Contains(out, "memory: one consumer process") {
+		t.Errorf("no table for the process runs:\n%s", out)
 	}
 	if !strings.Contains(out, "slow tool:") || !strings.Contains(out, "duplicate") {
 		t.Errorf("no table for people:\n%s", out)

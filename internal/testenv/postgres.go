@@ -161,7 +161,7 @@ func startCluster(durable bool) (*Cluster, error) {
 		os.RemoveAll(c.dir)
 		return nil, err
 	}
-	if c.Port, err = freePort(); err != nil {
+	if c.Port, err = FreePort(); err != nil {
 		return nil, err
 	}
 	if err := c.Start(); err != nil {
@@ -239,7 +239,9 @@ func postgresBinDir() (string, error) {
 	return "", errors.New("initdb and pg_ctl not found on PATH or under /usr/lib/postgresql")
 }
 
-func freePort() (int, error) {
+// FreePort is a TCP port on the loopback interface that nothing listened
+// on a moment ago.
+func FreePort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return 0, err

@@ -1,0 +1,312 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/toolq/toolq/internal/testenv"
+	"github.com/toolq/toolq/jobs"
+)
+
+// The scenarios that run the consumer binary itself, as separate processes
+// on one durable consumer: the scaling runs (1, 2, 4 processes) and the
+// memory run (one process at a fixed rate for minutes, its RSS sampled).
+
+// Processes is one scaling run's figures: n consumer processes on one
+// durable, the median of Reps runs.
+type Processes struct {
+	N int `json:"processes"`
+	Throughput
+}
+
+// Memory is the consumer process's resident memory over a long run at a
+// fixed rate.
+type Memory struct {
+	Rate    int       `json:"rate"`
+	Seconds float64   `json:"seconds"`
+	Jobs    int       `json:"jobs"`
+	Samples []float64 `json:"rss_mib_samples"` // one every Seconds/60 (at least 1s)
+	// StartMiB is the median of the samples in the run's second tenth
+	// (after warm-up), EndMiB the median of its last tenth; GrowthPct is
+	// (End - Start) / Start.
+	StartMiB  float64 `json:"start_rss_mib"`
+	EndMiB    float64 `json:"end_rss_mib"`
+	MaxMiB    float64 `json:"max_rss_mib"`
+	GrowthPct float64 `json:"growth_pct"`
+}
+
+// consumerProc is one running consumer process.
+type consumerProc struct {
+	cmd    *exec.Cmd
+	health string // its /readyz address
+	stderr *strings.Builder
+}
+
+// writeScaleTools writes the registry the consumer processes load: "scale",
+// the sandbox payments API over HTTP as a keyed write, as "pay" is in
+// process.
+func (b *bench) writeScaleTools(dir string) (string, error) {
+	path := filepath.Join(dir, "bench-tools.yaml")
+	spec := fmt.Sprintf(`tools:
+  - name: scale
+    class: keyed_write
+    concurrency: %d
+    schema: {type: object}
+    http:
+      method: POST
+      url: %s/v1/payments
+`, b.cfg.Concurrency, b.url)
+	return path, os.WriteFile(path, []byte(spec), 0o600)
+}
+
+// startProcs starts n consumer processes on the durable "bench-scale" and
+// returns once every one is ready (its /readyz answers).
+func (b *bench) startProcs(ctx context.Context, n int) ([]*consumerProc, error) {
+	var procs []*consumerProc
+	for range n {
+		port, err := testenv.FreePort()
+		if err != nil {
+			return procs, err
+		}
+		p := &consumerProc{health: fmt.Sprintf("127.0.0.1:%d", port), stderr: &strings.Builder{}}
+		p.cmd = exec.CommandContext(ctx, b.cfg.ConsumerBin, "run", "--nats-url", b.cfg.NATSURL, "--database-url", b.cfg.DatabaseURL,
+			"--tools", b.toolsFile, "--durable", "bench-scale", "--filter-subject", jobs.JobSubject("scale"),
+			"--workers", strconv.Itoa(4*b.cfg.Concurrency), "--max-ack-pending", strconv.Itoa(4*b.cfg.Concurrency*n),
+			"--health-addr", p.health, "--log-level", "warn")
+		p.cmd.Stderr = limitedWriter{p.stderr, 64 << 10}
+		p.cmd.Cancel = func() error { return p.cmd.Process.Signal(syscall.SIGTERM) }
+		if err := p.cmd.Start(); err != nil {
+			return procs, fmt.Errorf("start %s: %w", b.cfg.ConsumerBin, err)
+		}
+		procs = append(procs, p)
+	}
+	for _, p := range procs {
+		if err := waitReady(ctx, p); err != nil {
+			return procs, err
+		}
+	}
+	return procs, nil
+}
+
+// stopProcs drains and stops the processes, and returns their CPU seconds
+// and the largest peak RSS among them (from the kernel's accounting of
+// each exited process).
+func stopProcs(procs []*consumerProc) (cpu, peakMiB float64, err error) {
+	for _, p := range procs {
+		p.cmd.Process.Signal(syscall.SIGTERM)
+	}
+	for _, p := range procs {
+		werr := p.cmd.Wait()
+		st := p.cmd.ProcessState
+		if st == nil {
+			err = errors.Join(err, werr)
+			continue
+		}
+		cpu += (st.UserTime() + st.SystemTime()).Seconds()
+		if ru, ok := st.SysUsage().(*syscall.Rusage); ok {
+			peakMiB = max(peakMiB, float64(ru.Maxrss)/1024)
+		}
+		if werr != nil {
+			err = errors.Join(err, fmt.Errorf("consumer process: %v\n%s", werr, p.stderr))
+		}
+	}
+	return cpu, peakMiB, err
+}
+
+func waitReady(ctx context.Context, p *consumerProc) error {
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		if p.cmd.ProcessState != nil {
+			break
+		}
+		req, _ := http.NewRequestWithContext(ctx, "GET", "http://"+p.health+"/readyz", nil)
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	return fmt.Errorf("consumer process not ready within 30s:\n%s", p.stderr)
+}
+
+// processesRun is the scaling scenario for n processes: a backlog of fresh
+// "scale" jobs, n consumer processes started and ready, and the rate at
+// which results arrive once all n are ready (the jobs answered while the
+// later processes were still starting do not count).
+func (b *bench) processesRun(n int) func(context.Context, int) (time.Duration, int, error) {
+	return func(ctx context.Context, rep int) (time.Duration, int, error) {
+		batch := b.jobsFor("scale", 100*n+rep, b.cfg.Jobs, false)
+		if err := b.publishAll(ctx, batch); err != nil {
+			return 0, 0, err
+		}
+		want := make(map[string]bool, len(batch))
+		for _, j := range batch {
+			want[j.ToolUseID] = true
+		}
+		done := b.results.expect(want)
+		started := time.Now()
+		procs, err := b.startProcs(ctx, n)
+		ready := time.Now()
+		stopped := false
+		stop := func() (float64, float64, error) {
+			stopped = true
+			return stopProcs(procs)
+		}
+		defer func() {
+			if !stopped {
+				stop()
+			}
+		}()
+		if err != nil {
+			return 0, 0, err
+		}
+		select {
+		case <-done:
+		case <-time.After(10 * time.Minute):
+			return 0, 0, fmt.Errorf("%d of %d results after 10 minutes", len(batch)-b.results.missing(), len(batch))
+		case <-ctx.Done():
+			return 0, 0, ctx.Err()
+		}
+		var last time.Time
+		counted := 0
+		for _, at := range b.results.arrivals(want) {
+			if at.After(ready) {
+				counted++
+			}
+			if at.After(last) {
+				last = at
+			}
+		}
+		cpu, peak, err := stop()
+		if err != nil {
+			return 0, 0, err
+		}
+		b.childCPU, b.childPeak = cpu, peak
+		if counted < len(batch)/2 {
+			// Most jobs were answered while the processes started (a small
+			// --jobs): time the whole run, start-up included.
+			return last.Sub(started), len(batch), nil
+		}
+		return last.Sub(ready), counted, nil
+	}
+}
+
+// memory runs one consumer process at rate for d, sampling its RSS.
+func (b *bench) memory(ctx context.Context, rate int, d time.Duration) (Memory, error) {
+	procs, err := b.startProcs(ctx, 1)
+	if err != nil {
+		stopProcs(procs)
+		return Memory{}, err
+	}
+	pid := procs[0].cmd.Process.Pid
+	n := max(int(float64(rate)*d.Seconds()), 1)
+	batch := b.jobsFor("scale", 9000, n, false)
+	want := make(map[string]bool, n)
+	for _, j := range batch {
+		want[j.ToolUseID] = true
+	}
+	done := b.results.expect(want)
+	every := max(d/60, time.Second)
+	m := Memory{Rate: rate, Seconds: d.Seconds(), Jobs: n}
+	sampled := make(chan struct{})
+	stopSampling := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-stopSampling:
+				return
+			case <-t.C:
+				if rss, err := rssMiB(pid); err == nil {
+					m.Samples = append(m.Samples, rss)
+				}
+			}
+		}
+	}()
+	client := jobs.NewClient(b.js)
+	tick := time.NewTicker(time.Second / time.Duration(rate))
+	for _, j := range batch {
+		<-tick.C
+		go client.Publish(ctx, j)
+	}
+	tick.Stop()
+	close(stopSampling)
+	<-sampled
+	var werr error
+	select {
+	case <-done:
+	case <-time.After(2 * time.Minute):
+		werr = fmt.Errorf("%d results missing", b.results.missing())
+	}
+	if _, _, err := stopProcs(procs); err != nil || werr != nil {
+		return Memory{}, errors.Join(werr, err)
+	}
+	m.summarize()
+	return m, nil
+}
+
+// summarize sets Start, End, Max and Growth from the samples.
+func (m *Memory) summarize() {
+	k := len(m.Samples)
+	if k == 0 {
+		return
+	}
+	median := func(s []float64) float64 {
+		s = slices.Clone(s)
+		slices.Sort(s)
+		return s[len(s)/2]
+	}
+	tenth := max(k/10, 1)
+	m.StartMiB = median(m.Samples[min(tenth, k-1):min(2*tenth, k)])
+	m.EndMiB = median(m.Samples[k-tenth:])
+	m.MaxMiB = slices.Max(m.Samples)
+	if m.StartMiB > 0 {
+		m.GrowthPct = 100 * (m.EndMiB - m.StartMiB) / m.StartMiB
+	}
+}
+
+// rssMiB is a process's resident set size now (VmRSS in /proc).
+func rssMiB(pid int) (float64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, err
+	}
+	for line := range strings.SplitSeq(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, err := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 64)
+			return kb / 1024, err
+		}
+	}
+	return 0, errors.New("no VmRSS")
+}
+
+// limitedWriter keeps the first max bytes written to it.
+type limitedWriter struct {
+	b   *strings.Builder
+	max int
+}
+
+func (w limitedWriter) Write(p []byte) (int, error) {
+	if room := w.max - w.b.Len(); room > 0 {
+		w.b.Write(p[:min(len(p), room)])
+	}
+	return len(p), nil
+}
