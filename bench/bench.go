@@ -389,6 +389,8 @@ func (b *bench) timed(ctx context.Context, batch []*jobs.Job, start func(context
 	select {
 	case <-done:
 		return time.Since(t0), nil
+	case <-b.results.failed:
+		return 0, b.results.err
 	case <-time.After(10 * time.Minute):
 		return 0, fmt.Errorf("%d of %d results after 10 minutes", len(batch)-b.results.missing(), len(batch))
 	case <-ctx.Done():
@@ -434,7 +436,13 @@ func (b *bench) startToolq(ctx context.Context, tool string) (func(), error) {
 		return nil, err
 	}
 	done := make(chan struct{})
-	go func() { w.Run(wctx); close(done) }()
+	go func() {
+		defer close(done)
+		if err := w.Run(wctx); err != nil {
+			b.cfg.Logger.Error("bench: the worker stopped", "error", err)
+			b.results.fail(err)
+		}
+	}()
 	return func() { cancel(); <-done; store.Close() }, nil
 }
 
@@ -527,6 +535,8 @@ func (b *bench) latency(ctx context.Context, rate int, toolq bool) (Latency, err
 	}
 	select {
 	case <-done:
+	case <-b.results.failed:
+		return Latency{}, b.results.err
 	case <-time.After(2 * time.Minute):
 		return Latency{}, fmt.Errorf("%d results missing", b.results.missing())
 	}
@@ -606,10 +616,14 @@ type resultWatch struct {
 	want map[string]bool
 	left int
 	done chan struct{}
+
+	failOnce sync.Once
+	failed   chan struct{} // closed when a consumer under test stopped on its own
+	err      error
 }
 
 func watchResults(nc *nats.Conn) (*resultWatch, error) {
-	w := &resultWatch{at: map[string]time.Time{}}
+	w := &resultWatch{at: map[string]time.Time{}, failed: make(chan struct{})}
 	sub, err := nc.Subscribe(jobs.ResultsPrefix+">", func(m *nats.Msg) {
 		now := time.Now()
 		var r struct {
@@ -672,6 +686,11 @@ func (w *resultWatch) arrivals(ids map[string]bool) map[string]time.Time {
 }
 
 func (w *resultWatch) stop() { w.sub.Unsubscribe() }
+
+// fail ends every wait for results: a consumer under test stopped.
+func (w *resultWatch) fail(err error) {
+	w.failOnce.Do(func() { w.err = err; close(w.failed) })
+}
 
 func bytesReader(b []byte) io.Reader { return bytes.NewReader(b) }
 

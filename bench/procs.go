@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -47,9 +48,11 @@ type Memory struct {
 
 // consumerProc is one running consumer process.
 type consumerProc struct {
-	cmd    *exec.Cmd
-	health string // its /readyz address
-	stderr *strings.Builder
+	cmd     *exec.Cmd
+	health  string // its /readyz address
+	stderr  *strings.Builder
+	gone    chan struct{} // closed when it has exited
+	waitErr error         // how it exited, once gone is closed
 }
 
 // writeScaleTools writes the registry the consumer processes load: "scale",
@@ -88,6 +91,8 @@ func (b *bench) startProcs(ctx context.Context, n int) ([]*consumerProc, error) 
 		if err := p.cmd.Start(); err != nil {
 			return procs, fmt.Errorf("start %s: %w", b.cfg.ConsumerBin, err)
 		}
+		p.gone = make(chan struct{})
+		go func() { p.waitErr = p.cmd.Wait(); close(p.gone) }()
 		procs = append(procs, p)
 	}
 	for _, p := range procs {
@@ -106,8 +111,8 @@ func stopProcs(procs []*consumerProc) (cpu, peakMiB float64, err error) {
 		p.cmd.Process.Signal(syscall.SIGTERM)
 	}
 	for _, p := range procs {
-		werr := p.cmd.Wait()
-		st := p.cmd.ProcessState
+		<-p.gone
+		werr, st := p.waitErr, p.cmd.ProcessState
 		if st == nil {
 			err = errors.Join(err, werr)
 			continue
@@ -123,11 +128,26 @@ func stopProcs(procs []*consumerProc) (cpu, peakMiB float64, err error) {
 	return cpu, peakMiB, err
 }
 
+// exited is closed when any of the processes exits.
+func exited(procs []*consumerProc) <-chan struct{} {
+	c := make(chan struct{})
+	var once sync.Once
+	for _, p := range procs {
+		go func() {
+			<-p.gone
+			once.Do(func() { close(c) })
+		}()
+	}
+	return c
+}
+
 func waitReady(ctx context.Context, p *consumerProc) error {
 	deadline := time.Now().Add(30 * time.Second)
 	for time.Now().Before(deadline) {
-		if p.cmd.ProcessState != nil {
-			break
+		select {
+		case <-p.gone:
+			return fmt.Errorf("consumer process exited before it was ready (%v):\n%s", p.waitErr, p.stderr)
+		default:
 		}
 		req, _ := http.NewRequestWithContext(ctx, "GET", "http://"+p.health+"/readyz", nil)
 		if resp, err := http.DefaultClient.Do(req); err == nil {
@@ -178,6 +198,8 @@ func (b *bench) processesRun(n int) func(context.Context, int) (time.Duration, i
 		}
 		select {
 		case <-done:
+		case <-exited(procs):
+			return 0, 0, fmt.Errorf("a consumer process stopped on its own")
 		case <-time.After(10 * time.Minute):
 			return 0, 0, fmt.Errorf("%d of %d results after 10 minutes", len(batch)-b.results.missing(), len(batch))
 		case <-ctx.Done():
@@ -253,6 +275,8 @@ func (b *bench) memory(ctx context.Context, rate int, d time.Duration) (Memory, 
 	var werr error
 	select {
 	case <-done:
+	case <-exited(procs):
+		werr = errors.New("the consumer process stopped on its own")
 	case <-time.After(2 * time.Minute):
 		werr = fmt.Errorf("%d results missing", b.results.missing())
 	}

@@ -236,21 +236,10 @@ func (w *Worker) Run(ctx context.Context) error {
 	go w.commits.run(runCtx)
 	defer func() { cancelRun(); <-w.claims.done; <-w.commits.done }()
 
-	iter, err := w.consumer.Messages(jetstream.PullMaxMessages(w.cfg.BatchSize))
+	p, err := w.startPull(startCtx)
 	if err != nil {
-		return fmt.Errorf("worker: pull from %s: %w", jobs.JobsStream, err)
+		return err
 	}
-	incoming := make(chan jetstream.Msg)
-	go func() {
-		defer close(incoming)
-		for {
-			msg, err := iter.Next()
-			if err != nil {
-				return // the iterator was stopped or drained
-			}
-			incoming <- msg
-		}
-	}()
 	idle := time.NewTicker(100 * time.Millisecond)
 	defer idle.Stop()
 loop:
@@ -258,9 +247,8 @@ loop:
 		select {
 		case <-startCtx.Done():
 			break loop
-		case msg, ok := <-incoming:
-			if !ok {
-				err = fmt.Errorf("worker: the pull from %s ended (was the consumer deleted?)", jobs.JobsStream)
+		case msg, ok := <-p.incoming:
+			if !ok { // the drain started while the pull was being set up again
 				break loop
 			}
 			if !w.takeSlot(startCtx, msg) { // draining: never start what waited for a slot
@@ -288,8 +276,8 @@ loop:
 	defer deadline.Stop()
 	// Stop pulling; what the client had buffered comes out of incoming and
 	// goes back at once.
-	iter.Drain()
-	for msg := range incoming {
+	p.drain()
+	for msg := range p.incoming {
 		w.handBack(runCtx, msg)
 	}
 	done := make(chan struct{})
@@ -301,6 +289,101 @@ loop:
 		cancelRun()
 	}
 	return err
+}
+
+// puller feeds the fetch loop from the durable consumer. A pull that ends
+// on its own (the consumer deleted and so re-created, the connection
+// closed) is set up again, and an error that does not end it (a missed
+// heartbeat, a leadership change) is logged: the worker never stops pulling
+// before the drain.
+type puller struct {
+	w        *Worker
+	incoming chan jetstream.Msg // closed once the pull has stopped for good
+
+	mu       sync.Mutex
+	iter     jetstream.MessagesContext
+	draining bool
+}
+
+func (w *Worker) startPull(startCtx context.Context) (*puller, error) {
+	iter, err := w.consumer.Messages(jetstream.PullMaxMessages(w.cfg.BatchSize))
+	if err != nil {
+		return nil, fmt.Errorf("worker: pull from %s: %w", jobs.JobsStream, err)
+	}
+	p := &puller{w: w, incoming: make(chan jetstream.Msg), iter: iter}
+	go p.run(startCtx)
+	return p, nil
+}
+
+func (p *puller) run(startCtx context.Context) {
+	defer close(p.incoming)
+	p.mu.Lock()
+	iter := p.iter
+	p.mu.Unlock()
+	for {
+		msg, err := iter.Next()
+		if err == nil {
+			p.incoming <- msg
+			continue
+		}
+		p.mu.Lock()
+		draining := p.draining
+		p.mu.Unlock()
+		if draining {
+			return // drained: what it had buffered came out before this
+		}
+		if !errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+			p.w.log.Warn("pulling jobs", "stream", jobs.JobsStream, "error", err)
+			if ctxSleep(startCtx, 50*time.Millisecond) != nil {
+				return
+			}
+			continue
+		}
+		p.w.log.Warn("the pull ended; setting it up again", "stream", jobs.JobsStream, "error", err)
+		if iter = p.again(startCtx); iter == nil {
+			return
+		}
+	}
+}
+
+// again provisions the durable consumer and pulls from it anew, backing off
+// while that fails, until the drain starts (nil then).
+func (p *puller) again(startCtx context.Context) jetstream.MessagesContext {
+	wait := 100 * time.Millisecond
+	for {
+		if ctxSleep(startCtx, wait) != nil {
+			return nil
+		}
+		wait = min(2*wait, 10*time.Second)
+		cons, err := p.w.cfg.Consumer.provision(startCtx, p.w.cfg.JS)
+		if err != nil {
+			p.w.log.Warn("setting up the pull again", "error", err)
+			continue
+		}
+		iter, err := cons.Messages(jetstream.PullMaxMessages(p.w.cfg.BatchSize))
+		if err != nil {
+			p.w.log.Warn("setting up the pull again", "error", err)
+			continue
+		}
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if p.draining {
+			iter.Stop()
+			return nil
+		}
+		p.iter = iter
+		p.w.log.Info("pulling again", "stream", jobs.JobsStream)
+		return iter
+	}
+}
+
+// drain stops pulling; what the client had buffered still comes out of
+// incoming, which is then closed.
+func (p *puller) drain() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.draining = true
+	p.iter.Drain()
 }
 
 // takeSlot waits for a free slot, telling JetStream the message is in
@@ -392,4 +475,16 @@ func (w *Worker) backoff(d *delivery) time.Duration {
 		delay *= 2
 	}
 	return min(delay, time.Minute)
+}
+
+// ctxSleep waits d, or until ctx ends (its error then).
+func ctxSleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }

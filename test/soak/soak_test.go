@@ -171,6 +171,20 @@ func TestSoak(t *testing.T) {
 	if len(r.faultErrs) > 0 {
 		t.Errorf("soak: %d fault(s) could not be injected or undone: %s", len(r.faultErrs), strings.Join(r.faultErrs, "; "))
 	}
+	// Every scheduled fault was injected: a run that skipped some proves
+	// less than its report claims.
+	scheduled := map[string]int{}
+	for _, f := range fs {
+		scheduled[f.kind]++
+	}
+	for kind, n := range scheduled {
+		if r.faults[kind] != n {
+			t.Errorf("soak: %d of %d %s faults injected", r.faults[kind], n, kind)
+		}
+	}
+	if len(scheduled) != len(faultKinds()) {
+		t.Errorf("soak: %d fault kinds scheduled, want all %d", len(scheduled), len(faultKinds()))
+	}
 	if len(vs) > 0 {
 		t.Errorf("soak: %d VIOLATION(S) of toolq's promise with seed %d; the run is kept in %s", len(vs), seed, dir)
 	}
