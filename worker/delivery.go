@@ -236,6 +236,7 @@ func (d *delivery) takeOver(row ledger.Row) outcome {
 	// worker is dead-lettered at the limit, its lease ended so that a
 	// requeue takes it over.
 	if row.Error == nil {
+		d.countTakeover()
 		tries, err := d.failedTry(d.runCtx, taken)
 		if err != nil {
 			return d.lostClaim(err)
@@ -261,6 +262,7 @@ func (d *delivery) holderLost(row ledger.Row) outcome {
 	if err != nil {
 		return d.lostRace(err)
 	}
+	d.countTakeover()
 	info := ledger.ErrorInfo{Code: "holder_lost", Message: fmt.Sprintf("%s stopped during attempt %d; whether the call took effect is unknown", row.Owner, row.Attempt)}
 	if err := d.durably(d.runCtx, "mark indeterminate", func() error { return d.w.cfg.Ledger.MarkIndeterminate(d.runCtx, taken.Fence(), info) }); err != nil {
 		return d.lostRace(err)

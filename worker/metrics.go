@@ -28,6 +28,7 @@ type instruments struct {
 	inFlight      metric.Int64UpDownCounter
 	deadLetters   metric.Int64Counter
 	indeterminate metric.Int64Counter
+	takeovers     metric.Int64Counter
 	outage        metric.Float64Counter
 	claimLatency  metric.Float64Histogram
 	toolLatency   metric.Float64Histogram
@@ -67,6 +68,10 @@ func newInstruments(mp metric.MeterProvider, reg *tools.Registry) (*instruments,
 		metric.WithDescription("Ledger rows this worker marked indeterminate, by tool: each waits for an operator (consumer ledger resolve).")); err != nil {
 		return nil, err
 	}
+	if in.takeovers, err = m.Int64Counter("toolq.ledger.takeovers", metric.WithUnit("{row}"),
+		metric.WithDescription("Expired leases this worker took over, by tool: their holder stopped mid-call (killed, stopped, cut off). A keyed write runs again with its key; an unkeyed write becomes indeterminate.")); err != nil {
+		return nil, err
+	}
 	if in.outage, err = m.Float64Counter("toolq.outage.duration", metric.WithUnit("s"),
 		metric.WithDescription("Time deliveries spent riding out an outage, by dependency (toolq.dependency): ledger or broker. Summed over deliveries: a rate above 1 is several deliveries waiting.")); err != nil {
 		return nil, err
@@ -95,6 +100,7 @@ func newInstruments(mp metric.MeterProvider, reg *tools.Registry) (*instruments,
 			continue
 		}
 		in.indeterminate.Add(ctx, 0, metric.WithAttributes(tracing.KeyTool.String(t.Name)))
+		in.takeovers.Add(ctx, 0, metric.WithAttributes(tracing.KeyTool.String(t.Name)))
 		for _, route := range []string{routeNewToolUseID, routeRedelivery, routeReplay, routeRequeue, routeRepublish} {
 			in.duplicates.Add(ctx, 0, metric.WithAttributes(tracing.KeyTool.String(t.Name), tracing.KeyRoute.String(route)))
 		}
@@ -142,6 +148,12 @@ func (d *delivery) toolLabel() string {
 // countIndeterminate counts a row this delivery marked indeterminate.
 func (d *delivery) countIndeterminate() {
 	d.w.metrics.indeterminate.Add(context.Background(), 1, metric.WithAttributes(tracing.KeyTool.String(d.toolLabel())))
+}
+
+// countTakeover counts an expired lease taken over from a holder that
+// stopped mid-call.
+func (d *delivery) countTakeover() {
+	d.w.metrics.takeovers.Add(context.Background(), 1, metric.WithAttributes(tracing.KeyTool.String(d.toolLabel())))
 }
 
 // countOutage adds time spent waiting out an outage of what durably was

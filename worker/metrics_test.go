@@ -12,6 +12,7 @@ import (
 
 	"github.com/toolq/toolq/internal/testenv"
 	"github.com/toolq/toolq/jobs"
+	"github.com/toolq/toolq/ledger"
 	"github.com/toolq/toolq/tools"
 	"github.com/toolq/toolq/worker"
 )
@@ -167,5 +168,66 @@ func TestEachDeliveryIsCountedOnce(t *testing.T) {
 	want := map[string]int64{"indeterminate/ticket": 1, "rejected/unknown": 2}
 	if len(counts) != len(want) || counts["indeterminate/ticket"] != 1 || counts["rejected/unknown"] != 2 {
 		t.Fatalf("toolq.jobs %v, want %v", counts, want)
+	}
+}
+
+// TestTakeoversAreCounted: a holder that stopped mid-call leaves an
+// in-flight row whose lease runs out. The next delivery takes it over (a
+// keyed write runs again with its key, an unkeyed write becomes
+// indeterminate), and toolq.ledger.takeovers counts each, by tool: the
+// series the "leases expiring" alert watches.
+func TestTakeoversAreCounted(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	ok := tools.ExecutorFunc(func(ctx context.Context, r tools.Request) (json.RawMessage, error) {
+		return json.RawMessage(`{"id":"p1"}`), nil
+	})
+	schema := json.RawMessage(`{"type":"object"}`)
+	reg, _ := tools.NewRegistry([]tools.Definition{
+		{Name: "pay", Class: tools.KeyedWrite, Schema: schema, Executor: ok},
+		{Name: "ticket", Class: tools.UnkeyedWrite, Schema: schema, Executor: ok},
+		{Name: "idle", Class: tools.KeyedWrite, Schema: schema, Executor: ok},
+	}, tools.Config{})
+	reader := sdkmetric.NewManualReader()
+	js, store := startWorker(t, reg, worker.Config{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))})
+	client := jobs.NewClient(js)
+	want := map[string]jobs.Status{"pay": jobs.StatusOK, "ticket": jobs.StatusIndeterminate}
+	for tool, status := range want {
+		j := &jobs.Job{ConversationID: "c", Tool: tool, ToolUseID: "toolu_" + tool, Args: json.RawMessage(`{"n":1}`)}
+		m, err := j.Call().Material()
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The dead holder's claim: its lease has run out by the time the job comes.
+		c := ledger.Claim{Key: m.Key(), ConversationID: j.ConversationID, Tool: tool, ArgsDigest: m.ArgsDigest(), ToolUseID: "toolu_dead",
+			Owner: "dead-host:1", Lease: time.Millisecond, Token: "dead"}
+		if res, err := store.Claim(ctx, []ledger.Claim{c}); err != nil || !res[0].Claimed {
+			t.Fatalf("the dead holder's claim: %+v %v", res, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+		actx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		r, err := client.PublishAndAwait(actx, j)
+		cancel()
+		if err != nil || r.Status != status {
+			t.Fatalf("%s: %+v %v, want %s", tool, r, err, status)
+		}
+	}
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(ctx, &rm); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]int64{}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if sum, ok := m.Data.(metricdata.Sum[int64]); ok && m.Name == "toolq.ledger.takeovers" {
+				for _, dp := range sum.DataPoints {
+					tool, _ := dp.Attributes.Value(attribute.Key("toolq.tool"))
+					got[tool.AsString()] += dp.Value
+				}
+			}
+		}
+	}
+	if len(got) != 3 || got["pay"] != 1 || got["ticket"] != 1 || got["idle"] != 0 {
+		t.Fatalf("toolq.ledger.takeovers %v, want pay 1, ticket 1, idle 0 (its series exists at zero)", got)
 	}
 }
