@@ -463,8 +463,12 @@ func (b *bench) startNaive(ctx context.Context, tool string) (func(), error) {
 	go func() {
 		for {
 			msg, err := it.Next()
-			if err != nil {
-				return
+			if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+				return // stopped
+			}
+			if err != nil { // a missed heartbeat, say: the pull goes on
+				b.cfg.Logger.Warn("naive dispatcher: pull", "error", err)
+				continue
 			}
 			sem <- struct{}{}
 			wg.Add(1)
