@@ -85,7 +85,7 @@ func (b *bench) startProcs(ctx context.Context, n int) ([]*consumerProc, error) 
 		p.cmd = exec.CommandContext(ctx, b.cfg.ConsumerBin, "run", "--nats-url", b.cfg.NATSURL, "--database-url", b.cfg.DatabaseURL,
 			"--tools", b.toolsFile, "--durable", "bench-scale", "--filter-subject", jobs.JobSubject("scale"),
 			"--workers", strconv.Itoa(4*b.cfg.Concurrency), "--max-ack-pending", strconv.Itoa(4*b.cfg.Concurrency*n),
-			"--health-addr", p.health, "--log-level", "warn")
+			"--health-addr", p.health, "--debug-pprof", "--log-level", "warn")
 		p.cmd.Stderr = limitedWriter{p.stderr, 64 << 10}
 		p.cmd.Cancel = func() error { return p.cmd.Process.Signal(syscall.SIGTERM) }
 		if err := p.cmd.Start(); err != nil {
@@ -104,10 +104,15 @@ func (b *bench) startProcs(ctx context.Context, n int) ([]*consumerProc, error) 
 }
 
 // stopProcs drains and stops the processes, and returns their CPU seconds
-// and the largest peak RSS among them (from the kernel's accounting of
-// each exited process).
+// (the kernel's accounting of each exited process) and the largest peak
+// RSS among them (VmHWM, read before the stop: the exited process's
+// ru_maxrss would count the bench's own memory, which the child shared
+// between its fork and its exec).
 func stopProcs(procs []*consumerProc) (cpu, peakMiB float64, err error) {
 	for _, p := range procs {
+		if hwm, err := procMiB(p.cmd.Process.Pid, "VmHWM:"); err == nil {
+			peakMiB = max(peakMiB, hwm)
+		}
 		p.cmd.Process.Signal(syscall.SIGTERM)
 	}
 	for _, p := range procs {
@@ -118,9 +123,6 @@ func stopProcs(procs []*consumerProc) (cpu, peakMiB float64, err error) {
 			continue
 		}
 		cpu += (st.UserTime() + st.SystemTime()).Seconds()
-		if ru, ok := st.SysUsage().(*syscall.Rusage); ok {
-			peakMiB = max(peakMiB, float64(ru.Maxrss)/1024)
-		}
 		if werr != nil {
 			err = errors.Join(err, fmt.Errorf("consumer process: %v\n%s", werr, p.stderr))
 		}
@@ -257,7 +259,7 @@ func (b *bench) memory(ctx context.Context, rate int, d time.Duration) (Memory, 
 			case <-stopSampling:
 				return
 			case <-t.C:
-				if rss, err := rssMiB(pid); err == nil {
+				if rss, err := procMiB(pid, "VmRSS:"); err == nil {
 					m.Samples = append(m.Samples, rss)
 				}
 			}
@@ -307,19 +309,20 @@ func (m *Memory) summarize() {
 	}
 }
 
-// rssMiB is a process's resident set size now (VmRSS in /proc).
-func rssMiB(pid int) (float64, error) {
+// procMiB is one of a process's memory figures in /proc/PID/status:
+// "VmRSS:" its resident set now, "VmHWM:" the largest it has been.
+func procMiB(pid int, field string) (float64, error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		return 0, err
 	}
 	for line := range strings.SplitSeq(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+		if v, ok := strings.CutPrefix(line, field); ok {
 			kb, err := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 64)
 			return kb / 1024, err
 		}
 	}
-	return 0, errors.New("no VmRSS")
+	return 0, fmt.Errorf("no %s in /proc/%d/status", field, pid)
 }
 
 // limitedWriter keeps the first max bytes written to it.

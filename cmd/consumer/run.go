@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -45,6 +46,7 @@ func runWorker(ctx context.Context, args []string, stdio cli.IO, getenv func(str
 	batch := fs.Int("batch", 32, "jobs fetched per pull (their keys are claimed in one round trip)")
 	untilEmpty := fs.Bool("until-empty", false, "exit once nothing is pending and nothing is in flight")
 	healthAddr := fs.String("health-addr", cli.Env(getenv, "TOOLQ_HEALTH_ADDR", ""), "serve /healthz, /readyz and /metrics here (env TOOLQ_HEALTH_ADDR)")
+	debugPprof := fs.Bool("debug-pprof", false, "also serve Go's profiles under /debug/pprof/ on --health-addr (heap, goroutine, profile)")
 	shutdownTimeout := fs.Duration("shutdown-timeout", 30*time.Second, "on SIGTERM, how long running tools may finish")
 	durable := fs.String("durable", "toolq", "name of the durable consumer the workers share")
 	filter := fs.String("filter-subject", jobs.JobsSubjects, "the jobs this durable takes, e.g. toolq.jobs.send_payment (give each set of workers with its own registry its own --durable)")
@@ -149,7 +151,7 @@ func runWorker(ctx context.Context, args []string, stdio cli.IO, getenv func(str
 		return err
 	}
 	if *healthAddr != "" {
-		addr, stop, err := serveHealth(*healthAddr, st.Conn, st.Store, metricsHandler)
+		addr, stop, err := serveHealth(*healthAddr, st.Conn, st.Store, metricsHandler, *debugPprof)
 		if err != nil {
 			return err
 		}
@@ -194,7 +196,7 @@ func flagHint(err error) error {
 }
 
 // serveHealth serves liveness, readiness and metrics.
-func serveHealth(addr string, nc *nats.Conn, store *ledger.Store, metrics http.Handler) (string, func(), error) {
+func serveHealth(addr string, nc *nats.Conn, store *ledger.Store, metrics http.Handler, debugPprof bool) (string, func(), error) {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(rw http.ResponseWriter, r *http.Request) { fmt.Fprintln(rw, "ok") })
 	mux.HandleFunc("GET /readyz", func(rw http.ResponseWriter, r *http.Request) {
@@ -214,6 +216,12 @@ func serveHealth(addr string, nc *nats.Conn, store *ledger.Store, metrics http.H
 		fmt.Fprintln(rw, "ready")
 	})
 	mux.Handle("GET /metrics", metrics)
+	if debugPprof {
+		mux.HandleFunc("GET /debug/pprof/", pprof.Index)
+		mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
+	}
 	l, err := net.Listen("tcp", addr)
 	if err != nil {
 		return "", nil, fmt.Errorf("--health-addr %s: %w", addr, err)

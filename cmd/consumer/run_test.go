@@ -118,6 +118,9 @@ func TestEmbeddedDefault(t *testing.T) {
 			t.Errorf("%s: %d %q", path, resp.StatusCode, body)
 		}
 	}
+	if resp, err := http.Get(healthURL + "/debug/pprof/"); err != nil || resp.StatusCode != http.StatusNotFound {
+		t.Errorf("/debug/pprof/ without --debug-pprof: %v %v, want 404", resp, err)
+	}
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatalf("consumer: %v", err)
@@ -188,6 +191,28 @@ func TestUntilEmpty(t *testing.T) {
 		cancel()
 		if err != nil || r.Status != jobs.StatusOK {
 			t.Fatalf("result %d: %+v %v", i, r, err)
+		}
+	}
+}
+
+// TestDebugPprof: --debug-pprof serves Go's profiles next to the health
+// endpoints, for an operator chasing memory or CPU in a running consumer.
+func TestDebugPprof(t *testing.T) {
+	t.Parallel()
+	addr, stop, err := serveHealth("127.0.0.1:0", nil, nil, http.NotFoundHandler(), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	for path, want := range map[string]string{"/debug/pprof/": "heap", "/debug/pprof/goroutine?debug=1": "goroutine profile: total"} {
+		resp, err := http.Get("http://" + addr + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || !strings.Contains(string(body), want) {
+			t.Errorf("%s: %d %.200q", path, resp.StatusCode, body)
 		}
 	}
 }
