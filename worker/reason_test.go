@@ -121,7 +121,7 @@ func TestDuplicateSpanSaysWhyNothingRan(t *testing.T) {
 				}
 				attrs := map[attribute.Key]string{}
 				for _, kv := range e.Attributes {
-					attrs[kv.Key] = kv.Value.Emit()
+					attrs[kv.Key] = kv.Value.String()
 				}
 				got[id] = attrs
 			}
