@@ -30,6 +30,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/toolq/toolq/demo/sandbox"
 	"github.com/toolq/toolq/jobs"
@@ -119,6 +122,10 @@ type Report struct {
 	ToolqLat    Latency    `json:"toolq_latency"`
 	NaiveLat100 Latency    `json:"naive_latency_100"`
 	ToolqLat100 Latency    `json:"toolq_latency_100"`
+	// Phases is where toolq's latency at the fixed rate goes, from its
+	// spans in a run of its own (tracing costs a little: its end-to-end
+	// figure is a little above ToolqLat's).
+	Phases []Phase `json:"toolq_latency_phases,omitempty"`
 	// Processes are the scaling runs (consumer processes on one durable),
 	// Memory the long run at the fixed rate; both need Config.ConsumerBin.
 	Processes []Processes `json:"processes,omitempty"`
@@ -189,6 +196,11 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	defer b.results.stop()
 
+	// A machine that stops running this process for a while (a shared VM
+	// descheduled, paused or snapshotted) makes a run slow for reasons of
+	// its own: say so, so that such a run is not read as toolq's figure.
+	stopWatch := watchStalls(cfg.Logger)
+	defer stopWatch()
 	r := &Report{Jobs: cfg.Jobs, Concurrency: cfg.Concurrency}
 	for _, s := range []struct {
 		name string
@@ -219,6 +231,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			return nil, fmt.Errorf("bench: latency at %d/s: %w", l.rate, err)
 		}
 		*l.into = lat
+	}
+	if r.Phases, err = b.phases(ctx, rate); err != nil {
+		return nil, fmt.Errorf("bench: latency phases at %d/s: %w", rate, err)
 	}
 	if cfg.ConsumerBin == "" {
 		return r, nil
@@ -404,6 +419,12 @@ func (b *bench) timed(ctx context.Context, batch []*jobs.Job, start func(context
 // deliveries, since most of them wait on the ledger's group commit, not on
 // a tool.
 func (b *bench) startToolq(ctx context.Context, tool string) (func(), error) {
+	return b.startToolqTraced(ctx, tool, nil)
+}
+
+// startToolqTraced is startToolq with the worker's spans going to tp (nil:
+// the global provider, which records nothing here).
+func (b *bench) startToolqTraced(ctx context.Context, tool string, tp trace.TracerProvider) (func(), error) {
 	slow := tools.ExecutorFunc(func(ctx context.Context, r tools.Request) (json.RawMessage, error) {
 		time.Sleep(b.cfg.SlowLatency)
 		return json.RawMessage(`{"ok":true}`), nil
@@ -429,7 +450,7 @@ func (b *bench) startToolq(ctx context.Context, tool string) (func(), error) {
 	wctx, cancel := context.WithCancel(ctx)
 	w, err := worker.New(wctx, worker.Config{JS: b.js, Ledger: store, Tools: reg, MaxInFlight: 4 * b.cfg.Concurrency,
 		Consumer: worker.Consumer{Durable: "bench-toolq-" + tool, FilterSubject: jobs.JobSubject(tool), MaxAckPending: 4 * b.cfg.Concurrency},
-		Logger:   b.quiet})
+		Logger:   b.quiet, TracerProvider: tp})
 	if err != nil {
 		cancel()
 		store.Close()
@@ -509,13 +530,20 @@ func (b *bench) naiveOne(ctx context.Context, msg jetstream.Msg) {
 // latency publishes fresh jobs at rate for LatencyFor and returns the
 // publish-to-result percentiles.
 func (b *bench) latency(ctx context.Context, rate int, toolq bool) (Latency, error) {
+	lat, _, err := b.latencyTraced(ctx, rate, toolq, nil)
+	return lat, err
+}
+
+// latencyTraced is latency, toolq's spans going to tp; it also returns when
+// each job was sent, by tool_use_id.
+func (b *bench) latencyTraced(ctx context.Context, rate int, toolq bool, tp trace.TracerProvider) (Latency, map[string]time.Time, error) {
 	tool, start := "naive_pay", func(ctx context.Context) (func(), error) { return b.startNaive(ctx, "naive_pay") }
 	if toolq {
-		tool, start = "pay", func(ctx context.Context) (func(), error) { return b.startToolq(ctx, "pay") }
+		tool, start = "pay", func(ctx context.Context) (func(), error) { return b.startToolqTraced(ctx, "pay", tp) }
 	}
 	stop, err := start(ctx)
 	if err != nil {
-		return Latency{}, err
+		return Latency{}, nil, err
 	}
 	defer stop()
 	n := max(int(float64(rate)*b.cfg.LatencyFor.Seconds()), 1)
@@ -528,10 +556,9 @@ func (b *bench) latency(ctx context.Context, rate int, toolq bool) (Latency, err
 	client := jobs.NewClient(b.js)
 	sent := make(map[string]time.Time, n)
 	var mu sync.Mutex
-	tick := time.NewTicker(time.Second / time.Duration(rate))
-	defer tick.Stop()
-	for _, j := range batch {
-		<-tick.C
+	pace := paced(rate)
+	for i, j := range batch {
+		pace(i)
 		mu.Lock()
 		sent[j.ToolUseID] = time.Now()
 		mu.Unlock()
@@ -540,9 +567,9 @@ func (b *bench) latency(ctx context.Context, rate int, toolq bool) (Latency, err
 	select {
 	case <-done:
 	case <-b.results.failed:
-		return Latency{}, b.results.err
+		return Latency{}, nil, b.results.err
 	case <-time.After(2 * time.Minute):
-		return Latency{}, fmt.Errorf("%d results missing", b.results.missing())
+		return Latency{}, nil, fmt.Errorf("%d results missing", b.results.missing())
 	}
 	lat := make([]float64, 0, n)
 	for id, at := range b.results.arrivals(want) {
@@ -550,7 +577,9 @@ func (b *bench) latency(ctx context.Context, rate int, toolq bool) (Latency, err
 	}
 	slices.Sort(lat)
 	pct := func(p float64) float64 { return lat[min(int(p*float64(len(lat))), len(lat)-1)] }
-	return Latency{Rate: rate, Jobs: n, P50ms: pct(0.50), P90ms: pct(0.90), P99ms: pct(0.99), MaxMs: lat[len(lat)-1]}, nil
+	mu.Lock()
+	defer mu.Unlock()
+	return Latency{Rate: rate, Jobs: n, P50ms: pct(0.50), P90ms: pct(0.90), P99ms: pct(0.99), MaxMs: lat[len(lat)-1]}, sent, nil
 }
 
 // commits is the ledger database's committed transactions so far.
@@ -702,3 +731,102 @@ func bytesReader(b []byte) io.Reader { return bytes.NewReader(b) }
 type levelFilter struct{ slog.Handler }
 
 func (f levelFilter) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelWarn }
+
+// watchStalls logs a warning whenever this process went more than a second
+// without running a 50 ms ticker.
+func watchStalls(log *slog.Logger) func() {
+	stop := make(chan struct{})
+	go func() {
+		t := time.NewTicker(50 * time.Millisecond)
+		defer t.Stop()
+		last := time.Now()
+		for {
+			select {
+			case <-stop:
+				return
+			case now := <-t.C:
+				if gap := now.Sub(last); gap > time.Second {
+					log.Warn("bench: this process did not run for a while: the machine stalled; figures of this run are slower for it", "gap", gap.Round(time.Millisecond))
+				}
+				last = now
+			}
+		}
+	}()
+	return func() { close(stop) }
+}
+
+// Phase is one step of a delivery, its duration over the jobs of a run.
+type Phase struct {
+	Name  string  `json:"name"`
+	P50ms float64 `json:"p50_ms"`
+	P99ms float64 `json:"p99_ms"`
+}
+
+// phases runs toolq at rate with its spans recorded and returns, per step
+// of a delivery, the median and p99 of its duration: from publish to the
+// start of processing (JetStream's delivery, the pull, a wait for a slot),
+// the claim, the tool call, recording the outcome, publishing the result,
+// and the whole processing span (which ends after the ack).
+func (b *bench) phases(ctx context.Context, rate int) ([]Phase, error) {
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	defer tp.Shutdown(context.WithoutCancel(ctx))
+	_, sent, err := b.latencyTraced(ctx, rate, true, tp)
+	if err != nil {
+		return nil, err
+	}
+	time.Sleep(200 * time.Millisecond) // the last spans end after their result
+	by := map[string][]float64{}
+	for _, s := range rec.Ended() {
+		name := s.Name()
+		ms := s.EndTime().Sub(s.StartTime()).Seconds() * 1000
+		switch {
+		case strings.HasPrefix(name, "process "):
+			name = "processing (decode to ack)"
+			for _, kv := range s.Attributes() {
+				if kv.Key == "toolq.tool_use_id" {
+					if at, ok := sent[kv.Value.AsString()]; ok {
+						by["publish to processing"] = append(by["publish to processing"], s.StartTime().Sub(at).Seconds()*1000)
+					}
+				}
+			}
+		case strings.HasPrefix(name, "tool "):
+			name = "tool call"
+		case name == "toolq.claim":
+			name = "claim (ledger)"
+		case name == "toolq.settle":
+			name = "record the outcome (ledger)"
+		case strings.HasPrefix(name, "publish "):
+			name = "publish the result"
+		default:
+			continue
+		}
+		by[name] = append(by[name], ms)
+	}
+	var out []Phase
+	for _, name := range []string{"publish to processing", "claim (ledger)", "tool call", "record the outcome (ledger)", "publish the result", "processing (decode to ack)"} {
+		d := by[name]
+		if len(d) == 0 {
+			continue
+		}
+		slices.Sort(d)
+		out = append(out, Phase{Name: name, P50ms: d[len(d)/2], P99ms: d[min(len(d)*99/100, len(d)-1)]})
+	}
+	return out, nil
+}
+
+// paced returns a wait for the i-th job of a run at rate jobs/s, on a
+// schedule from its first call: a generator that fell behind (this process
+// not scheduled for a while) catches up instead of dropping the jobs it
+// owed, as a ticker would, so that the run has its rate and its length.
+func paced(rate int) func(i int) {
+	var t0 time.Time
+	return func(i int) {
+		if t0.IsZero() {
+			t0 = time.Now()
+		}
+		if d := time.Until(t0.Add(time.Duration(i) * time.Second / time.Duration(rate))); d > 0 {
+			time.Sleep(d)
+		}
+	}
+}

@@ -266,12 +266,11 @@ func (b *bench) memory(ctx context.Context, rate int, d time.Duration) (Memory, 
 		}
 	}()
 	client := jobs.NewClient(b.js)
-	tick := time.NewTicker(time.Second / time.Duration(rate))
-	for _, j := range batch {
-		<-tick.C
+	pace := paced(rate)
+	for i, j := range batch {
+		pace(i)
 		go client.Publish(ctx, j)
 	}
-	tick.Stop()
 	close(stopSampling)
 	<-sampled
 	var werr error

@@ -138,6 +138,15 @@ func printBench(stdio cli.IO, r *bench.Report) {
 		fmt.Fprintf(w, "%s\t%d/s\t%.2f\t%.2f\t%.2f\t%.2f\n", row.name, row.l.Rate, row.l.P50ms, row.l.P90ms, row.l.P99ms, row.l.MaxMs)
 	}
 	w.Flush()
+	if len(r.Phases) > 0 {
+		fmt.Fprintf(stdio.Out, "\nwhere toolq's latency goes at %d/s (from its spans, in a run of its own):\n", r.ToolqLat.Rate)
+		w = cli.NewTable(stdio.Out)
+		fmt.Fprintf(w, "phase\tp50 ms\tp99 ms\n")
+		for _, p := range r.Phases {
+			fmt.Fprintf(w, "%s\t%.2f\t%.2f\n", p.Name, p.P50ms, p.P99ms)
+		}
+		w.Flush()
+	}
 	if len(r.Processes) > 0 {
 		fmt.Fprintln(stdio.Out)
 		w = cli.NewTable(stdio.Out)

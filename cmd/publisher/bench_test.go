@@ -62,6 +62,19 @@ func TestBenchMeasuresWhatItSays(t *testing.T) {
 			t.Errorf("latency at %d/s: %+v", l.Rate, l)
 		}
 	}
+	// Where the latency goes: every phase of a delivery was measured.
+	phases := map[string]bool{}
+	for _, p := range r.Phases {
+		if p.P50ms <= 0 || p.P50ms > p.P99ms {
+			t.Errorf("phase %+v", p)
+		}
+		phases[p.Name] = true
+	}
+	for _, name := range []string{"publish to processing", "claim (ledger)", "tool call", "record the outcome (ledger)", "publish the result", "processing (decode to ack)"} {
+		if !phases[name] {
+			t.Errorf("no phase %q in %+v", name, r.Phases)
+		}
+	}
 	// The consumer binary, as separate processes on one durable: each run
 	// pays every job once, and the memory run sampled the process.
 	if len(r.Processes) != 2 || r.Processes[0].N != 1 || r.Processes[1].N != 2 {

@@ -1,9 +1,12 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"strings"
 	"testing"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/toolq/toolq/internal/testenv"
 )
@@ -95,14 +98,27 @@ func TestSimulateArithmetic(t *testing.T) {
 }
 
 // TestSimulateOnARunningServer: with --nats-url the scenario runs over that
-// server, twice in a row without the runs meeting.
+// server, twice in a row without the runs meeting; with --database-url as
+// well, toolq's side keeps its ledger in that Postgres.
 func TestSimulateOnARunningServer(t *testing.T) {
 	t.Parallel()
 	n := testenv.StartNATS(t)
-	for range 2 {
-		r := simulateJSON(t, "--nats-url", n.URL, "--turns", "150", "--failure-rate", "0.3", "--after-dispatch", "0.5", "--seed", "3")
+	db := testenv.Postgres(t)
+	for _, extra := range [][]string{nil, {"--database-url", db}} {
+		args := append([]string{"--nats-url", n.URL, "--turns", "150", "--failure-rate", "0.3", "--after-dispatch", "0.5", "--seed", "3"}, extra...)
+		r := simulateJSON(t, args...)
 		if r.Naive.Duplicates == 0 || r.Toolq.Duplicates != 0 || r.Toolq.Payments < r.Toolq.Committed || r.Toolq.Payments > r.Toolq.Turns || !r.Record.OK {
-			t.Fatalf("%+v", r)
+			t.Fatalf("%v: %+v", extra, r)
 		}
+	}
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var rows int
+	if err := conn.QueryRow(ctx, `SELECT count(*) FROM toolq_ledger WHERE state = 'completed'`).Scan(&rows); err != nil || rows == 0 {
+		t.Fatalf("the Postgres ledger holds %d completed rows (%v): the run did not use it", rows, err)
 	}
 }
