@@ -475,7 +475,7 @@ func (b *bench) startNaive(ctx context.Context, tool string) (func(), error) {
 	if err != nil {
 		return nil, err
 	}
-	it, err := cons.Messages(jetstream.PullMaxMessages(32))
+	it, err := cons.Messages(jetstream.PullMaxMessages(32), jetstream.PullExpiry(5*time.Second)) // as toolq pulls
 	if err != nil {
 		return nil, err
 	}

@@ -305,8 +305,14 @@ type puller struct {
 	draining bool
 }
 
+// pullExpiry is how long one pull request waits on the server. The client
+// expects a heartbeat every half of it, and after two missed heartbeats it
+// issues a new request: a pull that stopped being served (a pull request
+// the server lost track of) costs this long, not the library's default 30 s.
+const pullExpiry = jetstream.PullExpiry(5 * time.Second)
+
 func (w *Worker) startPull(startCtx context.Context) (*puller, error) {
-	iter, err := w.consumer.Messages(jetstream.PullMaxMessages(w.cfg.BatchSize))
+	iter, err := w.consumer.Messages(jetstream.PullMaxMessages(w.cfg.BatchSize), pullExpiry)
 	if err != nil {
 		return nil, fmt.Errorf("worker: pull from %s: %w", jobs.JobsStream, err)
 	}
@@ -360,7 +366,7 @@ func (p *puller) again(startCtx context.Context) jetstream.MessagesContext {
 			p.w.log.Warn("setting up the pull again", "error", err)
 			continue
 		}
-		iter, err := cons.Messages(jetstream.PullMaxMessages(p.w.cfg.BatchSize))
+		iter, err := cons.Messages(jetstream.PullMaxMessages(p.w.cfg.BatchSize), pullExpiry)
 		if err != nil {
 			p.w.log.Warn("setting up the pull again", "error", err)
 			continue
