@@ -11,7 +11,6 @@ import (
 	"os"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -25,23 +24,6 @@ import (
 	"github.com/toolq/toolq/jobs"
 )
 
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // TestEmbeddedDefault runs the consumer as a newcomer would, with nothing but
 // a data directory: embedded NATS, SQLite ledger, demo tools and sandbox.
 // The same call published twice pays once and answers twice.
@@ -49,7 +31,7 @@ func TestEmbeddedDefault(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	ctx, cancel := context.WithCancel(context.Background())
-	var out, logs lockedBuffer
+	var out, logs testenv.Buffer
 	done := make(chan error, 1)
 	go func() {
 		done <- run(ctx, []string{"--data-dir", dir, "--nats-listen", "127.0.0.1:0", "--sandbox-listen", "127.0.0.1:0",

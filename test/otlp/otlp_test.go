@@ -274,24 +274,6 @@ func otelEnv(protocol, endpoint string) []string {
 	)
 }
 
-// lockedBuffer collects a process's output.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // TestSpansAndMetricsArriveOverOTLP: over each OTLP protocol, a consumer on
 // its embedded defaults and a publisher, configured only through OTEL_*,
 // export spans that make one trace (the publisher's send span, the
@@ -311,7 +293,7 @@ func TestSpansAndMetricsArriveOverOTLP(t *testing.T) {
 			consumer := exec.Command(filepath.Join(bin, "consumer"), "--data-dir", t.TempDir(), "--nats-listen", "127.0.0.1:0",
 				"--sandbox-listen", "127.0.0.1:0", "--health-addr", "127.0.0.1:0", "--log-format", "json")
 			consumer.Env = env
-			var out, logs lockedBuffer
+			var out, logs testenv.Buffer
 			consumer.Stdout, consumer.Stderr = &out, &logs
 			if err := consumer.Start(); err != nil {
 				t.Fatal(err)
@@ -450,7 +432,7 @@ func TestExitIsBoundedWithAStuckCollector(t *testing.T) {
 	consumer := exec.Command(filepath.Join(bin, "consumer"), "--data-dir", t.TempDir(), "--nats-listen", "127.0.0.1:0",
 		"--sandbox-listen", "127.0.0.1:0")
 	consumer.Env = otelEnv("http/protobuf", endpoint)
-	var out, logs lockedBuffer
+	var out, logs testenv.Buffer
 	consumer.Stdout, consumer.Stderr = &out, &logs
 	if err := consumer.Start(); err != nil {
 		t.Fatal(err)
