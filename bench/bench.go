@@ -31,7 +31,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
-	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/toolq/toolq/demo/sandbox"
@@ -768,7 +767,7 @@ type Phase struct {
 // the claim, the tool call, recording the outcome, publishing the result,
 // and the whole processing span (which ends after the ack).
 func (b *bench) phases(ctx context.Context, rate int) ([]Phase, error) {
-	rec := tracetest.NewSpanRecorder()
+	rec := &phaseRecorder{}
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
 	defer tp.Shutdown(context.WithoutCancel(ctx))
 	_, sent, err := b.latencyTraced(ctx, rate, true, tp)
@@ -777,31 +776,11 @@ func (b *bench) phases(ctx context.Context, rate int) ([]Phase, error) {
 	}
 	time.Sleep(200 * time.Millisecond) // the last spans end after their result
 	by := map[string][]float64{}
-	for _, s := range rec.Ended() {
-		name := s.Name()
-		ms := s.EndTime().Sub(s.StartTime()).Seconds() * 1000
-		switch {
-		case strings.HasPrefix(name, "process "):
-			name = "processing (decode to ack)"
-			for _, kv := range s.Attributes() {
-				if kv.Key == "toolq.tool_use_id" {
-					if at, ok := sent[kv.Value.AsString()]; ok {
-						by["publish to processing"] = append(by["publish to processing"], s.StartTime().Sub(at).Seconds()*1000)
-					}
-				}
-			}
-		case strings.HasPrefix(name, "tool "):
-			name = "tool call"
-		case name == "toolq.claim":
-			name = "claim (ledger)"
-		case name == "toolq.settle":
-			name = "record the outcome (ledger)"
-		case strings.HasPrefix(name, "publish "):
-			name = "publish the result"
-		default:
-			continue
+	for _, s := range rec.ended() {
+		by[s.phase] = append(by[s.phase], s.end.Sub(s.start).Seconds()*1000)
+		if at, ok := sent[s.toolUseID]; ok && s.toolUseID != "" {
+			by["publish to processing"] = append(by["publish to processing"], s.start.Sub(at).Seconds()*1000)
 		}
-		by[name] = append(by[name], ms)
 	}
 	var out []Phase
 	for _, name := range []string{"publish to processing", "claim (ledger)", "tool call", "record the outcome (ledger)", "publish the result", "processing (decode to ack)"} {
@@ -813,6 +792,56 @@ func (b *bench) phases(ctx context.Context, rate int) ([]Phase, error) {
 		out = append(out, Phase{Name: name, P50ms: d[len(d)/2], P99ms: d[min(len(d)*99/100, len(d)-1)]})
 	}
 	return out, nil
+}
+
+// phaseRecorder keeps, of each ended span of a phase, its phase, times and
+// tool_use_id only: a recorder that kept whole spans (tracetest's) grows by
+// thousands of spans a second at the fixed rate, and the collector's work
+// showed up in the phases' tails it was measuring.
+type phaseRecorder struct {
+	mu    sync.Mutex
+	spans []phaseSpan
+}
+
+type phaseSpan struct {
+	phase, toolUseID string
+	start, end       time.Time
+}
+
+func (r *phaseRecorder) OnStart(context.Context, sdktrace.ReadWriteSpan) {}
+func (r *phaseRecorder) Shutdown(context.Context) error                  { return nil }
+func (r *phaseRecorder) ForceFlush(context.Context) error                { return nil }
+
+func (r *phaseRecorder) OnEnd(s sdktrace.ReadOnlySpan) {
+	ps := phaseSpan{start: s.StartTime(), end: s.EndTime()}
+	switch name := s.Name(); {
+	case strings.HasPrefix(name, "process "):
+		ps.phase = "processing (decode to ack)"
+		for _, kv := range s.Attributes() {
+			if kv.Key == "toolq.tool_use_id" {
+				ps.toolUseID = kv.Value.AsString()
+			}
+		}
+	case strings.HasPrefix(name, "tool "):
+		ps.phase = "tool call"
+	case name == "toolq.claim":
+		ps.phase = "claim (ledger)"
+	case name == "toolq.settle":
+		ps.phase = "record the outcome (ledger)"
+	case strings.HasPrefix(name, "publish "):
+		ps.phase = "publish the result"
+	default:
+		return
+	}
+	r.mu.Lock()
+	r.spans = append(r.spans, ps)
+	r.mu.Unlock()
+}
+
+func (r *phaseRecorder) ended() []phaseSpan {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.spans)
 }
 
 // paced returns a wait for the i-th job of a run at rate jobs/s, on a
