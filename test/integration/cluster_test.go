@@ -132,7 +132,7 @@ func TestClusterNodeKilledMidRun(t *testing.T) {
 		return jobs.ProvisionStreams(ctx, js, streams) == nil
 	})
 
-	logs := &logBuffer{}
+	logs := &testenv.Buffer{}
 	logger := slog.New(slog.NewTextHandler(logs, nil))
 	sb, err := sandbox.New(sandbox.Config{})
 	if err != nil {

@@ -5,14 +5,12 @@
 package integration
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"log/slog"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -114,7 +112,7 @@ type env struct {
 	sandbox  *sandbox.Server
 	sbURL    string
 	registry *tools.Registry
-	logs     *logBuffer
+	logs     *testenv.Buffer
 	gate     chan struct{} // holds gated_write calls until closed
 	workers  []*runningWorker
 	cluster  *testenv.Cluster // with ownCluster
@@ -135,7 +133,7 @@ type options struct {
 
 func setup(t *testing.T, o options) *env {
 	t.Helper()
-	e := &env{t: t, logs: &logBuffer{}, dataDir: t.TempDir(), gate: make(chan struct{})}
+	e := &env{t: t, logs: &testenv.Buffer{}, dataDir: t.TempDir(), gate: make(chan struct{})}
 	e.nats = testenv.StartNATS(t)
 	switch {
 	case o.ownCluster:
@@ -367,24 +365,6 @@ func (e *env) row(key string) ledger.Row {
 		e.t.Fatal(err)
 	}
 	return r
-}
-
-// logBuffer collects log lines from concurrent writers.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // statsWhen waits until the worker's counts satisfy cond, failing with the
