@@ -232,8 +232,8 @@ func (w *Worker) Run(ctx context.Context) error {
 	startCtx, stopStarting := context.WithCancel(runCtx)
 	defer stopStarting()
 	defer context.AfterFunc(ctx, stopStarting)()
-	go w.claims.run(runCtx)
-	go w.commits.run(runCtx)
+	w.claims.start(runCtx)
+	w.commits.start(runCtx)
 	defer func() { cancelRun(); <-w.claims.done; <-w.commits.done }()
 
 	p, err := w.startPull(startCtx)
