@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -75,6 +76,13 @@ SELECT false, existing.* FROM existing`
 
 type postgresDB struct {
 	pool *pgxpool.Pool
+	// genericPlan is the statement claimRound runs before the claim
+	// (genericPlanStatement; a test substitutes one the server refuses).
+	genericPlan string
+	// noGenericPlan is set once the server has refused genericPlan as a
+	// setting it does not know (Postgres before 12, and engines built on
+	// it): from then on the claim runs without it.
+	noGenericPlan atomic.Bool
 }
 
 // OpenPostgres opens a pool on the Postgres database at url. Pool settings
@@ -93,7 +101,7 @@ func OpenPostgres(ctx context.Context, url string) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("ledger: open %s: %s", redact(url), err)
 	}
-	return &Store{db: &postgresDB{pool: pool}, backend: "postgres"}, nil
+	return &Store{db: &postgresDB{pool: pool, genericPlan: genericPlanStatement}, backend: "postgres"}, nil
 }
 
 func (p *postgresDB) sql() *dialect { return postgresDialect }
@@ -170,9 +178,10 @@ func (p *postgresDB) claim(ctx context.Context, claims []Claim) ([]claimed, erro
 	return out, nil
 }
 
-// genericPlan makes the statements after it in the same transaction run
-// the server's cached generic plan of their prepared statement.
-const genericPlan = `SELECT set_config('plan_cache_mode', 'force_generic_plan', true)`
+// genericPlanStatement makes the statements after it in the same
+// transaction run the server's cached generic plan of their prepared
+// statement.
+const genericPlanStatement = `SELECT set_config('plan_cache_mode', 'force_generic_plan', true)`
 
 // claimRound runs claimPostgres once, in one round trip. Left to choose,
 // Postgres plans the claim afresh at every execution: a generic plan's
@@ -182,14 +191,26 @@ const genericPlan = `SELECT set_config('plan_cache_mode', 'force_generic_plan', 
 // the generic plan is the same one (the lookups go by primary key whatever
 // the statistics say: see claimPostgres). So the claim goes in a pipeline
 // (one implicit transaction) after genericPlan, which holds for that
-// transaction only: the pool's other statements keep the default.
+// transaction only: the pool's other statements keep the default. A server
+// without the setting (plan_cache_mode is Postgres 12's) refuses it with
+// undefined_object before the claim has run, and the claim then goes alone,
+// planned afresh as before, on this round and every one after it.
 func (p *postgresDB) claimRound(ctx context.Context, args []any, each func(scanner) error) error {
+	if p.noGenericPlan.Load() {
+		return p.queryRows(ctx, claimPostgres, args, each)
+	}
 	var batch pgx.Batch
-	batch.Queue(genericPlan)
+	batch.Queue(p.genericPlan)
 	batch.Queue(claimPostgres, args...)
 	results := p.pool.SendBatch(ctx, &batch)
 	defer results.Close()
 	if _, err := results.Exec(); err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "42704" {
+			results.Close()
+			p.noGenericPlan.Store(true)
+			return p.queryRows(ctx, claimPostgres, args, each)
+		}
 		return err
 	}
 	rows, err := results.Query()

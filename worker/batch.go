@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"fmt"
 	"sync"
 )
 
@@ -105,6 +106,21 @@ func (b *batcher[In, Out]) writeNext() {
 	for i, it := range batch {
 		ins[i] = it.in
 	}
+	// A write that panics still answers its batch and hands on, so that
+	// whoever recovers the panic finds the batcher working.
+	defer func() {
+		if p := recover(); p != nil {
+			err := fmt.Errorf("worker: a batch write panicked: %v", p)
+			for _, it := range batch {
+				select {
+				case it.result <- batchResult[Out]{err: err}:
+				default: // already answered
+				}
+			}
+			b.handOn()
+			panic(p)
+		}
+	}()
 	outs, err := b.flush(ctx, ins)
 	for i, it := range batch {
 		if err != nil {
@@ -113,7 +129,12 @@ func (b *batcher[In, Out]) writeNext() {
 			it.result <- batchResult[Out]{out: outs[i]}
 		}
 	}
+	b.handOn()
+}
 
+// handOn starts the next batch's writer when requests are queued, and
+// otherwise marks the batcher idle.
+func (b *batcher[In, Out]) handOn() {
 	b.mu.Lock()
 	if len(b.queue) > 0 {
 		b.mu.Unlock()
