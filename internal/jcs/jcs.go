@@ -206,7 +206,9 @@ func (p *parser) object(depth int) (Value, error) {
 		return Value{}, p.fail(ErrTooDeep, fmt.Sprintf("more than %d levels", MaxDepth))
 	}
 	p.pos++ // '{'
-	v := Value{Kind: KindObject, Members: []Member{}}
+	// Room for a job's top-level members: growing one by one from nothing
+	// took five allocations per object.
+	v := Value{Kind: KindObject, Members: make([]Member, 0, 8)}
 	var seen map[string]struct{} // from the 16th member; before, the members are scanned
 	p.skipSpace()
 	if p.pos < len(p.in) && p.in[p.pos] == '}' {
@@ -376,9 +378,14 @@ func (p *parser) string() (string, error) {
 		c := p.in[p.pos]
 		switch {
 		case c == '"':
-			out = append(out, p.in[runStart:p.pos]...)
+			var s string
+			if out == nil { // no escape: one copy, straight from the input
+				s = string(p.in[runStart:p.pos])
+			} else {
+				s = string(append(out, p.in[runStart:p.pos]...))
+			}
 			p.pos++
-			return string(out), nil
+			return s, nil
 		case c == '\\':
 			out = append(out, p.in[runStart:p.pos]...)
 			r, err := p.escape()
