@@ -206,9 +206,14 @@ func (p *parser) object(depth int) (Value, error) {
 		return Value{}, p.fail(ErrTooDeep, fmt.Sprintf("more than %d levels", MaxDepth))
 	}
 	p.pos++ // '{'
-	// Room for a job's top-level members: growing one by one from nothing
-	// took five allocations per object.
-	v := Value{Kind: KindObject, Members: make([]Member, 0, 8)}
+	// Room for a job's eight top-level members, and for four in a nested
+	// object: growing one by one from nothing took up to five allocations
+	// per object.
+	room := 4
+	if depth == 1 {
+		room = 8
+	}
+	v := Value{Kind: KindObject, Members: make([]Member, 0, room)}
 	var seen map[string]struct{} // from the 16th member; before, the members are scanned
 	p.skipSpace()
 	if p.pos < len(p.in) && p.in[p.pos] == '}' {
