@@ -1,33 +1,73 @@
 package jobs
 
 import (
-	"math/rand/v2"
 	"strings"
 	"testing"
+	"unicode/utf8"
 )
 
-// TestIDPatternsMatchTheirRule: the byte loop that checks conversation ids,
-// tool names and tool_use_ids accepts exactly what the stated pattern does.
+// TestIDPatternsMatchTheirRule: the byte loop against the regexp on
+// every string of one and two bytes, every three-byte string over an
+// alphabet of boundary bytes, every single code point (alone, after an
+// ASCII prefix, and at each end of a string at the length limit), invalid
+// UTF-8, a trailing newline (Go's $ is \z, not Perl's), and lengths around
+// the limit counted in bytes versus runes.
 func TestIDPatternsMatchTheirRule(t *testing.T) {
-	inputs := []string{"", "a", "A-z_0", "c:1", "a.b", "a|b", "a b", "é", "a\x00", strings.Repeat("a", 64), strings.Repeat("a", 65),
-		strings.Repeat("x", 128), strings.Repeat("x", 129)}
-	for c := range 256 {
-		inputs = append(inputs, string([]byte{byte(c)}), "ab"+string([]byte{byte(c)}))
-	}
-	rng := rand.New(rand.NewPCG(1, 2))
-	const alphabet = "aZ09_-:.|* >\x7f\xff"
-	for range 2000 {
-		b := make([]byte, rng.IntN(140))
-		for i := range b {
-			b[i] = alphabet[rng.IntN(len(alphabet))]
-		}
-		inputs = append(inputs, string(b))
-	}
-	for _, p := range []idPattern{conversationIDPattern, toolNamePattern, toolUseIDPattern} {
-		for _, s := range inputs {
+	patterns := []idPattern{conversationIDPattern, toolNamePattern, toolUseIDPattern}
+	n := 0
+	check := func(s string) {
+		n++
+		for _, p := range patterns {
 			if got, want := p.MatchString(s), p.re.MatchString(s); got != want {
-				t.Errorf("%s on %q: %v, the rule says %v", p, s, got, want)
+				t.Fatalf("%s on %q: loop %v, regexp %v", p, s, got, want)
 			}
 		}
 	}
+	for a := range 256 {
+		check(string([]byte{byte(a)}))
+		for b := range 256 {
+			check(string([]byte{byte(a), byte(b)}))
+		}
+	}
+	edge := []byte("\x00\t\n\r ,-./09:;@AZ[\\]^_`az{|}~\x7f\x80\xbf\xc0\xc2\xe2\xed\xf0\xf4\xf5\xff")
+	for _, a := range edge {
+		for _, b := range edge {
+			for _, c := range edge {
+				check(string([]byte{a, b, c}))
+			}
+		}
+	}
+	for r := rune(0); r <= utf8.MaxRune; r++ {
+		if r > 0x3000 && r < 0xD000 || r > 0xE100 && r < 0xFF00 || r > 0x10100 && r < 0x10FF00 {
+			continue // the middle of the planes: nothing special there
+		}
+		s := string(r)
+		check(s)
+		check("a" + s)
+		check(s + "a")
+	}
+	for _, limit := range []int{64, 128} {
+		for l := limit - 3; l <= limit+3; l++ {
+			base := strings.Repeat("a", l)
+			check(base)
+			check(base + "\n")
+			check("\n" + base)
+			for _, r := range []string{"é", "€", "😀", "\u0131", "\u212a", "\xff", "\xc3", "\u00a0", "ſ", "K"} {
+				// Fewer runes than bytes: a rune-counting {1,max} and a
+				// byte-counting loop could disagree here were either to
+				// accept a non-ASCII character.
+				check(base[:l/2] + r + base[l/2:])
+				check(r + base)
+				check(base + r)
+				if l > len(r) {
+					check(base[len(r):] + r)
+				}
+			}
+		}
+	}
+	check("abc\n")
+	check("abc\r\n")
+	check("abc$")
+	check("^abc")
+	t.Logf("%d strings, no difference", n)
 }

@@ -203,31 +203,39 @@ func (p *postgresDB) claimRound(ctx context.Context, args []any, each func(scann
 	batch.Queue(p.genericPlan)
 	batch.Queue(claimPostgres, args...)
 	results := p.pool.SendBatch(ctx, &batch)
-	defer results.Close()
+	refused, err := readClaimRound(results, each)
+	// Closed once, here: it gives the connection back to the pool, and a
+	// second Close would still touch that connection's statement cache.
+	if cerr := results.Close(); err == nil {
+		err = cerr
+	}
+	if refused {
+		p.noGenericPlan.Store(true)
+		return p.queryRows(ctx, claimPostgres, args, each)
+	}
+	return err
+}
+
+// readClaimRound reads the answers of claimRound's batch; refused reports
+// that the server refused genericPlan's setting as unknown (undefined_object),
+// before the claim ran.
+func readClaimRound(results pgx.BatchResults, each func(scanner) error) (refused bool, err error) {
 	if _, err := results.Exec(); err != nil {
 		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && pgErr.Code == "42704" {
-			results.Close()
-			p.noGenericPlan.Store(true)
-			return p.queryRows(ctx, claimPostgres, args, each)
-		}
-		return err
+		return errors.As(err, &pgErr) && pgErr.Code == "42704", err
 	}
 	rows, err := results.Query()
 	if err != nil {
-		return err
+		return false, err
 	}
+	defer rows.Close()
 	for rows.Next() {
 		if err := each(rows); err != nil {
-			rows.Close()
-			return err
+			return false, err
 		}
 	}
 	rows.Close()
-	if err := rows.Err(); err != nil {
-		return err
-	}
-	return results.Close()
+	return false, rows.Err()
 }
 
 // completeBatch sends one fenced UPDATE per row in a single pipelined round
@@ -239,18 +247,25 @@ func (p *postgresDB) completeBatch(ctx context.Context, cs []Completion) (map[Fe
 		batch.Queue(postgresDialect.complete, c.Fence.Key, c.Fence.Attempt, string(c.Output))
 	}
 	results := p.pool.SendBatch(ctx, &batch)
-	defer results.Close()
 	done := make(map[Fence]bool, len(cs))
+	var err error
 	for _, c := range cs {
-		tag, err := results.Exec()
-		if err != nil {
-			return nil, err
+		var tag pgconn.CommandTag
+		if tag, err = results.Exec(); err != nil {
+			break
 		}
 		if tag.RowsAffected() == 1 {
 			done[c.Fence] = true
 		}
 	}
-	return done, results.Close()
+	// Closed once: it gives the connection back to the pool.
+	if cerr := results.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return nil, err
+	}
+	return done, nil
 }
 
 func (p *postgresDB) migrate(ctx context.Context) error {
