@@ -76,7 +76,7 @@ func TestConcurrentClaimsNeverShareAnAttempt(t *testing.T) {
 					row := r.Row
 					if !r.Claimed {
 						if row.LeaseExpired() {
-							if taken, err := s.Takeover(ctx, row.Fence(), who, time.Duration(20+rng.IntN(80))*time.Millisecond); err == nil {
+							if taken, err := s.Takeover(ctx, row.Fence(), who, newToken(), time.Duration(20+rng.IntN(80))*time.Millisecond); err == nil {
 								issue(who+" takeover", taken)
 								row = taken
 							} else {

@@ -29,7 +29,12 @@ func openTestStore(t *testing.T, extra string) (*Store, *postgresDB) {
 			sep = "&"
 		}
 	}
-	s, err := OpenPostgres(ctx, url+sep+extra)
+	// Its sessions wait for the disk, as a production server's do (the
+	// test cluster's default is off): a claim's setting that leaked shows.
+	if extra != "" {
+		extra = "&" + extra
+	}
+	s, err := OpenPostgres(ctx, url+sep+"synchronous_commit=on"+extra)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -40,32 +45,42 @@ func openTestStore(t *testing.T, extra string) (*Store, *postgresDB) {
 	return s, s.db.(*postgresDB)
 }
 
+// planCacheMode is the connection's plan_cache_mode, and its
+// synchronous_commit after a comma: "auto,on" unless a claim's settings
+// leaked (openTestStore's connections start with synchronous_commit on).
 func planCacheMode(t *testing.T, p *postgresDB) string {
 	t.Helper()
 	var mode string
-	if err := p.pool.QueryRow(context.Background(), `SELECT current_setting('plan_cache_mode')`).Scan(&mode); err != nil {
+	if err := p.pool.QueryRow(context.Background(), `SELECT current_setting('plan_cache_mode') || ',' || current_setting('synchronous_commit')`).Scan(&mode); err != nil {
 		t.Fatal(err)
 	}
 	return mode
 }
 
-// TestSetConfigDoesNotLeak: after claims that succeed, fail on the
-// server, or are cancelled, the pool's one connection has the default
-// plan_cache_mode; and the claim really runs its generic plan.
+// asyncClaim is a testClaim that commits asynchronously.
+func asyncClaim() Claim {
+	c := testClaim()
+	c.AsyncCommit, c.Token = true, c.Key+"-token"
+	return c
+}
+
+// TestSetConfigDoesNotLeak: after claims that succeed (waiting for the disk
+// or not), fail on the server, or are cancelled, the pool's one connection
+// has the default plan_cache_mode and synchronous_commit.
 func TestSetConfigDoesNotLeak(t *testing.T) {
 	for _, mode := range []string{"cache_statement", "cache_describe", "describe_exec", "exec", "simple_protocol"} {
 		t.Run(mode, func(t *testing.T) {
 			s, p := openTestStore(t, "pool_max_conns=1&default_query_exec_mode="+mode)
 			ctx := context.Background()
-			for range 3 {
-				if _, err := s.Claim(ctx, []Claim{testClaim()}); err != nil {
+			for _, c := range []Claim{testClaim(), asyncClaim(), testClaim(), asyncClaim()} {
+				if _, err := s.Claim(ctx, []Claim{c}); err != nil {
 					t.Fatal(err)
 				}
+				if m := planCacheMode(t, p); m != "auto,on" {
+					t.Fatalf("after a claim (async %v): plan_cache_mode,synchronous_commit %q", c.AsyncCommit, m)
+				}
 			}
-			if m := planCacheMode(t, p); m != "auto" {
-				t.Fatalf("after a claim: plan_cache_mode %q", m)
-			}
-			bad := testClaim()
+			bad := asyncClaim()
 			if mode == "simple_protocol" { // the simple protocol refuses the NUL as a malformed message (08P01)
 				bad.Lease = -time.Second
 				bad.Key = ""
@@ -79,7 +94,7 @@ func TestSetConfigDoesNotLeak(t *testing.T) {
 			if errors.Is(err, ErrUnavailable) {
 				t.Fatalf("a data error is unavailable: %v", err)
 			}
-			if m := planCacheMode(t, p); m != "auto" {
+			if m := planCacheMode(t, p); m != "auto,on" {
 				t.Fatalf("after a failed claim: plan_cache_mode %q", m)
 			}
 			cctx, cancel := context.WithCancel(ctx)
@@ -88,7 +103,7 @@ func TestSetConfigDoesNotLeak(t *testing.T) {
 			if !errors.Is(err, context.Canceled) {
 				t.Fatalf("cancelled claim: %v", err)
 			}
-			if m := planCacheMode(t, p); m != "auto" {
+			if m := planCacheMode(t, p); m != "auto,on" {
 				t.Fatalf("after a cancelled claim: plan_cache_mode %q", m)
 			}
 		})
@@ -145,7 +160,7 @@ func TestDeadlineMidStatement(t *testing.T) {
 	}
 	tx.Rollback(ctx)
 	for range 4 {
-		if m := planCacheMode(t, p); m != "auto" {
+		if m := planCacheMode(t, p); m != "auto,on" {
 			t.Fatalf("plan_cache_mode %q", m)
 		}
 	}
@@ -190,7 +205,7 @@ func TestDeadlockMidPipelineIsRetried(t *testing.T) {
 	if got.err != nil || !got.res[0].Claimed || !got.res[1].Claimed {
 		t.Fatalf("claim after a deadlock: %v %+v", got.err, got.res)
 	}
-	if m := planCacheMode(t, p); m != "auto" {
+	if m := planCacheMode(t, p); m != "auto,on" {
 		t.Fatalf("plan_cache_mode %q", m)
 	}
 }
@@ -222,5 +237,43 @@ func TestClaimWithoutGenericPlan(t *testing.T) {
 	}
 	if n != 2 {
 		t.Fatalf("%d ledger rows for two keys", n)
+	}
+}
+
+// TestClaimWithoutAsyncCommit: on a server that refuses the asynchronous
+// commit's setting, and then also the generic plan's, an asynchronous claim
+// still answers from the first round, each refusal is remembered on its
+// own, and the claim goes on with what the server takes.
+func TestClaimWithoutAsyncCommit(t *testing.T) {
+	s, p := openTestStore(t, "")
+	p.asyncCommit = `SELECT set_config('no_such_setting', 'x', true)`
+	ctx := context.Background()
+	first, second := asyncClaim(), asyncClaim()
+	for i, c := range []Claim{first, second, first} {
+		res, err := s.Claim(ctx, []Claim{c})
+		if err != nil {
+			t.Fatalf("claim %d on a server without the setting: %v", i, err)
+		}
+		if want := i < 2; res[0].Claimed != want {
+			t.Fatalf("claim %d: claimed %v, want %v", i, res[0].Claimed, want)
+		}
+		if !p.noAsyncCommit.Load() || p.noGenericPlan.Load() {
+			t.Fatalf("claim %d: refusals remembered: async commit %v, generic plan %v (want true, false)", i, p.noAsyncCommit.Load(), p.noGenericPlan.Load())
+		}
+	}
+	p.genericPlan = `SELECT set_config('no_such_setting', 'y', true)`
+	third := asyncClaim()
+	if res, err := s.Claim(ctx, []Claim{third}); err != nil || !res[0].Claimed {
+		t.Fatalf("a claim with both settings refused: %v %+v", err, res)
+	}
+	if !p.noGenericPlan.Load() {
+		t.Fatal("the generic plan's refusal was not remembered")
+	}
+	var n int
+	if err := p.pool.QueryRow(ctx, `SELECT count(*) FROM toolq_ledger WHERE key = ANY($1)`, []string{first.Key, second.Key, third.Key}).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 3 {
+		t.Fatalf("%d ledger rows for three keys", n)
 	}
 }

@@ -2,6 +2,7 @@ package ledger_test
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -243,10 +244,10 @@ func TestTakeoverFencesTheStaleHolder(t *testing.T) {
 		c := newClaim(300 * time.Millisecond)
 		stale := mustClaim(t, s, c)
 		// While the lease runs nobody may take over.
-		_, err := s.Takeover(ctx, stale.Fence(), "taker", time.Minute)
+		_, err := s.Takeover(ctx, stale.Fence(), "taker", newToken(), time.Minute)
 		isErr(t, err, ledger.ErrLeaseHeld)
 		waitExpired(t, s, c.Key)
-		taken, err := s.Takeover(ctx, stale.Fence(), "taker", time.Minute)
+		taken, err := s.Takeover(ctx, stale.Fence(), "taker", newToken(), time.Minute)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -265,7 +266,7 @@ func TestTakeoverFencesTheStaleHolder(t *testing.T) {
 			t.Fatal(err)
 		}
 		isErr(t, errs[0], ledger.ErrFenced)
-		_, err = s.Takeover(ctx, f, "zombie", time.Minute)
+		_, err = s.Takeover(ctx, f, "zombie", newToken(), time.Minute)
 		isErr(t, err, ledger.ErrFenced)
 		// The row is the new holder's, untouched by the stale one.
 		row := mustGet(t, s, c.Key)
@@ -290,7 +291,7 @@ func TestTakeoverRace(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				_, err := s.Takeover(context.Background(), row.Fence(), fmt.Sprintf("taker-%d", g), time.Minute)
+				_, err := s.Takeover(context.Background(), row.Fence(), fmt.Sprintf("taker-%d", g), newToken(), time.Minute)
 				switch {
 				case err == nil:
 					wins.Add(1)
@@ -348,7 +349,7 @@ func TestEndLeaseAndExtend(t *testing.T) {
 			t.Fatalf("after EndLease: %+v", got)
 		}
 		// The next delivery takes over at once, with the same key.
-		taken, err := s.Takeover(ctx, got.Fence(), "next", time.Minute)
+		taken, err := s.Takeover(ctx, got.Fence(), "next", newToken(), time.Minute)
 		if err != nil || taken.Attempt != 2 {
 			t.Fatalf("takeover after EndLease: %+v %v", taken, err)
 		}
@@ -787,7 +788,8 @@ func TestPurgeIsRecorded(t *testing.T) {
 
 // TestFailuresAndClaimTokens: a row keeps the count of failed tries the
 // worker records, across a release and the claim after it; a claim's token
-// is on its row until a takeover clears it; a stale fence cannot count.
+// is on its row until a takeover replaces it with its own; a stale fence
+// cannot count.
 func TestFailuresAndClaimTokens(t *testing.T) {
 	t.Parallel()
 	eachBackend(t, func(t *testing.T, s *ledger.Store) {
@@ -816,10 +818,64 @@ func TestFailuresAndClaimTokens(t *testing.T) {
 		if err := s.EndLease(ctx, again.Fence(), ledger.ErrorInfo{Code: "timeout"}); err != nil {
 			t.Fatal(err)
 		}
-		taken, err := s.Takeover(ctx, again.Fence(), "next", time.Minute)
-		if err != nil || taken.Failures != 2 || taken.ClaimToken != "" || taken.Attempt != 3 {
+		taken, err := s.Takeover(ctx, again.Fence(), "next", "token-3", time.Minute)
+		if err != nil || taken.Failures != 2 || taken.ClaimToken != "token-3" || taken.Attempt != 3 {
 			t.Fatalf("takeover: %+v %v", taken, err)
 		}
 		isErr(t, s.CountFailures(ctx, again.Fence(), 9), ledger.ErrFenced)
+		if _, err := s.Takeover(ctx, taken.Fence(), "next", "", time.Minute); err == nil || !strings.Contains(err.Error(), "token is required") {
+			t.Fatalf("a takeover without a token: %v", err)
+		}
 	})
 }
+
+// TestFenceNamesTheClaim: a fence is the claim's attempt and its token. A
+// write with the row's attempt under another token (the holder of a claim
+// the database lost in a crash, which was then claimed again at the same
+// attempt) changes nothing and says so; so does a takeover of it.
+func TestFenceNamesTheClaim(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, s *ledger.Store) {
+		ctx := context.Background()
+		c := newClaim(time.Millisecond)
+		c.Token = newToken()
+		row := mustClaim(t, s, c)
+		zombie := row.Fence()
+		zombie.Token = newToken()
+		writes := map[string]func(ledger.Fence) error{
+			"extend":             func(f ledger.Fence) error { return s.Extend(ctx, f, time.Minute) },
+			"count failures":     func(f ledger.Fence) error { return s.CountFailures(ctx, f, 3) },
+			"complete":           func(f ledger.Fence) error { return s.Complete(ctx, f, json.RawMessage(`{"zombie":true}`)) },
+			"fail":               func(f ledger.Fence) error { return s.Fail(ctx, f, ledger.ErrorInfo{Code: "zombie"}) },
+			"end lease":          func(f ledger.Fence) error { return s.EndLease(ctx, f, ledger.ErrorInfo{Code: "zombie"}) },
+			"mark indeterminate": func(f ledger.Fence) error { return s.MarkIndeterminate(ctx, f, ledger.ErrorInfo{Code: "zombie"}) },
+			"release":            func(f ledger.Fence) error { return s.Release(ctx, f) },
+			"complete batch": func(f ledger.Fence) error {
+				errs, err := s.CompleteBatch(ctx, []ledger.Completion{{Fence: f, Output: json.RawMessage(`{"zombie":true}`)}})
+				return errors.Join(err, errs[0])
+			},
+			"takeover": func(f ledger.Fence) error {
+				_, err := s.Takeover(ctx, f, "zombie", newToken(), time.Minute)
+				return err
+			},
+		}
+		time.Sleep(5 * time.Millisecond) // the lease ran out: only the token stops the takeover
+		for op, write := range writes {
+			err := write(zombie)
+			isErr(t, err, ledger.ErrFenced)
+			if !strings.Contains(err.Error(), "under another claim") {
+				t.Errorf("%s: %v does not say why", op, err)
+			}
+		}
+		got, err := s.Get(ctx, row.Key)
+		if err != nil || got.State != ledger.InFlight || got.Attempt != 1 || got.ClaimToken != c.Token || got.Failures != 0 || got.Error != nil {
+			t.Fatalf("the zombie's writes changed the row: %+v %v", got, err)
+		}
+		if err := s.Complete(ctx, row.Fence(), json.RawMessage(`{"ok":true}`)); err != nil {
+			t.Fatalf("the holder's own fence: %v", err)
+		}
+	})
+}
+
+// newToken is a claim token unique to its call, as the worker makes them.
+func newToken() string { return rand.Text() }

@@ -1,6 +1,9 @@
 package ledger
 
-import "strings"
+import (
+	"strconv"
+	"strings"
+)
 
 // dialect holds the statements of one backend. They are written once, below,
 // with placeholders for what differs: {now} (the database clock in Unix
@@ -23,7 +26,13 @@ const columnsTemplate = `key, conversation_id, turn_index, tool, ordinal, args_d
 	{ms:lease_until}, {remaining}, first_tool_use_id, trace_id, span_id, result, error,
 	{ms:created_at}, {ms:updated_at}, history, failures, claim_token`
 
-const fence = `WHERE key = $1 AND attempt = $2 AND state = 'in_flight'`
+// fence is the WHERE of a write by the holder of one claim: $1 the key, $2
+// the attempt and $n the claim's token. The attempt alone does not name a
+// claim: a claim that Postgres lost in a crash before it reached the disk
+// (Claim.AsyncCommit) is made again at the same attempt, by another holder.
+func fence(n int) string {
+	return `WHERE key = $1 AND attempt = $2 AND claim_token = {text:$` + strconv.Itoa(n) + `} AND state = 'in_flight'`
+}
 
 // A released row is a claim given up: to every reader the key is free, as
 // if the row were not there, but it keeps its attempt so that the next claim
@@ -60,16 +69,18 @@ func toolFilter(only, except string) string {
 
 func newDialect(expand func(string) string) *dialect {
 	d := &dialect{
-		takeover: `UPDATE toolq_ledger SET attempt = attempt + 1, owner = $3, lease_until = {plus:$4}, claim_token = '', error = '', updated_at = {now}
-			WHERE key = $1 AND attempt = $2 AND state = 'in_flight' AND lease_until <= {now} RETURNING {cols}`,
-		extend:        `UPDATE toolq_ledger SET lease_until = {plus:$3}, updated_at = {now} ` + fence,
-		failures:      `UPDATE toolq_ledger SET failures = $3 ` + fence,
-		complete:      `UPDATE toolq_ledger SET state = 'completed', result = $3, lease_until = {now}, updated_at = {now} ` + fence,
-		fail:          `UPDATE toolq_ledger SET state = 'failed', error = $3, lease_until = {now}, updated_at = {now} ` + fence,
-		endLease:      `UPDATE toolq_ledger SET error = $3, lease_until = {now}, updated_at = {now} ` + fence,
-		indeterminate: `UPDATE toolq_ledger SET state = 'indeterminate', error = $3, lease_until = {now}, updated_at = {now} ` + fence,
+		// A takeover is a compare-and-set on the claim it takes over
+		// ($5 its token); the new claim has its own token ($6).
+		takeover: `UPDATE toolq_ledger SET attempt = attempt + 1, owner = $3, lease_until = {plus:$4}, claim_token = {text:$6}, error = '',
+			updated_at = {now} ` + fence(5) + ` AND lease_until <= {now} RETURNING {cols}`,
+		extend:        `UPDATE toolq_ledger SET lease_until = {plus:$3}, updated_at = {now} ` + fence(4),
+		failures:      `UPDATE toolq_ledger SET failures = $3 ` + fence(4),
+		complete:      `UPDATE toolq_ledger SET state = 'completed', result = $3, lease_until = {now}, updated_at = {now} ` + fence(4),
+		fail:          `UPDATE toolq_ledger SET state = 'failed', error = $3, lease_until = {now}, updated_at = {now} ` + fence(4),
+		endLease:      `UPDATE toolq_ledger SET error = $3, lease_until = {now}, updated_at = {now} ` + fence(4),
+		indeterminate: `UPDATE toolq_ledger SET state = 'indeterminate', error = $3, lease_until = {now}, updated_at = {now} ` + fence(4),
 		release: `UPDATE toolq_ledger SET state = ` + released + `, result = '', error = '', lease_until = {now}, updated_at = {now} ` +
-			fence,
+			fence(3),
 		get: `SELECT {cols} FROM toolq_ledger WHERE key = $1 AND ` + notRelease,
 		list: `SELECT {cols} FROM toolq_ledger WHERE ` + notRelease + ` AND ` + listFilter + `
 			ORDER BY updated_at DESC, key LIMIT $2`,

@@ -97,7 +97,7 @@ func TestKilledHolderIsTakenOverAfterItsLease(t *testing.T) {
 			if row.LeaseExpired() {
 				t.Fatalf("the lease expired before the takeover could be tried: %+v", row)
 			}
-			_, err = s.Takeover(ctx, row.Fence(), "survivor", time.Minute)
+			_, err = s.Takeover(ctx, row.Fence(), "survivor", newToken(), time.Minute)
 			isErr(t, err, ledger.ErrLeaseHeld)
 			if res, err := s.Claim(ctx, []ledger.Claim{{Key: key, ConversationID: row.ConversationID, TurnIndex: row.TurnIndex,
 				Tool: row.Tool, Ordinal: row.Ordinal, ArgsDigest: row.ArgsDigest, ToolUseID: "toolu_survivor", Owner: "survivor", Lease: time.Minute}}); err != nil || res[0].Claimed {
@@ -105,7 +105,7 @@ func TestKilledHolderIsTakenOverAfterItsLease(t *testing.T) {
 			}
 			// …and once it has.
 			waitExpired(t, s, key)
-			taken, err := s.Takeover(ctx, row.Fence(), "survivor", time.Minute)
+			taken, err := s.Takeover(ctx, row.Fence(), "survivor", newToken(), time.Minute)
 			if err != nil || taken.Attempt != 2 || taken.Owner != "survivor" {
 				t.Fatalf("takeover: %+v %v", taken, err)
 			}

@@ -38,7 +38,7 @@ var staleWrites = []struct {
 		return s.MarkIndeterminate(context.Background(), f, ledger.ErrorInfo{Code: "late"})
 	}},
 	{"takeover", func(s *ledger.Store, f ledger.Fence) error {
-		_, err := s.Takeover(context.Background(), f, "late", time.Minute)
+		_, err := s.Takeover(context.Background(), f, "late", newToken(), time.Minute)
 		return err
 	}},
 }
@@ -54,7 +54,7 @@ func TestFencesNeverRepeatAfterRelease(t *testing.T) {
 			c := newClaim(50 * time.Millisecond)
 			a := mustClaim(t, s, c)
 			waitExpired(t, s, c.Key)
-			b, err := s.Takeover(ctx, a.Fence(), "B", time.Minute)
+			b, err := s.Takeover(ctx, a.Fence(), "B", newToken(), time.Minute)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -1,7 +1,7 @@
 // Package ledger is toolq's claim store: before a write tool runs, the
 // consumer claims the call's key here, and every later write about that call
-// is fenced by the claim's attempt number, so a call takes effect once however
-// often it is delivered.
+// is fenced by the claim (its attempt and token), so a call takes effect once
+// however often it is delivered.
 //
 // Store has two backends with identical semantics, checked by one conformance
 // suite: Postgres (pgx, shared by any number of consumers) and SQLite (the
@@ -78,8 +78,21 @@ type Claim struct {
 	TraceID        string // the claiming span, so duplicates can link to it
 	SpanID         string
 	// Token is unique to this claim: the row keeps it (ClaimToken), so
-	// that a claim whose answer was lost can recognise its own row.
+	// that a claim whose answer was lost can recognise its own row, and
+	// every fenced write names it (Fence).
 	Token string
+	// AsyncCommit lets Postgres answer the claim before it reaches the
+	// disk (synchronous_commit off for its transaction alone), when every
+	// claim of the batch asks for it. A crash of Postgres in the moment
+	// after (up to wal_writer_delay, 200 ms by default) can lose the claim:
+	// the key is then free again and its next claim takes the same attempt
+	// under another token, while the first holder's writes are fenced out.
+	// The holder's first durable write (Complete and the rest wait for the
+	// disk) makes the claim durable with it: the WAL is written in order.
+	// Ask for it only for a call that may run again under the same key
+	// without a second effect (a keyed_write); it needs a Token. SQLite
+	// ignores it: its claims always wait.
+	AsyncCommit bool
 }
 
 // SameCall reports whether the row was claimed for the same call as c (the
@@ -92,11 +105,14 @@ func (c *Claim) sameMaterial(r *Row) bool {
 		c.Ordinal == r.Ordinal && c.ArgsDigest == r.ArgsDigest
 }
 
-// Fence identifies one claim of a key: writes that name an attempt other
-// than the row's fail with ErrFenced.
+// Fence identifies one claim of a key: a write whose attempt or token is not
+// the row's fails with ErrFenced. The token is what makes it one claim: a
+// claim lost in a crash of the database (Claim.AsyncCommit) is made again
+// at the same attempt, and the token tells the two holders apart.
 type Fence struct {
 	Key     string
 	Attempt int64
+	Token   string
 }
 
 // Row is one ledger row.
@@ -123,7 +139,7 @@ type Row struct {
 	LeaseRemaining time.Duration `json:"lease_remaining_ms"`
 	// Failures counts the call's tries that ended unsettled for a reason of
 	// their own (see Store.CountFailures); ClaimToken is the Token of the
-	// claim that took the row ("" after a takeover).
+	// claim or takeover that took the row.
 	Failures   int64  `json:"failures"`
 	ClaimToken string `json:"-"`
 	// History is the operators' decisions on the row, oldest first.
@@ -160,7 +176,7 @@ func (r *Row) LastResolution() *Event {
 }
 
 // Fence returns the fence of the row's current attempt.
-func (r *Row) Fence() Fence { return Fence{Key: r.Key, Attempt: r.Attempt} }
+func (r *Row) Fence() Fence { return Fence{Key: r.Key, Attempt: r.Attempt, Token: r.ClaimToken} }
 
 // LeaseExpired reports whether the row is in flight with its lease run out.
 func (r *Row) LeaseExpired() bool { return r.State == InFlight && r.LeaseRemaining <= 0 }
@@ -302,6 +318,9 @@ func (s *Store) Claim(ctx context.Context, claims []Claim) ([]ClaimResult, error
 		if c.Key == "" || c.Lease <= 0 {
 			return nil, fmt.Errorf("ledger: claim %q: key and a positive lease are required", c.Key)
 		}
+		if c.AsyncCommit && c.Token == "" {
+			return nil, fmt.Errorf("ledger: claim %q: an asynchronous commit needs a token", c.Key)
+		}
 		if !seen[c.Key] {
 			seen[c.Key] = true
 			unique = append(unique, c)
@@ -341,17 +360,21 @@ func (s *Store) Claim(ctx context.Context, claims []Claim) ([]ClaimResult, error
 }
 
 // Takeover takes over an in-flight row whose lease has expired, by a
-// compare-and-set on its attempt: the winner gets the row with the next
-// attempt number and a fresh lease. Errors: ErrLeaseHeld while the lease runs,
+// compare-and-set on its claim (f): the winner gets the row with the next
+// attempt number, a fresh lease and token, its own, which must be unique to
+// this takeover as a claim's is. Errors: ErrLeaseHeld while the lease runs,
 // ErrFenced when another taker won or the row was settled, ErrNotFound when
 // it was released.
-func (s *Store) Takeover(ctx context.Context, f Fence, owner string, lease time.Duration) (Row, error) {
+func (s *Store) Takeover(ctx context.Context, f Fence, owner, token string, lease time.Duration) (Row, error) {
+	if token == "" {
+		return Row{}, fmt.Errorf("ledger: takeover %q: a token is required", f.Key)
+	}
 	ctx, cancel := withDefaultTimeout(ctx)
 	defer cancel()
 	q := s.db.sql()
 	var row Row
 	found := false
-	err := s.db.queryRows(ctx, q.takeover, []any{f.Key, f.Attempt, owner, lease.Milliseconds()}, func(sc scanner) error {
+	err := s.db.queryRows(ctx, q.takeover, []any{f.Key, f.Attempt, owner, lease.Milliseconds(), f.Token, token}, func(sc scanner) error {
 		found = true
 		return scanRow(sc, &row)
 	})
@@ -372,8 +395,11 @@ func (s *Store) whyNot(ctx context.Context, op string, f Fence, takeover bool) e
 		return fmt.Errorf("%w: %s (%s)", ErrNotFound, f.Key, op)
 	case err != nil:
 		return err
-	case row.Attempt == f.Attempt && row.State == InFlight && takeover && !row.LeaseExpired():
+	case row.Attempt == f.Attempt && row.ClaimToken == f.Token && row.State == InFlight && takeover && !row.LeaseExpired():
 		return fmt.Errorf("%w: %s has %s left (%s)", ErrLeaseHeld, f.Key, row.LeaseRemaining.Round(time.Millisecond), op)
+	case row.Attempt == f.Attempt && row.ClaimToken != f.Token:
+		return fmt.Errorf("%w: %s %s with attempt %d, the row is %s at that attempt under another claim (the database lost the first in a crash)",
+			ErrFenced, op, f.Key, f.Attempt, row.State)
 	default:
 		return fmt.Errorf("%w: %s %s with attempt %d, the row is %s at attempt %d", ErrFenced, op, f.Key, f.Attempt, row.State, row.Attempt)
 	}
@@ -517,7 +543,7 @@ func (s *Store) Release(ctx context.Context, f Fence) error {
 func (s *Store) fenced(ctx context.Context, op string, f Fence, query string, args ...any) error {
 	ctx, cancel := withDefaultTimeout(ctx)
 	defer cancel()
-	n, err := s.db.exec(ctx, query, append([]any{f.Key, f.Attempt}, args...)...)
+	n, err := s.db.exec(ctx, query, append(append([]any{f.Key, f.Attempt}, args...), f.Token)...)
 	if err != nil {
 		return s.translate(op, err)
 	}

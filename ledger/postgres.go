@@ -81,8 +81,12 @@ type postgresDB struct {
 	genericPlan string
 	// noGenericPlan is set once the server has refused genericPlan as a
 	// setting it does not know (Postgres before 12, and engines built on
-	// it): from then on the claim runs without it.
+	// it): from then on the claim runs without it. asyncCommit and
+	// noAsyncCommit are the same for the claims that ask for
+	// Claim.AsyncCommit.
 	noGenericPlan atomic.Bool
+	asyncCommit   string
+	noAsyncCommit atomic.Bool
 }
 
 // OpenPostgres opens a pool on the Postgres database at url. Pool settings
@@ -101,7 +105,7 @@ func OpenPostgres(ctx context.Context, url string) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("ledger: open %s: %s", redact(url), err)
 	}
-	return &Store{db: &postgresDB{pool: pool, genericPlan: genericPlanStatement}, backend: "postgres"}, nil
+	return &Store{db: &postgresDB{pool: pool, genericPlan: genericPlanStatement, asyncCommit: asyncCommitStatement}, backend: "postgres"}, nil
 }
 
 func (p *postgresDB) sql() *dialect { return postgresDialect }
@@ -131,6 +135,10 @@ func (p *postgresDB) queryRows(ctx context.Context, query string, args []any, ea
 
 func (p *postgresDB) claim(ctx context.Context, claims []Claim) ([]claimed, error) {
 	out := make([]claimed, len(claims))
+	async := true
+	for i := range claims {
+		async = async && claims[i].AsyncCommit
+	}
 	pending := make([]int, len(claims)) // indexes of claims still without an answer
 	for i := range pending {
 		pending[i] = i
@@ -151,7 +159,7 @@ func (p *postgresDB) claim(ctx context.Context, claims []Claim) ([]claimed, erro
 			at[c.Key] = i
 		}
 		answered := make(map[int]bool, n)
-		err := p.claimRound(ctx, []any{keys, convs, turns, tools, ordinals, digests, tuids, owners, traces, spans, leases, tokens},
+		err := p.claimRound(ctx, async, []any{keys, convs, turns, tools, ordinals, digests, tuids, owners, traces, spans, leases, tokens},
 			func(sc scanner) error {
 				var c claimed
 				var r Row
@@ -183,59 +191,80 @@ func (p *postgresDB) claim(ctx context.Context, claims []Claim) ([]claimed, erro
 // statement.
 const genericPlanStatement = `SELECT set_config('plan_cache_mode', 'force_generic_plan', true)`
 
-// claimRound runs claimPostgres once, in one round trip. Left to choose,
-// Postgres plans the claim afresh at every execution: a generic plan's
-// estimate for unnest of an array parameter (ten rows each) costs more than
-// a custom plan for the actual batch, so it never switches. Planning is
-// about 0.16 ms, two thirds of the statement's time at a batch of one, and
-// the generic plan is the same one (the lookups go by primary key whatever
-// the statistics say: see claimPostgres). So the claim goes in a pipeline
-// (one implicit transaction) after genericPlan, which holds for that
-// transaction only: the pool's other statements keep the default. A server
-// without the setting (plan_cache_mode is Postgres 12's) refuses it with
-// undefined_object before the claim has run, and the claim then goes alone,
-// planned afresh as before, on this round and every one after it.
-func (p *postgresDB) claimRound(ctx context.Context, args []any, each func(scanner) error) error {
-	if p.noGenericPlan.Load() {
-		return p.queryRows(ctx, claimPostgres, args, each)
+// asyncCommitStatement lets the transaction it runs in commit without
+// waiting for its WAL to reach the disk (Claim.AsyncCommit).
+const asyncCommitStatement = `SELECT set_config('synchronous_commit', 'off', true)`
+
+// claimRound runs claimPostgres once, in one round trip, after the settings
+// it runs under. Left to choose, Postgres plans the claim afresh at every
+// execution: a generic plan's estimate for unnest of an array parameter
+// (ten rows each) costs more than a custom plan for the actual batch, so it
+// never switches. Planning is about 0.16 ms, two thirds of the statement's
+// time at a batch of one, and the generic plan is the same one (the lookups
+// go by primary key whatever the statistics say: see claimPostgres). So the
+// claim goes in a pipeline (one implicit transaction) after genericPlan and,
+// for a batch that asks for it, asyncCommit; both hold for that transaction
+// only: the pool's other statements keep the defaults. A server that refuses
+// a setting (plan_cache_mode is Postgres 12's; an engine built on Postgres
+// may not know either) does so before the claim has run: the claim then
+// goes without that setting, on this round and every one after it.
+func (p *postgresDB) claimRound(ctx context.Context, async bool, args []any, each func(scanner) error) error {
+	for {
+		var batch pgx.Batch
+		var refusals []*atomic.Bool // the flag that remembers a refusal of each setting queued
+		if !p.noGenericPlan.Load() {
+			batch.Queue(p.genericPlan)
+			refusals = append(refusals, &p.noGenericPlan)
+		}
+		if async && !p.noAsyncCommit.Load() {
+			batch.Queue(p.asyncCommit)
+			refusals = append(refusals, &p.noAsyncCommit)
+		}
+		if len(refusals) == 0 {
+			return p.queryRows(ctx, claimPostgres, args, each)
+		}
+		batch.Queue(claimPostgres, args...)
+		results := p.pool.SendBatch(ctx, &batch)
+		refused, err := readClaimRound(results, len(refusals), each)
+		// Closed once, here: it gives the connection back to the pool, and a
+		// second Close would still touch that connection's statement cache.
+		if cerr := results.Close(); err == nil {
+			err = cerr
+		}
+		if refused < 0 {
+			return err
+		}
+		refusals[refused].Store(true)
 	}
-	var batch pgx.Batch
-	batch.Queue(p.genericPlan)
-	batch.Queue(claimPostgres, args...)
-	results := p.pool.SendBatch(ctx, &batch)
-	refused, err := readClaimRound(results, each)
-	// Closed once, here: it gives the connection back to the pool, and a
-	// second Close would still touch that connection's statement cache.
-	if cerr := results.Close(); err == nil {
-		err = cerr
-	}
-	if refused {
-		p.noGenericPlan.Store(true)
-		return p.queryRows(ctx, claimPostgres, args, each)
-	}
-	return err
 }
 
-// readClaimRound reads the answers of claimRound's batch; refused reports
-// that the server refused genericPlan's setting as unknown (undefined_object),
-// before the claim ran.
-func readClaimRound(results pgx.BatchResults, each func(scanner) error) (refused bool, err error) {
-	if _, err := results.Exec(); err != nil {
-		var pgErr *pgconn.PgError
-		return errors.As(err, &pgErr) && pgErr.Code == "42704", err
+// readClaimRound reads the answers of claimRound's batch: settings
+// statements, then the claim. refused is the index of a setting the server
+// refused as unknown or not settable (undefined_object,
+// invalid_parameter_value, feature_not_supported), before the claim ran;
+// -1 otherwise.
+func readClaimRound(results pgx.BatchResults, settings int, each func(scanner) error) (refused int, err error) {
+	for i := range settings {
+		if _, err := results.Exec(); err != nil {
+			var pgErr *pgconn.PgError
+			if errors.As(err, &pgErr) && (pgErr.Code == "42704" || pgErr.Code == "22023" || pgErr.Code == "0A000") {
+				return i, err
+			}
+			return -1, err
+		}
 	}
 	rows, err := results.Query()
 	if err != nil {
-		return false, err
+		return -1, err
 	}
 	defer rows.Close()
 	for rows.Next() {
 		if err := each(rows); err != nil {
-			return false, err
+			return -1, err
 		}
 	}
 	rows.Close()
-	return false, rows.Err()
+	return -1, rows.Err()
 }
 
 // completeBatch sends one fenced UPDATE per row in a single pipelined round
@@ -244,7 +273,7 @@ func readClaimRound(results pgx.BatchResults, each func(scanner) error) (refused
 func (p *postgresDB) completeBatch(ctx context.Context, cs []Completion) (map[Fence]bool, error) {
 	var batch pgx.Batch
 	for _, c := range cs {
-		batch.Queue(postgresDialect.complete, c.Fence.Key, c.Fence.Attempt, string(c.Output))
+		batch.Queue(postgresDialect.complete, c.Fence.Key, c.Fence.Attempt, string(c.Output), c.Fence.Token)
 	}
 	results := p.pool.SendBatch(ctx, &batch)
 	done := make(map[Fence]bool, len(cs))

@@ -171,7 +171,7 @@ func (s *sqliteDB) completeBatch(ctx context.Context, cs []Completion) (map[Fenc
 	defer stmt.Close()
 	done := make(map[Fence]bool, len(cs))
 	for _, c := range cs {
-		res, err := stmt.ExecContext(ctx, c.Fence.Key, c.Fence.Attempt, string(c.Output))
+		res, err := stmt.ExecContext(ctx, c.Fence.Key, c.Fence.Attempt, string(c.Output), c.Fence.Token)
 		if err != nil {
 			return nil, err
 		}

@@ -118,7 +118,7 @@ func (d *delivery) awaitSettled(row ledger.Row) (ledger.Row, bool) {
 			return row, false
 		case got.State != ledger.InFlight:
 			return got, true
-		case got.LeaseExpired() || got.Attempt != row.Attempt:
+		case got.LeaseExpired() || got.Fence() != row.Fence():
 			return row, false
 		}
 		if time.Since(lastProgress) > d.w.ackWait/3 {
@@ -130,11 +130,11 @@ func (d *delivery) awaitSettled(row ledger.Row) (ledger.Row, bool) {
 }
 
 // takeoverOf takes over row's expired lease (a compare-and-set on its
-// attempt), riding out a ledger outage.
+// fence), under this delivery's token, riding out a ledger outage.
 func (d *delivery) takeoverOf(row ledger.Row) (ledger.Row, error) {
 	var taken ledger.Row
 	err := d.durably(d.runCtx, "takeover", func() (err error) {
-		taken, err = d.w.cfg.Ledger.Takeover(d.runCtx, row.Fence(), d.w.cfg.Owner, d.tool.Lease)
+		taken, err = d.w.cfg.Ledger.Takeover(d.runCtx, row.Fence(), d.w.cfg.Owner, d.token, d.tool.Lease)
 		return err
 	})
 	if err == nil {

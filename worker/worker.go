@@ -470,6 +470,11 @@ func (w *Worker) claimOf(d *delivery) ledger.Claim {
 		TraceID:        d.span.SpanContext().TraceID().String(),
 		SpanID:         d.span.SpanContext().SpanID().String(),
 		Token:          d.token,
+		// A keyed write may run again under the same key, as a takeover
+		// runs it: a claim the ledger loses in a crash costs a repeat the
+		// downstream collapses, so it need not wait for the disk. An unkeyed
+		// write's claim is what stops its second run: it waits.
+		AsyncCommit: d.tool.Class == tools.KeyedWrite,
 	}
 }
 

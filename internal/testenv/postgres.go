@@ -60,10 +60,13 @@ func Postgres(t testing.TB) string {
 }
 
 // OwnCluster starts a cluster for this test alone, for tests that stop and
-// start the server. It is stopped and removed when the test ends.
-func OwnCluster(t testing.TB) *Cluster {
+// start the server. It is stopped and removed when the test ends. Settings
+// ("name=value") apply after the defaults: "synchronous_commit=on" makes
+// every commit that waits survive Crash (the WAL reaches the kernel before
+// the commit returns; fsync stays off, for the machine does not crash).
+func OwnCluster(t testing.TB, settings ...string) *Cluster {
 	t.Helper()
-	c, err := StartCluster()
+	c, err := startCluster(false, settings...)
 	if err != nil {
 		missing(t, "cannot start a Postgres cluster: %v", err)
 	}
@@ -113,11 +116,12 @@ func passwordParam(pw string) string {
 // on 127.0.0.1 on a free port, with trust authentication and durability off
 // (it lives for one test run).
 type Cluster struct {
-	dir     string
-	bin     string
-	Port    int
-	cred    *syscall.Credential // run as this user (initdb refuses root)
-	durable bool
+	dir      string
+	bin      string
+	Port     int
+	cred     *syscall.Credential // run as this user (initdb refuses root)
+	durable  bool
+	settings []string // server settings after the defaults
 }
 
 // StartCluster runs initdb and starts the server, with fsync and
@@ -128,12 +132,12 @@ func StartCluster() (*Cluster, error) { return startCluster(false) }
 // as a production server runs: for benchmarks.
 func StartDurableCluster() (*Cluster, error) { return startCluster(true) }
 
-func startCluster(durable bool) (*Cluster, error) {
+func startCluster(durable bool, settings ...string) (*Cluster, error) {
 	bin, err := postgresBinDir()
 	if err != nil {
 		return nil, err
 	}
-	c := &Cluster{bin: bin, durable: durable}
+	c := &Cluster{bin: bin, durable: durable, settings: settings}
 	reapOrphans(bin)
 	if os.Geteuid() == 0 {
 		u, err := user.Lookup("postgres")
@@ -192,6 +196,9 @@ func (c *Cluster) Start() error {
 	if c.durable {
 		opts = fmt.Sprintf("-p %d -c listen_addresses=127.0.0.1 -k %s -c max_connections=300", c.Port, c.dir)
 	}
+	for _, s := range c.settings {
+		opts += " -c " + s
+	}
 	return c.exec("pg_ctl", "-D", c.dataDir(), "-l", filepath.Join(c.dir, "log"), "-o", opts, "-w", "-t", "60", "start")
 }
 
@@ -199,6 +206,14 @@ func (c *Cluster) Start() error {
 // was committed is kept) and waits.
 func (c *Cluster) Stop() error {
 	return c.exec("pg_ctl", "-D", c.dataDir(), "-m", "fast", "-w", "stop")
+}
+
+// Crash stops the server as a crash would (pg_ctl stop -m immediate: every
+// process quits at once, no checkpoint, and what is still in the WAL
+// buffers, such as a commit that did not wait for the disk, is lost);
+// Start recovers it from the WAL.
+func (c *Cluster) Crash() error {
+	return c.exec("pg_ctl", "-D", c.dataDir(), "-m", "immediate", "-w", "stop")
 }
 
 func (c *Cluster) exec(name string, args ...string) error {

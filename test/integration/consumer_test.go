@@ -473,7 +473,7 @@ func TestZombieWritesNothing(t *testing.T) {
 	if err := e.store.EndLease(ctx, row.Fence(), ledger.ErrorInfo{Code: "test"}); err != nil {
 		t.Fatal(err)
 	}
-	taken, err := e.store.Takeover(ctx, row.Fence(), "usurper", time.Minute)
+	taken, err := e.store.Takeover(ctx, row.Fence(), "usurper", "usurper-token", time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -124,9 +124,10 @@ type options struct {
 	ackWait    time.Duration
 	maxBody    int
 	faults     sandbox.Faults
-	ownCluster bool   // a Postgres cluster of the test's own, which it may stop
-	durable    string // default toolq
-	filter     string // default toolq.jobs.>
+	ownCluster bool     // a Postgres cluster of the test's own, which it may stop
+	pgSettings []string // that cluster's settings (testenv.OwnCluster)
+	durable    string   // default toolq
+	filter     string   // default toolq.jobs.>
 	inFlight   time.Duration
 	meters     metric.MeterProvider // default: the global one
 }
@@ -137,7 +138,7 @@ func setup(t *testing.T, o options) *env {
 	e.nats = testenv.StartNATS(t)
 	switch {
 	case o.ownCluster:
-		e.cluster = testenv.OwnCluster(t)
+		e.cluster = testenv.OwnCluster(t, o.pgSettings...)
 		e.dbURL = e.cluster.Database(t)
 	case !o.sqlite:
 		e.dbURL = testenv.Postgres(t)

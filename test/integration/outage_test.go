@@ -2,7 +2,10 @@ package integration
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -13,6 +16,7 @@ import (
 	"github.com/toolq/toolq/internal/testenv"
 	"github.com/toolq/toolq/jobs"
 	"github.com/toolq/toolq/ledger"
+	"github.com/toolq/toolq/worker"
 )
 
 // TestLedgerOutage: Postgres stops while a tool runs and while new jobs
@@ -105,5 +109,100 @@ func TestBrokerRestart(t *testing.T) {
 	}
 	if n := len(e.sandbox.Payments()); n != 2 {
 		t.Fatalf("%d payments", n)
+	}
+}
+
+// TestLedgerCrashLosesAKeyedClaim: Postgres crashes right after a keyed
+// write's claim, which did not wait for the disk, and loses it. The tool
+// runs on; its completion finds no row and publishes nothing; the
+// redelivery claims the key again at the same attempt and runs the call
+// again under the same Idempotency-Key: the downstream has one payment and
+// the agent one result. An unkeyed write's claim, in flight at the crash,
+// waited for the disk: it survives, and its holder completes it.
+func TestLedgerCrashLosesAKeyedClaim(t *testing.T) {
+	t.Parallel()
+	// Commits that wait reach the kernel, and survive the crash; the WAL
+	// writer would carry the others there only after 10 s. The ack wait
+	// outlasts the crash: no redelivery takes the unkeyed write over.
+	o := options{ownCluster: true, ackWait: 15 * time.Second, pgSettings: []string{"synchronous_commit=on", "wal_writer_delay=10s"}}
+	e := setup(t, o)
+	keyed := job(conv(t), 0, "send_payment", payment("crash_keyed"))
+	unkeyed := job(conv(t), 1, "create_ticket", `{"title":"crash","body":"unkeyed"}`)
+	keyedKey, _ := keyed.Key()
+	unkeyedKey, _ := unkeyed.Key()
+	unkeyedClaimed, crashed := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	crash := make(chan error, 1)
+	e.startWorker(o, func(p worker.FaultPoint, j *jobs.Job) {
+		if p != worker.AfterClaim {
+			return
+		}
+		switch j.ToolUseID {
+		case unkeyed.ToolUseID:
+			once.Do(func() { close(unkeyedClaimed); <-crashed })
+		case keyed.ToolUseID:
+			select {
+			case <-crashed:
+				return // the claim after the lost one
+			default:
+			}
+			defer close(crashed)
+			crash <- func() error {
+				if err := e.cluster.Crash(); err != nil {
+					return err
+				}
+				if err := e.cluster.Start(); err != nil {
+					return err
+				}
+				ctx := context.Background()
+				for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+					_, err := e.store.Get(ctx, keyedKey)
+					if errors.Is(err, ledger.ErrUnavailable) {
+						continue
+					}
+					if err == nil {
+						return errors.New("the keyed claim survived the crash: it waited for the disk")
+					}
+					if !errors.Is(err, ledger.ErrNotFound) {
+						return err
+					}
+					row, err := e.store.Get(ctx, unkeyedKey)
+					if err != nil || row.State != ledger.InFlight {
+						return fmt.Errorf("the unkeyed claim after the crash: %+v %v", row, err)
+					}
+					return nil
+				}
+				return errors.New("the ledger did not come back")
+			}()
+		}
+	})
+	e.publish(unkeyed)
+	<-unkeyedClaimed
+	p := e.publish(keyed)
+	if err := <-crash; err != nil {
+		t.Fatal(err)
+	}
+	if r := e.await(keyed); r.Status != jobs.StatusOK || r.Attempts != 1 || r.Duplicate {
+		t.Fatalf("the keyed write after its claim was lost: %+v", r)
+	}
+	if r := e.await(unkeyed); r.Status != jobs.StatusOK || r.Attempts != 1 {
+		t.Fatalf("the unkeyed write in flight at the crash: %+v", r)
+	}
+	for _, key := range []string{keyedKey, unkeyedKey} {
+		if row, err := e.store.Get(context.Background(), key); err != nil || row.State != ledger.Completed || row.Attempt != 1 {
+			t.Fatalf("row %s: %+v %v", key, row, err)
+		}
+	}
+	if rs := e.results(keyed.ConversationID); len(rs) != 2 {
+		t.Fatalf("%d results for two calls: %+v", len(rs), rs)
+	}
+	if pays := e.sandbox.Payments(); len(pays) != 1 || pays[0].IdempotencyKey != p.Key {
+		t.Fatalf("payments %+v, want one under %s", pays, p.Key)
+	}
+	if n := len(e.sandbox.Tickets()); n != 1 {
+		t.Fatalf("%d tickets", n)
+	}
+	if !strings.Contains(e.logs.String(), "lost the claim while the tool ran") {
+		t.Fatalf("the keyed write's first holder did not see it lost its claim; logs:\n%s", e.logs.String())
 	}
 }

@@ -165,6 +165,7 @@ const (
 	faultStop      = "consumer_sigstop" // a zombie: stopped past the ack wait and the lease, then continued
 	faultNATS      = "nats_restart"
 	faultPostgres  = "postgres_restart"
+	faultCrash     = "postgres_crash" // every process killed at once: the WAL not yet written is lost
 	faultDrop      = "sandbox_apply_then_drop"
 	faultLatency   = "latency_"
 	faultReset     = "reset_"
@@ -174,7 +175,7 @@ const (
 var links = []string{"nats", "postgres", "sandbox"}
 
 func faultKinds() []string {
-	kinds := []string{faultKill, faultStop, faultNATS, faultPostgres, faultDrop}
+	kinds := []string{faultKill, faultStop, faultNATS, faultPostgres, faultCrash, faultDrop}
 	for _, l := range links {
 		kinds = append(kinds, faultLatency+l, faultReset+l, faultBlackHole+l)
 	}
@@ -206,7 +207,7 @@ func schedule(seed uint64, perKind int, window, stopFor time.Duration, consumers
 				f.dur = ms(200, 1500) // until the restart
 			case k == faultStop:
 				f.dur = stopFor + ms(0, 1000)
-			case k == faultNATS, k == faultPostgres:
+			case k == faultNATS, k == faultPostgres, k == faultCrash:
 				f.dur = ms(200, 1500)
 			case k == faultDrop:
 				f.dur, f.rate = ms(1000, 3000), 0.3+0.4*rng.Float64()

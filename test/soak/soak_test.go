@@ -197,7 +197,9 @@ func (r *run) setup() {
 	bin := filepath.Join(r.dir, "bin")
 	buildBinaries(t, bin)
 
-	r.cluster = testenv.OwnCluster(t)
+	// Every commit that waits for the disk survives a crash (the machine
+	// does not crash: fsync stays off); a keyed write's claim does not wait.
+	r.cluster = testenv.OwnCluster(t, "synchronous_commit=on")
 	r.dbURL = r.cluster.Database(t)
 
 	r.nats = &natsProc{bin: filepath.Join(bin, "nats-server"), dir: filepath.Join(r.dir, "jetstream"), log: filepath.Join(r.dir, "nats-server.log"),
@@ -376,9 +378,13 @@ func (r *run) inject(ctx context.Context, f fault) {
 			fail(err)
 		}
 		r.natsMu.Unlock()
-	case f.kind == faultPostgres:
+	case f.kind == faultPostgres, f.kind == faultCrash:
 		r.pgMu.Lock()
-		if err := r.cluster.Stop(); err != nil {
+		stop := r.cluster.Stop
+		if f.kind == faultCrash {
+			stop = r.cluster.Crash
+		}
+		if err := stop(); err != nil {
 			fail(err)
 		}
 		ctxSleep(ctx, f.dur)
