@@ -61,7 +61,13 @@ type Request struct {
 	Key       string          // the idempotency key; empty for read tools
 	Args      json.RawMessage // the arguments, canonical (RFC 8785)
 	ToolUseID string
-	Attempt   int64 // the ledger attempt (fencing token); 0 without a ledger
+	// Attempt is the ledger attempt: 1 for the key's first claim, one more
+	// for each takeover; 0 without a ledger. It is no fencing token across
+	// holders: after a Postgres crash that lost a keyed write's claim, the
+	// next claim is made at the same attempt (the ledger fences the first
+	// holder by its claim token). The Idempotency-Key is what a downstream
+	// dedups by.
+	Attempt int64
 }
 
 // Executor runs calls of one tool. It returns the output (JSON), or an error

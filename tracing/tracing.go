@@ -52,7 +52,7 @@ const (
 	KeyResultStatus  = attribute.Key("toolq.result.status")
 	KeyDuplicate     = attribute.Key("toolq.duplicate")
 	KeyDownstream    = attribute.Key("toolq.downstream") // the origin an HTTP tool calls
-	KeyAttempt       = attribute.Key("toolq.attempt")    // the claim's fencing token
+	KeyAttempt       = attribute.Key("toolq.attempt")    // the claim's attempt (tools.Request.Attempt)
 	KeyErrorCode     = attribute.Key("toolq.error.code") // the tool's error code
 	KeyVerdict       = attribute.Key("toolq.verdict")    // what JetStream was told: ack, nak, dead_letter
 	KeyOutcome       = attribute.Key("toolq.outcome")    // how a delivery ended (the toolq.jobs metric's label)

@@ -470,11 +470,13 @@ func (w *Worker) claimOf(d *delivery) ledger.Claim {
 		TraceID:        d.span.SpanContext().TraceID().String(),
 		SpanID:         d.span.SpanContext().SpanID().String(),
 		Token:          d.token,
-		// A keyed write may run again under the same key, as a takeover
-		// runs it: a claim the ledger loses in a crash costs a repeat the
-		// downstream collapses, so it need not wait for the disk. An unkeyed
-		// write's claim is what stops its second run: it waits.
-		AsyncCommit: d.tool.Class == tools.KeyedWrite,
+		// A keyed write whose key goes downstream may run again under the
+		// same key, as a takeover runs it: a claim the ledger loses in a
+		// crash costs a repeat the downstream collapses, so it need not
+		// wait for the disk. Any other write's claim is what stops its
+		// second run (a keyed write that does not forward its key has no
+		// downstream to collapse one): it waits.
+		AsyncCommit: d.tool.Class == tools.KeyedWrite && d.tool.ForwardsKey,
 	}
 }
 
