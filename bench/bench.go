@@ -34,6 +34,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/toolq/toolq/demo/sandbox"
+	"github.com/toolq/toolq/internal/pull"
 	"github.com/toolq/toolq/jobs"
 	"github.com/toolq/toolq/ledger"
 	"github.com/toolq/toolq/tools"
@@ -474,10 +475,11 @@ func (b *bench) startNaive(ctx context.Context, tool string) (func(), error) {
 	if err != nil {
 		return nil, err
 	}
-	it, err := cons.Messages(jetstream.PullMaxMessages(32), jetstream.PullExpiry(5*time.Second)) // as toolq pulls
+	iter, err := cons.Messages(jetstream.PullMaxMessages(32), jetstream.PullExpiry(5*time.Second)) // as toolq pulls
 	if err != nil {
 		return nil, err
 	}
+	it := pull.New(iter)
 	sem := make(chan struct{}, b.cfg.Concurrency)
 	var wg sync.WaitGroup
 	go func() {

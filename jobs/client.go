@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/toolq/toolq/internal/jcs"
+	"github.com/toolq/toolq/internal/pull"
 )
 
 // Client is the agent's side of toolq: it publishes jobs and awaits their
@@ -177,10 +178,11 @@ func (c *Client) awaitAll(ctx context.Context, conversationID string, toolUseIDs
 	if err != nil {
 		return nil, fmt.Errorf("jobs: await results of %s: %w", conversationID, err)
 	}
-	it, err := cons.Messages()
+	iter, err := cons.Messages()
 	if err != nil {
 		return nil, fmt.Errorf("jobs: await results of %s: %w", conversationID, err)
 	}
+	it := pull.New(iter)
 	defer it.Stop()
 	stop := context.AfterFunc(ctx, it.Stop)
 	defer stop()

@@ -7,6 +7,8 @@ import (
 	"sync"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolq/toolq/internal/pull"
 )
 
 // ErrResultsClosed is returned by Awaiting.Wait once the Results reader has
@@ -21,7 +23,7 @@ var ErrResultsClosed = errors.New("jobs: results reader closed")
 // uses bounded memory. Await from the start of a conversation is Client.Await.
 type Results struct {
 	client *Client
-	it     jetstream.MessagesContext
+	it     *pull.Iter
 
 	mu      sync.Mutex
 	waiting map[string]chan *Result
@@ -48,7 +50,7 @@ func (c *Client) Results(ctx context.Context, filter string) (*Results, error) {
 	if err != nil {
 		return nil, fmt.Errorf("jobs: results reader: %w", err)
 	}
-	r := &Results{client: c, it: it, waiting: map[string]chan *Result{}, done: make(chan struct{})}
+	r := &Results{client: c, it: pull.New(it), waiting: map[string]chan *Result{}, done: make(chan struct{})}
 	go r.read()
 	return r, nil
 }

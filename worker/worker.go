@@ -26,6 +26,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/toolq/toolq/internal/pull"
 	"github.com/toolq/toolq/jobs"
 	"github.com/toolq/toolq/ledger"
 	"github.com/toolq/toolq/tools"
@@ -301,7 +302,7 @@ type puller struct {
 	incoming chan jetstream.Msg // closed once the pull has stopped for good
 
 	mu       sync.Mutex
-	iter     jetstream.MessagesContext
+	iter     *pull.Iter
 	draining bool
 }
 
@@ -309,6 +310,7 @@ type puller struct {
 // expects a heartbeat every half of it, and after two missed heartbeats it
 // issues a new request: a pull that stopped being served (a pull request
 // the server lost track of) costs this long, not the library's default 30 s.
+// The client's own lost request (see internal/pull) costs a 50 ms slice.
 const pullExpiry = jetstream.PullExpiry(5 * time.Second)
 
 func (w *Worker) startPull(startCtx context.Context) (*puller, error) {
@@ -316,7 +318,7 @@ func (w *Worker) startPull(startCtx context.Context) (*puller, error) {
 	if err != nil {
 		return nil, fmt.Errorf("worker: pull from %s: %w", jobs.JobsStream, err)
 	}
-	p := &puller{w: w, incoming: make(chan jetstream.Msg), iter: iter}
+	p := &puller{w: w, incoming: make(chan jetstream.Msg), iter: pull.New(iter)}
 	go p.run(startCtx)
 	return p, nil
 }
@@ -354,7 +356,7 @@ func (p *puller) run(startCtx context.Context) {
 
 // again provisions the durable consumer and pulls from it anew, backing off
 // while that fails, until the drain starts (nil then).
-func (p *puller) again(startCtx context.Context) jetstream.MessagesContext {
+func (p *puller) again(startCtx context.Context) *pull.Iter {
 	wait := 100 * time.Millisecond
 	for {
 		if ctxSleep(startCtx, wait) != nil {
@@ -377,9 +379,9 @@ func (p *puller) again(startCtx context.Context) jetstream.MessagesContext {
 			iter.Stop()
 			return nil
 		}
-		p.iter = iter
+		p.iter = pull.New(iter)
 		p.w.log.Info("pulling again", "stream", jobs.JobsStream)
-		return iter
+		return p.iter
 	}
 }
 

@@ -1,0 +1,72 @@
+// Package pull reads a JetStream pull iterator (jetstream.MessagesContext)
+// without the stall it can fall into on its own.
+//
+// The iterator asks the server for more messages only from inside Next, at
+// the top of each wait, and only while no earlier request is still being
+// sent. When the caller takes the last buffered message while that earlier
+// request is in the middle of being sent, the check is skipped and Next
+// then waits for messages nobody asked for: nothing arrives until the
+// iterator's missed-heartbeat timer (twice the heartbeat, half the pull
+// expiry) resets its accounting. Under load on a busy machine this was
+// seen as the server holding no pull request for the consumer, nothing
+// pending acknowledgement and thousands of messages waiting, for exactly
+// that timer's length.
+//
+// Iter waits in short slices while messages flow, so that the check runs
+// again within Recheck, and waits in one piece (the heartbeat watched)
+// once the stream has been quiet for Quiet.
+package pull
+
+import (
+	"errors"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+const (
+	// Recheck is the longest a wait lasts while messages flow.
+	Recheck = 50 * time.Millisecond
+	// Quiet is how long without a message before Next waits in one piece,
+	// with the iterator's heartbeat check, instead of in slices.
+	Quiet = time.Second
+)
+
+// Iter wraps a pull iterator. Like the iterator, it is for one reader.
+type Iter struct {
+	it   jetstream.MessagesContext
+	last time.Time // when the last message came (or the Iter was made)
+}
+
+// New wraps it.
+func New(it jetstream.MessagesContext) *Iter { return &Iter{it: it, last: time.Now()} }
+
+// Next returns the next message, or the iterator's error: as
+// MessagesContext.Next, without its stall.
+func (p *Iter) Next() (jetstream.Msg, error) {
+	for {
+		if time.Since(p.last) > Quiet {
+			msg, err := p.it.Next()
+			if err == nil {
+				p.last = time.Now()
+			}
+			return msg, err
+		}
+		msg, err := p.it.Next(jetstream.NextMaxWait(Recheck))
+		if errors.Is(err, nats.ErrTimeout) {
+			continue
+		}
+		if err == nil {
+			p.last = time.Now()
+		}
+		return msg, err
+	}
+}
+
+// Stop stops the iterator (MessagesContext.Stop).
+func (p *Iter) Stop() { p.it.Stop() }
+
+// Drain drains the iterator (MessagesContext.Drain): Next returns what was
+// buffered, then jetstream.ErrMsgIteratorClosed.
+func (p *Iter) Drain() { p.it.Drain() }
