@@ -479,7 +479,7 @@ func (b *bench) startNaive(ctx context.Context, tool string) (func(), error) {
 	if err != nil {
 		return nil, err
 	}
-	it := pull.New(iter)
+	it := pull.New(iter, b.nc)
 	sem := make(chan struct{}, b.cfg.Concurrency)
 	var wg sync.WaitGroup
 	go func() {

@@ -182,7 +182,7 @@ func (c *Client) awaitAll(ctx context.Context, conversationID string, toolUseIDs
 	if err != nil {
 		return nil, fmt.Errorf("jobs: await results of %s: %w", conversationID, err)
 	}
-	it := pull.New(iter)
+	it := pull.New(iter, c.js.Conn())
 	defer it.Stop()
 	stop := context.AfterFunc(ctx, it.Stop)
 	defer stop()

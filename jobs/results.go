@@ -50,7 +50,7 @@ func (c *Client) Results(ctx context.Context, filter string) (*Results, error) {
 	if err != nil {
 		return nil, fmt.Errorf("jobs: results reader: %w", err)
 	}
-	r := &Results{client: c, it: pull.New(it), waiting: map[string]chan *Result{}, done: make(chan struct{})}
+	r := &Results{client: c, it: pull.New(it, c.js.Conn()), waiting: map[string]chan *Result{}, done: make(chan struct{})}
 	go r.read()
 	return r, nil
 }

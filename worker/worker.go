@@ -318,7 +318,7 @@ func (w *Worker) startPull(startCtx context.Context) (*puller, error) {
 	if err != nil {
 		return nil, fmt.Errorf("worker: pull from %s: %w", jobs.JobsStream, err)
 	}
-	p := &puller{w: w, incoming: make(chan jetstream.Msg), iter: pull.New(iter)}
+	p := &puller{w: w, incoming: make(chan jetstream.Msg), iter: pull.New(iter, w.cfg.JS.Conn())}
 	go p.run(startCtx)
 	return p, nil
 }
@@ -379,7 +379,7 @@ func (p *puller) again(startCtx context.Context) *pull.Iter {
 			iter.Stop()
 			return nil
 		}
-		p.iter = pull.New(iter)
+		p.iter = pull.New(iter, p.w.cfg.JS.Conn())
 		p.w.log.Info("pulling again", "stream", jobs.JobsStream)
 		return p.iter
 	}

@@ -14,7 +14,12 @@
 //
 // Iter waits in short slices while messages flow, so that the check runs
 // again within Recheck, and waits in one piece (the heartbeat watched)
-// once the stream has been quiet for Quiet.
+// once the stream has been quiet for Quiet and the connection is up. While
+// it is down Iter keeps to slices: the iterator's notice of the disconnect
+// (which stops its heartbeat timer) is taken by whichever wait is running,
+// and a wait in one piece begun after a slice took it would report missed
+// heartbeats all through the outage, each one queueing another pull request
+// for the reconnect, whose answers the iterator's buffer cannot hold.
 package pull
 
 import (
@@ -36,17 +41,20 @@ const (
 // Iter wraps a pull iterator. Like the iterator, it is for one reader.
 type Iter struct {
 	it   jetstream.MessagesContext
+	nc   *nats.Conn
 	last time.Time // when the last message came (or the Iter was made)
 }
 
-// New wraps it.
-func New(it jetstream.MessagesContext) *Iter { return &Iter{it: it, last: time.Now()} }
+// New wraps it, an iterator on nc (nil: none to watch, taken as up).
+func New(it jetstream.MessagesContext, nc *nats.Conn) *Iter {
+	return &Iter{it: it, nc: nc, last: time.Now()}
+}
 
 // Next returns the next message, or the iterator's error: as
 // MessagesContext.Next, without its stall.
 func (p *Iter) Next() (jetstream.Msg, error) {
 	for {
-		if time.Since(p.last) > Quiet {
+		if time.Since(p.last) > Quiet && (p.nc == nil || p.nc.IsConnected()) {
 			msg, err := p.it.Next()
 			if err == nil {
 				p.last = time.Now()

@@ -82,7 +82,7 @@ type msg struct{ jetstream.Msg }
 func TestAMessageThatCameDuringAWaitIsNotLeftBehind(t *testing.T) {
 	l := newLossy()
 	t.Cleanup(l.Stop)
-	it := pull.New(l)
+	it := pull.New(l, nil)
 	first := msg{}
 	l.push(first)
 	if got, err := it.Next(); err != nil || got != first {
@@ -117,7 +117,7 @@ func TestAMessageThatCameDuringAWaitIsNotLeftBehind(t *testing.T) {
 // heartbeats (a pull request the server lost is noticed and made again).
 func TestAQuietIteratorWaitsInOnePiece(t *testing.T) {
 	l := newLossy()
-	it := pull.New(l)
+	it := pull.New(l, nil)
 	done := make(chan error, 1)
 	go func() {
 		_, err := it.Next()
@@ -166,7 +166,7 @@ func TestIterOnJetStream(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	it := pull.New(raw)
+	it := pull.New(raw, nc)
 	for i := range backlog {
 		m, err := it.Next()
 		if err != nil {
