@@ -1,7 +1,6 @@
 package pull_test
 
 import (
-	"context"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -20,14 +19,7 @@ import (
 func outageNext(t *testing.T, wrap func(jetstream.MessagesContext, *nats.Conn) func() (jetstream.Msg, error)) (jetstream.Msg, error, time.Duration, *testenv.NATS) {
 	n := testenv.StartNATS(t)
 	nc := n.Connect()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := context.Background()
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "P", Subjects: []string{"p.>"}}); err != nil {
-		t.Fatal(err)
-	}
+	js, ctx := stream(t, nc)
 	cons, err := js.CreateOrUpdateConsumer(ctx, "P", jetstream.ConsumerConfig{Durable: "d", AckPolicy: jetstream.AckExplicitPolicy})
 	if err != nil {
 		t.Fatal(err)
@@ -132,14 +124,7 @@ func pileUp(t *testing.T, wrap func(jetstream.MessagesContext, *nats.Conn) func(
 			slow <- struct{}{}
 		}
 	}))
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := context.Background()
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "P", Subjects: []string{"p.>"}}); err != nil {
-		t.Fatal(err)
-	}
+	js, ctx := stream(t, nc)
 	cons, err := js.CreateOrUpdateConsumer(ctx, "P", jetstream.ConsumerConfig{Durable: "d", AckPolicy: jetstream.AckExplicitPolicy, AckWait: time.Minute})
 	if err != nil {
 		t.Fatal(err)

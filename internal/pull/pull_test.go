@@ -144,14 +144,7 @@ func TestAQuietIteratorWaitsInOnePiece(t *testing.T) {
 func TestIterOnJetStream(t *testing.T) {
 	n := testenv.StartNATS(t)
 	nc := n.Connect()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := context.Background()
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "P", Subjects: []string{"p.>"}}); err != nil {
-		t.Fatal(err)
-	}
+	js, ctx := stream(t, nc)
 	const backlog = 500
 	for i := range backlog {
 		if _, err := js.Publish(ctx, "p.x", fmt.Appendf(nil, "%d", i)); err != nil {
@@ -195,4 +188,18 @@ func TestIterOnJetStream(t *testing.T) {
 			t.Fatalf("draining: %v", err)
 		}
 	}
+}
+
+// stream makes the stream P (subjects p.>) on nc's server.
+func stream(t *testing.T, nc *nats.Conn) (jetstream.JetStream, context.Context) {
+	t.Helper()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "P", Subjects: []string{"p.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	return js, ctx
 }
