@@ -51,19 +51,17 @@ func New(it jetstream.MessagesContext, nc *nats.Conn) *Iter {
 }
 
 // Next returns the next message, or the iterator's error: as
-// MessagesContext.Next, without its stall.
+// MessagesContext.Next, without its stall. Every call begins with a slice,
+// so that a message already buffered comes out at once even while a
+// reconnect attempt holds the connection (IsConnected waits for it).
 func (p *Iter) Next() (jetstream.Msg, error) {
 	for {
-		if time.Since(p.last) > Quiet && (p.nc == nil || p.nc.IsConnected()) {
-			msg, err := p.it.Next()
-			if err == nil {
-				p.last = time.Now()
-			}
-			return msg, err
-		}
 		msg, err := p.it.Next(jetstream.NextMaxWait(Recheck))
 		if errors.Is(err, nats.ErrTimeout) {
-			continue
+			if time.Since(p.last) <= Quiet || (p.nc != nil && !p.nc.IsConnected()) {
+				continue
+			}
+			msg, err = p.it.Next()
 		}
 		if err == nil {
 			p.last = time.Now()
