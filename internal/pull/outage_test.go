@@ -125,14 +125,7 @@ func pileUp(t *testing.T, wrap func(jetstream.MessagesContext, *nats.Conn) func(
 		}
 	}))
 	js, ctx := stream(t, nc)
-	cons, err := js.CreateOrUpdateConsumer(ctx, "P", jetstream.ConsumerConfig{Durable: "d", AckPolicy: jetstream.AckExplicitPolicy, AckWait: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
-	raw, err := cons.Messages(jetstream.PullMaxMessages(16), jetstream.PullExpiry(2*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
+	cons, raw := pulling(t, js, ctx, jetstream.ConsumerConfig{Durable: "d", AckPolicy: jetstream.AckExplicitPolicy, AckWait: time.Minute})
 	next := wrap(raw, nc)
 	if _, err := js.Publish(ctx, "p.x", []byte("before")); err != nil {
 		t.Fatal(err)

@@ -151,14 +151,7 @@ func TestIterOnJetStream(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	cons, err := js.CreateOrUpdateConsumer(ctx, "P", jetstream.ConsumerConfig{Durable: "d", AckPolicy: jetstream.AckExplicitPolicy, MaxAckPending: 64})
-	if err != nil {
-		t.Fatal(err)
-	}
-	raw, err := cons.Messages(jetstream.PullMaxMessages(16), jetstream.PullExpiry(2*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, raw := pulling(t, js, ctx, jetstream.ConsumerConfig{Durable: "d", AckPolicy: jetstream.AckExplicitPolicy, MaxAckPending: 64})
 	it := pull.New(raw, nc)
 	for i := range backlog {
 		m, err := it.Next()
@@ -202,4 +195,19 @@ func stream(t *testing.T, nc *nats.Conn) (jetstream.JetStream, context.Context) 
 		t.Fatal(err)
 	}
 	return js, ctx
+}
+
+// pulling makes the consumer cfg on the stream P and pulls from it in
+// batches of 16, with requests that expire after 2 s (heartbeat 1 s).
+func pulling(t *testing.T, js jetstream.JetStream, ctx context.Context, cfg jetstream.ConsumerConfig) (jetstream.Consumer, jetstream.MessagesContext) {
+	t.Helper()
+	cons, err := js.CreateOrUpdateConsumer(ctx, "P", cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := cons.Messages(jetstream.PullMaxMessages(16), jetstream.PullExpiry(2*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cons, raw
 }

@@ -74,14 +74,7 @@ func bufferedDuringReconnect(t *testing.T, wrap func(jetstream.MessagesContext, 
 	n := testenv.StartNATS(t)
 	nc := n.Connect() // nats.go's default connect Timeout: 2 s
 	js, ctx := stream(t, nc)
-	cons, err := js.CreateOrUpdateConsumer(ctx, "P", jetstream.ConsumerConfig{Durable: "d", AckPolicy: jetstream.AckExplicitPolicy})
-	if err != nil {
-		t.Fatal(err)
-	}
-	raw, err := cons.Messages(jetstream.PullMaxMessages(16), jetstream.PullExpiry(2*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, raw := pulling(t, js, ctx, jetstream.ConsumerConfig{Durable: "d", AckPolicy: jetstream.AckExplicitPolicy})
 	t.Cleanup(raw.Stop)
 	next := wrap(raw, nc)
 	for _, s := range []string{"one", "two"} {
@@ -136,14 +129,7 @@ func TestClosedForGood(t *testing.T) {
 		n := testenv.StartNATS(t)
 		nc := n.Connect()
 		js, ctx := stream(t, nc)
-		cons, err := js.CreateOrUpdateConsumer(ctx, "P", jetstream.ConsumerConfig{Durable: "d", AckPolicy: jetstream.AckExplicitPolicy})
-		if err != nil {
-			t.Fatal(err)
-		}
-		raw, err := cons.Messages(jetstream.PullMaxMessages(16), jetstream.PullExpiry(2*time.Second))
-		if err != nil {
-			t.Fatal(err)
-		}
+		_, raw := pulling(t, js, ctx, jetstream.ConsumerConfig{Durable: "d", AckPolicy: jetstream.AckExplicitPolicy})
 		it := pull.New(raw, nc)
 		if quiet {
 			time.Sleep(pull.Quiet + 100*time.Millisecond)
@@ -197,14 +183,7 @@ func TestWaitsWhenIdle(t *testing.T) {
 	n := testenv.StartNATS(t)
 	nc := n.Connect()
 	js, ctx := stream(t, nc)
-	cons, err := js.CreateOrUpdateConsumer(ctx, "P", jetstream.ConsumerConfig{Durable: "d", AckPolicy: jetstream.AckExplicitPolicy})
-	if err != nil {
-		t.Fatal(err)
-	}
-	raw, err := cons.Messages(jetstream.PullMaxMessages(16), jetstream.PullExpiry(2*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, raw := pulling(t, js, ctx, jetstream.ConsumerConfig{Durable: "d", AckPolicy: jetstream.AckExplicitPolicy})
 	t.Cleanup(raw.Stop)
 	shim := &counting{MessagesContext: raw}
 	it := pull.New(shim, nc)
@@ -235,14 +214,7 @@ func TestShortOutageWhileFlowing(t *testing.T) {
 		}
 	}))
 	js, ctx := stream(t, nc)
-	cons, err := js.CreateOrUpdateConsumer(ctx, "P", jetstream.ConsumerConfig{Durable: "d", AckPolicy: jetstream.AckExplicitPolicy})
-	if err != nil {
-		t.Fatal(err)
-	}
-	raw, err := cons.Messages(jetstream.PullMaxMessages(16), jetstream.PullExpiry(2*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
+	cons, raw := pulling(t, js, ctx, jetstream.ConsumerConfig{Durable: "d", AckPolicy: jetstream.AckExplicitPolicy})
 	shim := &counting{MessagesContext: raw}
 	it := pull.New(shim, nc)
 	var lastAt atomic.Int64
