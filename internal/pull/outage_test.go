@@ -16,7 +16,7 @@ import (
 // once, with the server down for outage, and returns what that call gave
 // and how long after the shutdown it returned. The server is restarted
 // after outage and a message published.
-func outageNext(t *testing.T, wrap func(jetstream.MessagesContext, *nats.Conn) func() (jetstream.Msg, error)) (jetstream.Msg, error, time.Duration, *testenv.NATS) {
+func outageNext(t *testing.T, wrap func(jetstream.MessagesContext, *nats.Conn) func() (jetstream.Msg, error)) (jetstream.Msg, time.Duration, error) {
 	n := testenv.StartNATS(t)
 	nc := n.Connect()
 	js, ctx := stream(t, nc)
@@ -59,7 +59,7 @@ func outageNext(t *testing.T, wrap func(jetstream.MessagesContext, *nats.Conn) f
 	const outage = 6 * time.Second
 	select {
 	case r := <-got:
-		return r.m, r.err, r.at.Sub(down), n
+		return r.m, r.at.Sub(down), r.err
 	case <-time.After(outage):
 	}
 	n.Restart()
@@ -75,11 +75,11 @@ func outageNext(t *testing.T, wrap func(jetstream.MessagesContext, *nats.Conn) f
 	}()
 	select {
 	case r := <-got:
-		return r.m, r.err, r.at.Sub(down), n
+		return r.m, r.at.Sub(down), r.err
 	case <-time.After(20 * time.Second):
 		t.Fatal("Next never returned after the restart")
 	}
-	return nil, nil, 0, n
+	return nil, 0, nil
 }
 
 // TestIterRidesOutAnOutage: a Next waiting when the server goes down, still
@@ -90,7 +90,7 @@ func outageNext(t *testing.T, wrap func(jetstream.MessagesContext, *nats.Conn) f
 // simply down.
 func TestIterRidesOutAnOutage(t *testing.T) {
 	t.Parallel()
-	m, err, after, _ := outageNext(t, func(it jetstream.MessagesContext, nc *nats.Conn) func() (jetstream.Msg, error) {
+	m, after, err := outageNext(t, func(it jetstream.MessagesContext, nc *nats.Conn) func() (jetstream.Msg, error) {
 		return pull.New(it, nc).Next
 	})
 	if err != nil {
