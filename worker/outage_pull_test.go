@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
-	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -16,7 +15,6 @@ import (
 
 	"github.com/toolq/toolq/internal/testenv"
 	"github.com/toolq/toolq/jobs"
-	"github.com/toolq/toolq/ledger"
 	"github.com/toolq/toolq/tools"
 	"github.com/toolq/toolq/worker"
 )
@@ -47,14 +45,7 @@ func TestBrokerOutageUnderLoadCostsNoRedeliveries(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	store, err := ledger.OpenSQLite(ctx, filepath.Join(t.TempDir(), "ledger.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer store.Close()
-	if err := store.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	store := sqliteStore(t)
 	var hold atomic.Bool
 	gate := make(chan struct{})
 	exec := tools.ExecutorFunc(func(ctx context.Context, r tools.Request) (json.RawMessage, error) {

@@ -22,11 +22,18 @@ import (
 // sharedEnv is one broker and one SQLite ledger for several workers.
 func sharedEnv(t *testing.T) (jetstream.JetStream, *ledger.Store) {
 	t.Helper()
-	ctx := context.Background()
 	js, err := jetstream.New(testenv.StartNATS(t).Connect())
 	if err != nil {
 		t.Fatal(err)
 	}
+	return js, sqliteStore(t)
+}
+
+// sqliteStore is a migrated SQLite ledger in the test's temporary
+// directory, closed when the test ends.
+func sqliteStore(t *testing.T) *ledger.Store {
+	t.Helper()
+	ctx := context.Background()
 	store, err := ledger.OpenSQLite(ctx, filepath.Join(t.TempDir(), "ledger.db"))
 	if err != nil {
 		t.Fatal(err)
@@ -35,7 +42,7 @@ func sharedEnv(t *testing.T) (jetstream.JetStream, *ledger.Store) {
 	if err := store.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
-	return js, store
+	return store
 }
 
 // runWorker starts a worker on js and store; stop ends it (its error is

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -14,7 +13,6 @@ import (
 
 	"github.com/toolq/toolq/internal/testenv"
 	"github.com/toolq/toolq/jobs"
-	"github.com/toolq/toolq/ledger"
 	"github.com/toolq/toolq/tools"
 	"github.com/toolq/toolq/worker"
 )
@@ -31,14 +29,7 @@ func TestPullThatEndsIsSetUpAgain(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	store, err := ledger.OpenSQLite(ctx, filepath.Join(t.TempDir(), "ledger.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer store.Close()
-	if err := store.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	store := sqliteStore(t)
 	exec := tools.ExecutorFunc(func(ctx context.Context, r tools.Request) (json.RawMessage, error) {
 		return json.RawMessage(`{"ok":true}`), nil
 	})
