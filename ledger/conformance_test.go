@@ -879,3 +879,70 @@ func TestFenceNamesTheClaim(t *testing.T) {
 
 // newToken is a claim token unique to its call, as the worker makes them.
 func newToken() string { return rand.Text() }
+
+// TestOutputsWithNULAreKeptOnBothBackends: JSON may escape U+0000 as
+// \u0000, which Postgres's jsonb refuses and its text keeps. An output or
+// an error message holding one is stored and read back byte for byte by
+// Complete, CompleteBatch, Fail and Resolve on both backends, and a
+// resolution records it in the row's history: a completed call's output
+// never makes its completion, or an operator's decision, fail.
+func TestOutputsWithNULAreKeptOnBothBackends(t *testing.T) {
+	t.Parallel()
+	const output = `{"a":"\u0000","b":["x\u0000y"]}`
+	eachBackend(t, func(t *testing.T, s *ledger.Store) {
+		ctx := context.Background()
+		completed := mustClaim(t, s, newClaim(time.Minute))
+		if err := s.Complete(ctx, completed.Fence(), json.RawMessage(output)); err != nil {
+			t.Fatalf("complete: %v", err)
+		}
+		batched := mustClaim(t, s, newClaim(time.Minute))
+		if errs, err := s.CompleteBatch(ctx, []ledger.Completion{{Fence: batched.Fence(), Output: json.RawMessage(output)}}); err != nil || errs[0] != nil {
+			t.Fatalf("complete batch: %v %v", errs, err)
+		}
+		for _, key := range []string{completed.Key, batched.Key} {
+			if row := mustGet(t, s, key); row.State != ledger.Completed || string(row.Result) != output {
+				t.Fatalf("read back %s %s", row.State, row.Result)
+			}
+		}
+
+		failed := mustClaim(t, s, newClaim(time.Minute))
+		if err := s.Fail(ctx, failed.Fence(), ledger.ErrorInfo{Code: "declined", Message: "nul\x00inside"}); err != nil {
+			t.Fatalf("fail: %v", err)
+		}
+		if row := mustGet(t, s, failed.Key); row.Error == nil || row.Error.Message != "nul\x00inside" {
+			t.Fatalf("error read back as %+v", row.Error)
+		}
+
+		// An indeterminate row whose error holds U+0000, resolved with an
+		// output that holds it too, and one resolved as not run.
+		indeterminate := func() ledger.Claim {
+			c := newClaim(time.Minute)
+			row := mustClaim(t, s, c)
+			if err := s.MarkIndeterminate(ctx, row.Fence(), ledger.ErrorInfo{Code: "reset", Message: "reset\x00"}); err != nil {
+				t.Fatal(err)
+			}
+			return c
+		}
+		done, notRun := indeterminate(), indeterminate()
+		res := ledger.Resolution{Output: json.RawMessage(output), By: "op", Reason: "found it"}
+		if changed, err := s.Resolve(ctx, done.Key, res); !changed || err != nil {
+			t.Fatalf("resolve with an output holding U+0000: %v %v", changed, err)
+		}
+		row := mustGet(t, s, done.Key)
+		ev := row.LastResolution()
+		if row.State != ledger.Completed || string(row.Result) != output || ev == nil || string(ev.Output) != output ||
+			ev.Error == nil || ev.Error.Message != "reset\x00" {
+			t.Fatalf("resolved row %s %s, history %+v", row.State, row.Result, row.History)
+		}
+		if changed, err := s.Resolve(ctx, done.Key, res); changed || err != nil {
+			t.Fatalf("the same resolution again: %v %v", changed, err)
+		}
+		if changed, err := s.Resolve(ctx, notRun.Key, ledger.Resolution{NotRun: true, By: "op", Reason: "not there"}); !changed || err != nil {
+			t.Fatalf("resolve not run an error holding U+0000: %v %v", changed, err)
+		}
+		again := mustClaim(t, s, notRun)
+		if h := again.History; len(h) != 1 || h[0].Error == nil || h[0].Error.Message != "reset\x00" {
+			t.Fatalf("history after the claim %+v", h)
+		}
+	})
+}

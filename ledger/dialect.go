@@ -11,9 +11,8 @@ import (
 // milliseconds), {at:$N} (the time $N Unix milliseconds, for a time column),
 // {nowms} (the database clock in Unix milliseconds), {plus:$N} and {minus:$N}
 // (now plus or minus $N milliseconds),
-// {text:$N} (a text parameter Postgres must be told the type of), {append:$N}
-// (the history column with the JSON object $N appended) and {cols} (the
-// columns scanRow reads).
+// {text:$N} (a text parameter Postgres must be told the type of) and {cols}
+// (the columns scanRow reads).
 type dialect struct {
 	takeover, extend, complete, fail, endLease, indeterminate, release   string
 	failures                                                             string
@@ -67,6 +66,16 @@ func toolFilter(only, except string) string {
 	return `({text:` + only + `} = '' OR tool = {text:` + only + `}) AND NOT {intools:` + except + `}`
 }
 
+// appendHistory is the history column (a JSON array, as text) with the JSON
+// object in parameter ev appended, written as text on both backends: an
+// output or an error message may hold U+0000 (\u0000 in JSON), which
+// Postgres's jsonb refuses and text keeps, so a resolution goes through
+// no JSON type of the database.
+func appendHistory(ev string) string {
+	return `(CASE WHEN history = '[]' THEN '[' || {text:` + ev + `} || ']'
+		ELSE substr(history, 1, length(history) - 1) || ',' || {text:` + ev + `} || ']' END)`
+}
+
 func newDialect(expand func(string) string) *dialect {
 	d := &dialect{
 		// A takeover is a compare-and-set on the claim it takes over
@@ -93,8 +102,8 @@ func newDialect(expand func(string) string) *dialect {
 		// A resolution appends its event ($2, a JSON object) to the row's
 		// history in the statement that settles it.
 		resolveNotRun: `UPDATE toolq_ledger SET state = ` + released + `, result = '', error = '', lease_until = {now}, updated_at = {now},
-			history = {append:$2} WHERE key = $1 AND state = 'indeterminate'`,
-		resolveCompleted: `UPDATE toolq_ledger SET state = 'completed', result = $3, updated_at = {now}, history = {append:$2}
+			history = ` + appendHistory("$2") + ` WHERE key = $1 AND state = 'indeterminate'`,
+		resolveCompleted: `UPDATE toolq_ledger SET state = 'completed', result = $3, updated_at = {now}, history = ` + appendHistory("$2") + `
 			WHERE key = $1 AND state = 'indeterminate'`,
 		purge: `DELETE FROM toolq_ledger WHERE key IN (SELECT key FROM toolq_ledger
 			WHERE ` + purgeable + ` AND ` + toolFilter("$3", "$4") + ` LIMIT $2)`,

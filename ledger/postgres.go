@@ -37,8 +37,6 @@ var postgresDialect = newDialect(expandWith(func(name, arg string) string {
 		return "(extract(epoch from now()) * 1000)::bigint"
 	case "intools":
 		return "(tool = ANY (ARRAY(SELECT jsonb_array_elements_text(" + arg + "::text::jsonb))))"
-	case "append":
-		return "(history::jsonb || jsonb_build_array(" + arg + "::jsonb))::text"
 	}
 	panic("ledger: unknown placeholder " + name)
 }))

@@ -34,8 +34,6 @@ var sqliteDialect = newDialect(expandWith(func(name, arg string) string {
 		return "((" + sqliteNow + ") - " + arg + ")"
 	case "intools":
 		return "(tool IN (SELECT value FROM json_each(" + arg + ")))"
-	case "append":
-		return "json_insert(history, '$[#]', json(" + arg + "))"
 	}
 	panic("ledger: unknown placeholder " + name)
 }))
