@@ -224,7 +224,11 @@ type ToolResult struct {
 // tool_result entries to append to that turn. Identical calls (same tool and
 // canonical args) get ordinals 0, 1, … in order of appearance. Results
 // addressed to tool_use_ids that are not in this turn (those of an abandoned
-// attempt) are ignored. On ctx's end it returns what it has with ctx's error.
+// attempt) are ignored. Like PublishAndAwait it reads only the results
+// published after the jobs, unless JetStream dropped one as an exact
+// re-publication (the turn run again with the same tool_use_ids): then it
+// reads the conversation from the start. On ctx's end it returns what it
+// has with ctx's error.
 func (c *Client) RunTurn(ctx context.Context, conversationID string, turnIndex int64, calls []ToolCall) ([]ToolResult, error) {
 	from, err := c.resultsCursor(ctx)
 	if err != nil {
@@ -241,8 +245,12 @@ func (c *Client) RunTurn(ctx context.Context, conversationID string, turnIndex i
 		j := &Job{ConversationID: conversationID, TurnIndex: turnIndex, Ordinal: seen[identity], Tool: call.Tool,
 			ToolUseID: call.ToolUseID, Args: call.Args}
 		seen[identity]++
-		if _, err := c.Publish(ctx, j); err != nil {
+		pub, err := c.Publish(ctx, j)
+		if err != nil {
 			return nil, err
+		}
+		if pub.Duplicate {
+			from = 0 // its result may be older than the cursor
 		}
 		ids[i] = call.ToolUseID
 	}

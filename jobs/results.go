@@ -90,13 +90,14 @@ type Awaiting struct {
 	r   *Results
 	ids []string
 	chs []chan *Result
+	got []*Result // what Wait read, kept for a Wait tried again
 }
 
 // Expect starts keeping the results addressed to the given tool_use_ids.
 // Call it before publishing their jobs; Wait collects them, Cancel gives
 // them up.
 func (r *Results) Expect(toolUseIDs ...string) *Awaiting {
-	a := &Awaiting{r: r, ids: toolUseIDs, chs: make([]chan *Result, len(toolUseIDs))}
+	a := &Awaiting{r: r, ids: toolUseIDs, chs: make([]chan *Result, len(toolUseIDs)), got: make([]*Result, len(toolUseIDs))}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for i, id := range toolUseIDs {
@@ -108,29 +109,33 @@ func (r *Results) Expect(toolUseIDs ...string) *Awaiting {
 
 // Wait returns the results of the expected ids, in their order. It returns
 // ctx's error when ctx ends first, and ErrResultsClosed (wrapping the
-// reader's error) when the reader stopped.
+// reader's error) when the reader stopped, with the results that came; a
+// Wait tried again keeps those and waits for the others. Wait is not safe
+// for concurrent use on one Awaiting.
 func (a *Awaiting) Wait(ctx context.Context) ([]*Result, error) {
-	out := make([]*Result, len(a.ids))
 	for i, ch := range a.chs {
+		if a.got[i] != nil {
+			continue
+		}
 		select {
 		case res := <-ch:
-			out[i] = res
+			a.got[i] = res
 		case <-ctx.Done():
-			return out, ctx.Err()
+			return append([]*Result(nil), a.got...), ctx.Err()
 		case <-a.r.done:
 			select {
 			case res := <-ch:
-				out[i] = res
+				a.got[i] = res
 				continue
 			default:
 			}
 			a.r.mu.Lock()
 			err := a.r.err
 			a.r.mu.Unlock()
-			return out, fmt.Errorf("%w: %v", ErrResultsClosed, err)
+			return append([]*Result(nil), a.got...), fmt.Errorf("%w: %v", ErrResultsClosed, err)
 		}
 	}
-	return out, nil
+	return append([]*Result(nil), a.got...), nil
 }
 
 // Cancel stops keeping the ids' results: those that come later are dropped.

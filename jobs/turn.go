@@ -90,13 +90,18 @@ type Attempt struct {
 	turn      *Turn
 	uses      []attemptUse
 	ordinals  map[string]int64
-	awaiting  []*Awaiting
 	abandoned bool
 }
 
 type attemptUse struct {
 	call       ToolCall
 	dispatched bool
+	aw         *Awaiting // the reader's expectation of its result; nil when cut
+	// republished: JetStream dropped the job as an exact re-publication, so
+	// its result may have come before the reader started (the agent
+	// restarted and replays its record): Commit reads it from the
+	// conversation's start.
+	republished bool
 }
 
 // Attempt starts a new attempt of the turn; the previous ones are abandoned
@@ -115,7 +120,9 @@ func (t *Turn) Attempt() *Attempt {
 
 // Dispatch publishes a completed tool_use block as a job, with the next
 // ordinal among identical calls of this attempt, while the stream goes on.
-// Errors: ErrAttemptAbandoned, a *FieldError, or the publish error; after a
+// A call dispatched again with the same tool_use_id (an agent replaying its
+// record after a restart) is dropped by JetStream as a re-publication and
+// reports Published.Duplicate; Commit still finds its result. Errors: ErrAttemptAbandoned, a *FieldError, or the publish error; after a
 // publish error the attempt is abandoned: retry the turn (the retry's call
 // has the same key, so it runs at most once).
 func (a *Attempt) Dispatch(ctx context.Context, call ToolCall) (Published, error) {
@@ -134,15 +141,22 @@ func (a *Attempt) Dispatch(ctx context.Context, call ToolCall) (Published, error
 	ordinal := a.ordinals[identity]
 	a.ordinals[identity]++
 	aw := t.conv.results.Expect(call.ToolUseID)
-	a.awaiting = append(a.awaiting, aw)
-	a.uses = append(a.uses, attemptUse{call: call, dispatched: true})
+	use := len(a.uses)
+	a.uses = append(a.uses, attemptUse{call: call, dispatched: true, aw: aw})
 	t.mu.Unlock()
 	j := &Job{ConversationID: t.conv.ID, TurnIndex: t.Index, Ordinal: ordinal, Tool: call.Tool, ToolUseID: call.ToolUseID, Args: call.Args}
 	pub, err := t.conv.results.client.Publish(ctx, j)
 	if err != nil {
 		a.Abandon() // whether it reached the stream is unknown: the turn is retried
+		return pub, err
 	}
-	return pub, err
+	if pub.Duplicate {
+		t.mu.Lock()
+		a.uses[use].republished = true
+		t.mu.Unlock()
+		aw.Cancel() // its result may never pass the reader again
+	}
+	return pub, nil
 }
 
 // Cut records a tool_use block that the stream's failure cut before it
@@ -163,10 +177,12 @@ func (a *Attempt) Abandon() {
 		return
 	}
 	a.abandoned = true
-	aws, uses := a.awaiting, a.uses
+	uses := a.uses
 	t.mu.Unlock()
-	for _, aw := range aws {
-		aw.Cancel()
+	for _, u := range uses {
+		if u.aw != nil {
+			u.aw.Cancel()
+		}
 	}
 	c := t.conv
 	c.mu.Lock()
@@ -197,7 +213,7 @@ func (t *Turn) Commit(ctx context.Context, a *Attempt) (*CommittedTurn, error) {
 		return nil, ErrAttemptAbandoned
 	}
 	t.committing, t.winner = true, a // not abandoned meanwhile by a call to Attempt
-	uses, aws := append([]attemptUse(nil), a.uses...), append([]*Awaiting(nil), a.awaiting...)
+	uses := append([]attemptUse(nil), a.uses...)
 	others := make([]*Attempt, 0, len(t.attempts))
 	for _, o := range t.attempts {
 		if o != a {
@@ -206,27 +222,21 @@ func (t *Turn) Commit(ctx context.Context, a *Attempt) (*CommittedTurn, error) {
 	}
 	t.mu.Unlock()
 
-	results := make([]*Result, 0, len(aws))
-	for _, aw := range aws {
-		got, err := aw.Wait(ctx)
-		if err != nil {
-			t.mu.Lock()
-			t.committing, t.winner = false, nil
-			t.mu.Unlock()
-			return nil, err
-		}
-		results = append(results, got...)
+	results, err := t.conv.awaitResults(ctx, uses)
+	if err != nil {
+		t.mu.Lock()
+		t.committing, t.winner = false, nil
+		t.mu.Unlock()
+		return nil, err
 	}
 	ct := &CommittedTurn{Index: t.Index}
-	next := 0
 	for _, u := range uses {
 		ct.ToolUses = append(ct.ToolUses, u.call)
 		if !u.dispatched {
 			ct.ToolResults = append(ct.ToolResults, notRunResult(u.call.ToolUseID))
 			continue
 		}
-		ct.ToolResults = append(ct.ToolResults, results[next].ToolResult())
-		next++
+		ct.ToolResults = append(ct.ToolResults, results[u.call.ToolUseID].ToolResult())
 	}
 
 	c := t.conv
@@ -252,6 +262,37 @@ func (t *Turn) Commit(ctx context.Context, a *Attempt) (*CommittedTurn, error) {
 		o.Abandon()
 	}
 	return ct, nil
+}
+
+// awaitResults waits for the results of the dispatched uses, by
+// tool_use_id: through the reader, and from the conversation's start for
+// those JetStream dropped as re-publications.
+func (c *Conversation) awaitResults(ctx context.Context, uses []attemptUse) (map[string]*Result, error) {
+	got := make(map[string]*Result, len(uses))
+	var republished []string
+	for _, u := range uses {
+		switch {
+		case !u.dispatched:
+		case u.republished:
+			republished = append(republished, u.call.ToolUseID)
+		default:
+			res, err := u.aw.Wait(ctx)
+			if err != nil {
+				return nil, err
+			}
+			got[u.call.ToolUseID] = res[0]
+		}
+	}
+	if len(republished) > 0 {
+		older, err := c.results.client.awaitAll(ctx, c.ID, republished, 0)
+		if err != nil {
+			return nil, err
+		}
+		for id, res := range older {
+			got[id] = res
+		}
+	}
+	return got, nil
 }
 
 func notRunResult(toolUseID string) ToolResult {

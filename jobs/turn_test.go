@@ -141,3 +141,124 @@ func TestResultsDropsWhatNobodyExpects(t *testing.T) {
 		t.Fatalf("wait after Close: %v", err)
 	}
 }
+
+// TestRunTurnCalledAgainForTheSameTurnGetsItsResults: the agent runs a turn
+// again with the same tool_use_ids (its first RunTurn failed after
+// publishing, or it restarted). JetStream drops the jobs as exact
+// re-publications and toolq does not answer them again, so the results are
+// those published before the second call began: RunTurn reads them, and
+// nothing runs twice.
+func TestRunTurnCalledAgainForTheSameTurnGetsItsResults(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	st := startStack(ctx, t)
+	client := jobs.NewClient(st.JS)
+	calls := []jobs.ToolCall{payment("toolu_p0", "inv_1"), payment("toolu_p1", "inv_2")}
+	first, err := client.RunTurn(ctx, "conv-again", 0, calls)
+	if err != nil || len(first) != 2 {
+		t.Fatalf("first run: %v, %v", first, err)
+	}
+	again, stop := context.WithTimeout(ctx, 10*time.Second)
+	defer stop()
+	second, err := client.RunTurn(again, "conv-again", 0, calls)
+	if err != nil {
+		t.Fatalf("the same turn run again: %v (got %d of 2 results)", err, len(second))
+	}
+	for i := range calls {
+		if second[i].ToolUseID != calls[i].ToolUseID || string(second[i].Content) != string(first[i].Content) {
+			t.Fatalf("result %d: %+v, first run %+v", i, second[i], first[i])
+		}
+	}
+	if n := len(st.Sandbox.Payments()); n != 2 {
+		t.Fatalf("%d payments, want 2", n)
+	}
+}
+
+// TestCommitOfADispatchDroppedAsARepublication: an agent that restarts
+// replays its record and dispatches a call it had dispatched before, with
+// the same tool_use_id, through a new results reader. JetStream drops the
+// job as an exact re-publication; its result came before the reader
+// started, and Commit still finds it.
+func TestCommitOfADispatchDroppedAsARepublication(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	st := startStack(ctx, t)
+	client := jobs.NewClient(st.JS)
+	play := func(ctx context.Context) (*jobs.CommittedTurn, jobs.Published, error) {
+		rs, err := client.Results(ctx, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rs.Close()
+		turn := rs.NewConversation("conv-restart").NextTurn()
+		a := turn.Attempt()
+		pub, err := a.Dispatch(ctx, payment("toolu_r0", "inv_r"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ct, err := turn.Commit(ctx, a)
+		return ct, pub, err
+	}
+	first, pub, err := play(ctx)
+	if err != nil || pub.Duplicate {
+		t.Fatalf("first play: %v, %+v", err, pub)
+	}
+	again, stop := context.WithTimeout(ctx, 10*time.Second)
+	defer stop()
+	second, pub, err := play(again)
+	if !pub.Duplicate {
+		t.Fatalf("the second dispatch was not dropped as a re-publication: %+v", pub)
+	}
+	if err != nil {
+		t.Fatalf("commit after the restart: %v", err)
+	}
+	if string(second.ToolResults[0].Content) != string(first.ToolResults[0].Content) {
+		t.Fatalf("after the restart %s, before %s", second.ToolResults[0].Content, first.ToolResults[0].Content)
+	}
+	if n := len(st.Sandbox.Payments()); n != 1 {
+		t.Fatalf("%d payments, want 1", n)
+	}
+}
+
+// TestWaitAgainAfterItsContextEndedKeepsWhatItRead: a Wait that ends with
+// its context after one of two results came keeps that result, so the
+// Wait of a Commit tried again returns both instead of waiting for ever.
+func TestWaitAgainAfterItsContextEndedKeepsWhatItRead(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	st := startStack(ctx, t)
+	client := jobs.NewClient(st.JS)
+	rs, err := client.Results(ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rs.Close()
+	job := func(c jobs.ToolCall) *jobs.Job {
+		return &jobs.Job{ConversationID: "conv-wait", Tool: c.Tool, ToolUseID: c.ToolUseID, Args: c.Args}
+	}
+	aw := rs.Expect("toolu_w0", "toolu_w1")
+	if _, err := client.Publish(ctx, job(payment("toolu_w0", "inv_w0"))); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.Await(ctx, "conv-wait", "toolu_w0"); err != nil {
+		t.Fatal(err)
+	}
+	short, stop := context.WithTimeout(ctx, 2*time.Second)
+	got, err := aw.Wait(short)
+	stop()
+	if !errors.Is(err, context.DeadlineExceeded) || got[0] == nil {
+		t.Fatalf("the first wait should end with its context after toolu_w0's result: %v, %v", got, err)
+	}
+	if _, err := client.Publish(ctx, job(payment("toolu_w1", "inv_w1"))); err != nil {
+		t.Fatal(err)
+	}
+	again, stop := context.WithTimeout(ctx, 10*time.Second)
+	defer stop()
+	got, err = aw.Wait(again)
+	if err != nil || got[0] == nil || got[0].ToolUseID != "toolu_w0" || got[1] == nil || got[1].ToolUseID != "toolu_w1" {
+		t.Fatalf("the wait tried again: %v, %v", got, err)
+	}
+}
