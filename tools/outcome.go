@@ -69,6 +69,7 @@ const (
 	CodeBreakerOpen = "breaker_open" // NotSent: the downstream's circuit breaker refused the call
 	CodeCancelled   = "cancelled"    // NotSent before the call started; Ambiguous after
 	CodeTimeout     = "timeout"      // Ambiguous: the call outlived its timeout
+	CodeNotStarted  = "not_started"  // NotSent: the BeforeSend check stopped the call
 )
 
 // NotSentError says the request never reached the downstream.

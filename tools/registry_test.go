@@ -309,6 +309,60 @@ func TestConcurrencyLimit(t *testing.T) {
 	}
 }
 
+// TestBeforeSendDecidesWhileTheCallHoldsItsSlot pins BeforeSend: the check
+// runs once the call holds a slot (never while another call has it), and a
+// check that says no stops the call before the executor, as NotSent.
+func TestBeforeSendDecidesWhileTheCallHoldsItsSlot(t *testing.T) {
+	t.Parallel()
+	var calls atomic.Int32
+	gate := make(chan struct{})
+	exec := tools.ExecutorFunc(func(ctx context.Context, r tools.Request) (json.RawMessage, error) {
+		calls.Add(1)
+		<-gate
+		return json.RawMessage(`{}`), nil
+	})
+	reg, err := tools.NewRegistry([]tools.Definition{{Name: "one", Class: tools.Read, Schema: json.RawMessage(anySchema), Executor: exec, Concurrency: 1}}, tools.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tool, _ := reg.Lookup("one")
+	first := make(chan error, 1)
+	go func() {
+		_, err := tool.Run(context.Background(), tools.Request{Args: json.RawMessage(`{}`)})
+		first <- err
+	}()
+	for calls.Load() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	lost := errors.New("the claim is another's")
+	checked := make(chan struct{})
+	second := make(chan error, 1)
+	go func() {
+		_, err := tool.Run(context.Background(), tools.Request{Args: json.RawMessage(`{}`)}, tools.BeforeSend(func(context.Context) error {
+			close(checked)
+			return lost
+		}))
+		second <- err
+	}()
+	select {
+	case <-checked:
+		t.Fatal("BeforeSend ran while the only slot was held by another call")
+	case <-time.After(50 * time.Millisecond):
+	}
+	close(gate)
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	err = <-second
+	outcome, te := tools.Classify(err)
+	if outcome != tools.NotSent || te.Code != tools.CodeNotStarted || !errors.Is(err, lost) {
+		t.Fatalf("a call stopped by BeforeSend gave %v %v, want NotSent %s wrapping the check's error", outcome, err, tools.CodeNotStarted)
+	}
+	if n := calls.Load(); n != 1 {
+		t.Fatalf("the executor ran %d times, want 1 (the stopped call never runs)", n)
+	}
+}
+
 // TestRunGivesValidUTF8: whatever bytes a built-in executor returns, the
 // output and the error message that Run gives back are valid UTF-8 (the
 // ledger and the results stream store them as text; Postgres refuses

@@ -313,9 +313,16 @@ func (t *Tool) Validate(args json.RawMessage) error {
 // The error, if any, is an *Error (see Classify); ending ctx before the
 // start gives NotSent, and an open breaker gives NotSent with its remaining
 // open time as RetryAfter.
-func (t *Tool) Run(ctx context.Context, req Request) (json.RawMessage, error) {
+//
+// With BeforeSend, Run calls the check once it holds a slot, right before
+// the call is sent; the timeout starts after it.
+func (t *Tool) Run(ctx context.Context, req Request, opts ...RunOption) (json.RawMessage, error) {
 	if !t.ForwardsKey {
 		req.Key = ""
+	}
+	var o runOptions
+	for _, opt := range opts {
+		opt(&o)
 	}
 	select {
 	case t.slots <- struct{}{}:
@@ -325,6 +332,11 @@ func (t *Tool) Run(ctx context.Context, req Request) (json.RawMessage, error) {
 	defer func() { <-t.slots }()
 	if err := ctx.Err(); err != nil {
 		return nil, NotSentError(CodeCancelled, "cancelled before sending", 0, err)
+	}
+	if o.beforeSend != nil {
+		if err := o.beforeSend(ctx); err != nil {
+			return nil, NotSentError(CodeNotStarted, "not sent: "+err.Error(), 0, err)
+		}
 	}
 	return t.breaker.run(func() (json.RawMessage, error) {
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), t.Timeout)
@@ -346,6 +358,23 @@ func (t *Tool) Run(ctx context.Context, req Request) (json.RawMessage, error) {
 		// the results stream take only valid text.
 		return validUTF8(out), nil
 	})
+}
+
+// A RunOption is a per-call knob of Run.
+type RunOption func(*runOptions)
+
+type runOptions struct {
+	beforeSend func(context.Context) error
+}
+
+// BeforeSend has Run call check once the call holds one of the tool's
+// concurrency slots, right before it is sent. A call may wait long for a
+// slot: the check is the caller's last word on whether it should still go
+// (the worker confirms there that it still holds the call's claim). An
+// error from check stops the call: Run returns a NotSent error with code
+// CodeNotStarted that wraps it.
+func BeforeSend(check func(ctx context.Context) error) RunOption {
+	return func(o *runOptions) { o.beforeSend = check }
 }
 
 // BreakerStates returns the state of each downstream's breaker ("closed",

@@ -42,6 +42,10 @@ type delivery struct {
 	runCtx, startCtx context.Context
 	// token is unique to this delivery's claim (ledger.Claim.Token).
 	token string
+	// leaseSince is when the request that set the lease of this delivery's
+	// claim (or takeover) was sent, or earlier: the lease is held until
+	// then plus the tool's lease at least.
+	leaseSince time.Time
 }
 
 // run processes one delivery: the state machine of docs/design.md, top to
@@ -150,6 +154,7 @@ func (d *delivery) claim() (ledger.ClaimResult, error) {
 	ctx, span := d.child(d.runCtx, "toolq.claim", trace.SpanKindInternal)
 	defer span.End()
 	start := time.Now()
+	d.leaseSince = start // the first try's: a lost answer's claim may be the one that committed
 	var claim ledger.ClaimResult
 	unanswered := false // a claim may have committed without its answer reaching us
 	err := d.durably(d.startCtx, "claim", func() (err error) {
@@ -279,9 +284,9 @@ func (d *delivery) holderLost(row ledger.Row) outcome {
 // attempt, and publish the result.
 func (d *delivery) execute(row ledger.Row) outcome {
 	fence := row.Fence()
-	stop := d.heartbeat(fence)
-	out, result, te := d.runTool(fence.Attempt)
-	stop()
+	keep := d.heartbeat(fence, d.leaseSince)
+	out, result, te := d.runTool(fence.Attempt, keep)
+	keep.stop()
 	d.hook(DuringTool)
 	ctx, span := d.child(d.runCtx, "toolq.settle", trace.SpanKindInternal, tracing.KeyToolOutcome.String(result.String()))
 	defer span.End()
@@ -290,6 +295,9 @@ func (d *delivery) execute(row ledger.Row) outcome {
 	var err error
 	switch result {
 	case tools.NotSent: // nothing happened: give the key back
+		if te != nil && isFenced(te) { // the claim lapsed while the call waited for its slot
+			return d.unsentOnLostClaim(te)
+		}
 		var tries int64
 		if !d.heldBack(te) {
 			if tries, err = d.failedTry(ctx, row); err != nil {
@@ -343,6 +351,17 @@ func (d *delivery) execute(row ledger.Row) outcome {
 	return d.publish(d.resultOf(row), label)
 }
 
+// unsentOnLostClaim hands back a call that was never sent because its
+// claim is another's now (it lapsed while the call waited for its slot, and
+// another delivery took it): the job comes back and is answered by whatever
+// the ledger holds. Nothing failed: the try is not counted.
+func (d *delivery) unsentOnLostClaim(err error) outcome {
+	d.w.log.WarnContext(d.ctx, "the claim lapsed before the call was sent; not sending it", d.attrs("error", err)...)
+	o := retryUncounted(d.w.cfg.RetryDelay, err)
+	o.label = OutcomeFenced
+	return o
+}
+
 // runUnclaimed runs a tool without a ledger row. An uncertain outcome is
 // retried: the call has no effect, or its downstream collapses a repeat.
 func (d *delivery) runUnclaimed() outcome {
@@ -350,9 +369,9 @@ func (d *delivery) runUnclaimed() outcome {
 	if o, stop := d.crashGuard(); stop {
 		return o
 	}
-	stop := d.heartbeat(ledger.Fence{})
-	out, result, te := d.runTool(0)
-	stop()
+	keep := d.heartbeat(ledger.Fence{}, time.Now())
+	out, result, te := d.runTool(0, keep)
+	keep.stop()
 	d.hook(DuringTool)
 	r := jobs.NewResult(d.job, d.key, jobs.StatusOK)
 	r.Attempts = d.deliveries
@@ -373,14 +392,14 @@ func (d *delivery) runUnclaimed() outcome {
 // runTool runs the tool under a client span and classifies the outcome. A
 // panicking executor is recovered and counts as ambiguous: the call may
 // have taken effect.
-func (d *delivery) runTool(attempt int64) (out json.RawMessage, result tools.Outcome, te *tools.Error) {
+func (d *delivery) runTool(attempt int64, keep *keepalive) (out json.RawMessage, result tools.Outcome, te *tools.Error) {
 	ctx, span := d.child(d.startCtx, "tool "+d.tool.Name, trace.SpanKindClient,
 		tracing.KeyTool.String(d.tool.Name), tracing.KeyToolClass.String(string(d.tool.Class)),
 		tracing.KeyDownstream.String(d.tool.Downstream), tracing.KeyAttempt.Int64(attempt))
 	defer span.End()
 	start := time.Now()
 	defer func() { d.w.observeTool(d, start, result) }()
-	out, err := d.callTool(ctx, attempt)
+	out, err := d.callTool(ctx, attempt, keep)
 	result, te = tools.Classify(err)
 	span.SetAttributes(tracing.KeyToolOutcome.String(result.String()))
 	if te != nil {
@@ -393,14 +412,14 @@ func (d *delivery) runTool(attempt int64) (out json.RawMessage, result tools.Out
 }
 
 // callTool calls the executor, turning a panic into an ambiguous error.
-func (d *delivery) callTool(ctx context.Context, attempt int64) (out json.RawMessage, err error) {
+func (d *delivery) callTool(ctx context.Context, attempt int64, keep *keepalive) (out json.RawMessage, err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			d.w.log.ErrorContext(d.ctx, "tool executor panicked; its outcome is unknown", d.attrs("panic", fmt.Sprint(p), "stack", string(debug.Stack()))...)
 			out, err = nil, tools.AmbiguousError("panic", fmt.Sprintf("the executor panicked: %v", p), 0, nil)
 		}
 	}()
-	return d.tool.Run(ctx, tools.Request{Tool: d.job.Tool, Key: d.key, Args: d.material.Canonical, ToolUseID: d.job.ToolUseID, Attempt: attempt})
+	return d.tool.Run(ctx, tools.Request{Tool: d.job.Tool, Key: d.key, Args: d.material.Canonical, ToolUseID: d.job.ToolUseID, Attempt: attempt}, tools.BeforeSend(keep.beforeSend))
 }
 
 // resultOf is the result of this job as the ledger row records it: a

@@ -54,36 +54,57 @@ func transient(err error) bool {
 	return errors.Is(err, ledger.ErrUnavailable) || errors.As(err, &be)
 }
 
-// heartbeat extends the lease and tells JetStream the job is in progress
-// until stop is called, so neither the claim nor the delivery runs out while
-// a tool runs. With a zero fence (a tool without a ledger row) it only
+// keepalive keeps a claim and its delivery alive while a call waits for
+// its tool's concurrency slot and while it runs: it extends the lease and
+// tells JetStream the job is in progress. A call may wait for a slot far
+// longer than it may run, so the give-up clock (see beforeSend) starts only
+// when the call does, and the call is sent only on a claim still held.
+type keepalive struct {
+	d       *delivery
+	fence   ledger.Fence // zero for a tool without a ledger row
+	started chan struct{}
+	done    chan struct{}
+	wg      sync.WaitGroup
+
+	mu        sync.Mutex
+	heldUntil time.Time // the lease is surely ours until then (monotonic)
+	lost      error     // the ledger refused an extension: the claim is another's
+}
+
+// heartbeat starts keeping the delivery, and the claim behind fence, alive
+// until stop is called. heldSince is when the request that set the claim's
+// lease was sent (or earlier): the lease is ours until heldSince plus the
+// lease at least. With a zero fence (a tool without a ledger row) it only
 // keeps the delivery.
-func (d *delivery) heartbeat(fence ledger.Fence) (stop func()) {
+func (d *delivery) heartbeat(fence ledger.Fence, heldSince time.Time) *keepalive {
+	k := &keepalive{d: d, fence: fence, started: make(chan struct{}), done: make(chan struct{}), heldUntil: heldSince.Add(d.tool.Lease)}
 	every := max(min(d.tool.Lease, d.w.ackWait)/3, 50*time.Millisecond)
-	// An executor that ignores its context can outlive its timeout: past
-	// the timeout and a grace period (half the timeout, at least a second)
-	// the heartbeat stops, so that the lease
-	// and the delivery run out and the call is settled as a holder that
-	// stopped (taken over, or indeterminate), never kept alive forever.
-	giveUp := time.After(d.tool.Timeout + max(d.tool.Timeout/2, time.Second))
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Add(1)
+	k.wg.Add(1)
 	go func() {
-		defer wg.Done()
+		defer k.wg.Done()
 		t := time.NewTicker(every)
 		defer t.Stop()
+		// An executor that ignores its context can outlive its timeout:
+		// past the timeout and a grace period (half the timeout, at least a
+		// second) from the start of the call, the heartbeat stops, so that
+		// the lease and the delivery run out and the call is settled as a
+		// holder that stopped (taken over, or indeterminate), never kept
+		// alive forever. The wait for a slot does not count.
+		var giveUp <-chan time.Time
+		started := k.started
 		for {
 			select {
-			case <-done:
+			case <-k.done:
 				return
+			case <-started:
+				started, giveUp = nil, time.After(d.tool.Timeout+max(d.tool.Timeout/2, time.Second))
 			case <-giveUp:
 				d.w.log.ErrorContext(d.ctx, "the tool outlived its timeout; no longer keeping its claim and delivery alive", d.attrs("timeout", d.tool.Timeout)...)
-				<-done
+				<-k.done
 				return
 			case <-t.C:
 				if fence.Key != "" {
-					if err := d.w.cfg.Ledger.Extend(d.runCtx, fence, d.tool.Lease); err != nil {
+					if err := k.extend(); err != nil {
 						d.w.log.WarnContext(d.ctx, "lease extension failed", d.attrs("error", err)...)
 					}
 				}
@@ -91,7 +112,55 @@ func (d *delivery) heartbeat(fence ledger.Fence) (stop func()) {
 			}
 		}
 	}()
-	return func() { close(done); wg.Wait() }
+	return k
+}
+
+// extend renews the lease, and records until when it is surely held, or
+// that it is lost.
+func (k *keepalive) extend() error {
+	sent := time.Now()
+	err := k.d.w.cfg.Ledger.Extend(k.d.runCtx, k.fence, k.d.tool.Lease)
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	switch {
+	case err == nil:
+		if until := sent.Add(k.d.tool.Lease); until.After(k.heldUntil) {
+			k.heldUntil = until
+		}
+	case isFenced(err):
+		k.lost = err
+	}
+	return err
+}
+
+// beforeSend runs once the call holds its slot, right before it is sent
+// (tools.BeforeSend). It confirms that the claim is still held: when the
+// last extension that succeeded leaves less than half a lease, it extends
+// the lease now, riding out a ledger outage until the drain starts. A claim
+// that is no longer held stops the call (ErrFenced or ErrNotFound). Then
+// the give-up clock starts.
+func (k *keepalive) beforeSend(context.Context) error {
+	if k.fence.Key != "" {
+		k.mu.Lock()
+		until, lost := k.heldUntil, k.lost
+		k.mu.Unlock()
+		if lost != nil {
+			return lost
+		}
+		if time.Until(until) < k.d.tool.Lease/2 {
+			if err := k.d.durably(k.d.startCtx, "confirm the claim", k.extend); err != nil {
+				return err
+			}
+		}
+	}
+	close(k.started)
+	return nil
+}
+
+// stop ends the heartbeat and waits for it.
+func (k *keepalive) stop() {
+	close(k.done)
+	k.wg.Wait()
 }
 
 // awaitSettled polls the row while another attempt holds it, for up to
@@ -133,6 +202,7 @@ func (d *delivery) awaitSettled(row ledger.Row) (ledger.Row, bool) {
 // fence), under this delivery's token, riding out a ledger outage.
 func (d *delivery) takeoverOf(row ledger.Row) (ledger.Row, error) {
 	var taken ledger.Row
+	d.leaseSince = time.Now()
 	err := d.durably(d.runCtx, "takeover", func() (err error) {
 		taken, err = d.w.cfg.Ledger.Takeover(d.runCtx, row.Fence(), d.w.cfg.Owner, d.token, d.tool.Lease)
 		return err
