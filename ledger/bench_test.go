@@ -99,3 +99,28 @@ func BenchmarkCompleteBatch(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkDuplicateClaim is the claim of a settled key, as a duplicate
+// delivery makes it (the row comes back, nothing is claimed), per claim.
+func BenchmarkDuplicateClaim(b *testing.B) {
+	for _, backend := range []string{"postgres", "sqlite"} {
+		b.Run(backend, func(b *testing.B) {
+			s := openBenchStore(b, backend)
+			ctx := context.Background()
+			c := newClaim(time.Minute)
+			res, err := s.Claim(ctx, []ledger.Claim{c})
+			if err != nil || !res[0].Claimed {
+				b.Fatal(err)
+			}
+			if err := s.Complete(ctx, res[0].Row.Fence(), json.RawMessage(`{}`)); err != nil {
+				b.Fatal(err)
+			}
+			for b.Loop() {
+				res, err := s.Claim(ctx, []ledger.Claim{c})
+				if err != nil || res[0].Claimed || res[0].Row.State != ledger.Completed {
+					b.Fatal(err, res)
+				}
+			}
+		})
+	}
+}

@@ -946,3 +946,73 @@ func TestOutputsWithNULAreKeptOnBothBackends(t *testing.T) {
 		}
 	})
 }
+
+// TestPurgeMeasuresFromTheLastAnswer: a row that answered a duplicate is
+// kept for the retention counted from that answer, not from when it
+// settled: the duplicate's job stays in TOOLQ_JOBS (replayable) and may be
+// dead-lettered and requeued for as long after it as the retention allows,
+// and without the row it would run its call again.
+func TestPurgeMeasuresFromTheLastAnswer(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, s *ledger.Store) {
+		ctx := context.Background()
+		settled := func(fail bool) ledger.Claim {
+			c := newClaim(time.Hour)
+			row := mustClaim(t, s, c)
+			var err error
+			if fail {
+				err = s.Fail(ctx, row.Fence(), ledger.ErrorInfo{Code: "no"})
+			} else {
+				err = s.Complete(ctx, row.Fence(), json.RawMessage(`{}`))
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			return c
+		}
+		answered, answeredFailed, quiet := settled(false), settled(true), settled(false)
+		const retention = 2 * time.Second
+		testenv.Eventually(t, 10*time.Second, "the rows to age past the retention", func() bool {
+			n, err := s.PurgeCount(ctx, retention)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return n >= 3
+		})
+		// Duplicates of two of them are answered from their rows now; the
+		// time is written once, not at every duplicate.
+		before := time.Now().Add(-time.Second)
+		first := map[string]time.Time{}
+		for range 2 {
+			for _, c := range []ledger.Claim{answered, answeredFailed} {
+				dup := c
+				dup.ToolUseID = "toolu_retried"
+				if r := claimOne(t, s, dup); r.Claimed || r.Err != nil || (r.Row.State != ledger.Completed && r.Row.State != ledger.Failed) {
+					t.Fatalf("duplicate: %+v", r)
+				}
+				at := mustGet(t, s, c.Key).AnsweredAt
+				if at.Before(before) || (!first[c.Key].IsZero() && !at.Equal(first[c.Key])) {
+					t.Fatalf("answered at %v, first %v, before %v", at, first[c.Key], before)
+				}
+				first[c.Key] = at
+			}
+		}
+		if at := mustGet(t, s, quiet.Key).AnsweredAt; !at.IsZero() {
+			t.Fatalf("a row that answered nothing has answered_at %v", at)
+		}
+		inFlight := newClaim(time.Hour)
+		mustClaim(t, s, inFlight)
+		if r := claimOne(t, s, inFlight); r.Claimed || !mustGet(t, s, inFlight.Key).AnsweredAt.IsZero() {
+			t.Fatalf("a claim that found the row in flight answered from it: %+v", r)
+		}
+		if n, err := s.Purge(ctx, retention, 0); err != nil || n != 1 {
+			t.Fatalf("purged %d rows (%v), want only the one that answered nothing", n, err)
+		}
+		if _, err := s.Get(ctx, quiet.Key); !errors.Is(err, ledger.ErrNotFound) {
+			t.Fatalf("the row that answered nothing survived: %v", err)
+		}
+		for _, c := range []ledger.Claim{answered, answeredFailed} {
+			mustGet(t, s, c.Key)
+		}
+	})
+}

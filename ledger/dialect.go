@@ -18,12 +18,13 @@ type dialect struct {
 	failures                                                             string
 	get, list, listStale, counts, resolveNotRun, resolveCompleted, purge string
 	clock, purgeCount, recordPurge, lastPurge, getAny, oldestInFlight    string
+	answered                                                             string
 	cols                                                                 string
 }
 
 const columnsTemplate = `key, conversation_id, turn_index, tool, ordinal, args_digest, state, attempt, owner,
 	{ms:lease_until}, {remaining}, first_tool_use_id, trace_id, span_id, result, error,
-	{ms:created_at}, {ms:updated_at}, history, failures, claim_token`
+	{ms:created_at}, {ms:updated_at}, history, failures, claim_token, {ms:answered_at}`
 
 // fence is the WHERE of a write by the holder of one claim: $1 the key, $2
 // the attempt and $n the claim's token. The attempt alone does not name a
@@ -57,8 +58,21 @@ const listFilter = `({text:$1} = '' OR state = {text:$1}) AND ({text:$3} = '' OR
 	AND ({text:$4} = '' OR conversation_id = {text:$4})
 	AND (CAST($5 AS BIGINT) = 0 OR updated_at < {minus:$5}) AND (CAST($6 AS BIGINT) = 0 OR updated_at >= {minus:$6})`
 
-// purgeable are the rows a purge with cutoff $1 (Unix milliseconds) deletes.
-const purgeable = `state IN ('completed', 'failed', ` + released + `) AND updated_at < {at:$1}`
+// purgeable are the rows a purge with cutoff $1 (Unix milliseconds) deletes:
+// finished before it, and answered no duplicate since. answered_at lags the
+// last answer by up to answeredEvery (see staleAnswer), so it is compared
+// with the cutoff less that much.
+var purgeable = `state IN ('completed', 'failed', ` + released + `) AND updated_at < {at:$1}
+	AND answered_at < {at:(CAST($1 AS BIGINT) - ` + strconv.FormatInt(answeredEvery.Milliseconds(), 10) + `)}`
+
+// settled are the states a claim answers from: a claim that finds its row
+// in one of them answers a duplicate.
+const settled = `('completed', 'failed', 'indeterminate')`
+
+// staleAnswer is the time before which a row's answered_at is rewritten
+// when a duplicate is answered from it (see answeredEvery), so that a key
+// answered again and again costs one write an hour, not one a duplicate.
+var staleAnswer = `{minus:` + strconv.FormatInt(answeredEvery.Milliseconds(), 10) + `}`
 
 // toolFilter keeps the rows of tool only (parameter only; empty: every
 // tool) and not of any tool in the JSON array of strings except.
@@ -107,6 +121,7 @@ func newDialect(expand func(string) string) *dialect {
 			WHERE key = $1 AND state = 'indeterminate'`,
 		purge: `DELETE FROM toolq_ledger WHERE key IN (SELECT key FROM toolq_ledger
 			WHERE ` + purgeable + ` AND ` + toolFilter("$3", "$4") + ` LIMIT $2)`,
+		answered: `UPDATE toolq_ledger SET answered_at = {now} WHERE key = $1 AND state IN ` + settled + ` AND answered_at < ` + staleAnswer,
 		clock:      `SELECT {nowms}`,
 		purgeCount: `SELECT count(*) FROM toolq_ledger WHERE ` + purgeable + ` AND ` + toolFilter("$2", "$3"),
 		// The record keeps the latest cutoff of any purge: one with a longer
@@ -121,7 +136,7 @@ func newDialect(expand func(string) string) *dialect {
 	}
 	for _, s := range []*string{&d.takeover, &d.extend, &d.failures, &d.complete, &d.fail, &d.endLease, &d.indeterminate, &d.release,
 		&d.get, &d.list, &d.listStale, &d.counts, &d.resolveNotRun, &d.resolveCompleted, &d.purge,
-		&d.clock, &d.purgeCount, &d.recordPurge, &d.lastPurge, &d.getAny, &d.oldestInFlight, &d.cols} {
+		&d.clock, &d.answered, &d.purgeCount, &d.recordPurge, &d.lastPurge, &d.getAny, &d.oldestInFlight, &d.cols} {
 		*s = expand(strings.ReplaceAll(*s, "{cols}", columnsTemplate))
 	}
 	return d

@@ -144,7 +144,19 @@ type Row struct {
 	ClaimToken string `json:"-"`
 	// History is the operators' decisions on the row, oldest first.
 	History []Event `json:"history,omitempty"`
+	// AnsweredAt is when a claim last found the row settled and answered
+	// a duplicate from it, to within answeredEvery (zero: never). A purge
+	// counts the retention from the later of it and UpdatedAt.
+	AnsweredAt time.Time `json:"answered_at,omitzero"`
 }
+
+// answeredEvery is how stale Row.AnsweredAt may be. A claim that answers a
+// duplicate from a settled row writes the time only when the stored one is
+// older, so that duplicates of a key cost a write an hour at most (a
+// duplicate's claim otherwise writes nothing: on Postgres it takes no
+// transaction id and no WAL flush), and a purge keeps such a row up to this
+// much longer than its retention, which is days.
+const answeredEvery = time.Hour
 
 // Event is one operator decision recorded in a row's history.
 type Event struct {
@@ -749,7 +761,10 @@ func sameJSON(a, b json.RawMessage) bool {
 }
 
 // Purge deletes completed, failed and released rows last updated more than
-// olderThan ago, in batches of batchSize rows (0: 1000) so that no statement
+// olderThan ago that answered no duplicate in that time either (see
+// Row.AnsweredAt: a row keeps the call's memory for the retention after
+// its last answer, since the duplicate's job can come back as long after it
+// as the first job after the first answer), in batches of batchSize rows (0: 1000) so that no statement
 // holds locks for long. In-flight and indeterminate rows are never purged.
 // Before it deletes anything it records the purge (see LastPurge), so that a
 // dead letter older than what it may have deleted is not requeued. The
@@ -897,10 +912,10 @@ func encodeError(e ErrorInfo) string {
 // scanRow reads the columns of dialect.cols, after the leading ones if any.
 func scanRow(sc scanner, r *Row, leading ...any) error {
 	var state, result, errText, history string
-	var leaseMS, remainingMS, createdMS, updatedMS int64
+	var leaseMS, remainingMS, createdMS, updatedMS, answeredMS int64
 	dest := append(leading, &r.Key, &r.ConversationID, &r.TurnIndex, &r.Tool, &r.Ordinal, &r.ArgsDigest, &state,
 		&r.Attempt, &r.Owner, &leaseMS, &remainingMS, &r.FirstToolUseID, &r.TraceID, &r.SpanID, &result,
-		&errText, &createdMS, &updatedMS, &history, &r.Failures, &r.ClaimToken)
+		&errText, &createdMS, &updatedMS, &history, &r.Failures, &r.ClaimToken, &answeredMS)
 	if err := sc.Scan(dest...); err != nil {
 		return err
 	}
@@ -915,6 +930,10 @@ func scanRow(sc scanner, r *Row, leading ...any) error {
 	r.LeaseRemaining = time.Duration(max(remainingMS, 0)) * time.Millisecond
 	r.CreatedAt = time.UnixMilli(createdMS).UTC()
 	r.UpdatedAt = time.UnixMilli(updatedMS).UTC()
+	r.AnsweredAt = time.Time{}
+	if answeredMS > 0 {
+		r.AnsweredAt = time.UnixMilli(answeredMS).UTC()
+	}
 	r.Result = nil
 	if result != "" {
 		r.Result = json.RawMessage(result)

@@ -17,7 +17,9 @@ import (
 
 // postgresDialect writes times as timestamptz and reads them as Unix
 // milliseconds; every lease is measured against the server's now().
-var postgresDialect = newDialect(expandWith(func(name, arg string) string {
+var postgresDialect = newDialect(postgresExpand)
+
+var postgresExpand = expandWith(func(name, arg string) string {
 	switch name {
 	case "now":
 		return "now()"
@@ -39,15 +41,16 @@ var postgresDialect = newDialect(expandWith(func(name, arg string) string {
 		return "(tool = ANY (ARRAY(SELECT jsonb_array_elements_text(" + arg + "::text::jsonb))))"
 	}
 	panic("ledger: unknown placeholder " + name)
-}))
+})
 
 // claimPostgres claims the whole batch in one statement and returns, for
 // each key, the inserted row or the row that was already there. The rows
 // already there (and not released) are read first, by primary key (OFFSET
 // 0 keeps the planner from turning the lookups into a scan), and only the
-// other keys are inserted: a batch of duplicates writes nothing,
-// takes no row lock and so commits without a WAL flush (an upsert that
-// conflicts locks the row even when its WHERE leaves it alone). A key that
+// other keys are inserted: a batch of duplicates writes nothing (but
+// answered_at, at most once an hour a row: see answeredEvery), takes no row
+// lock and so commits without a WAL flush (an upsert that conflicts locks
+// the row even when its WHERE leaves it alone). A key that
 // a concurrent transaction inserted after this statement's snapshot was
 // taken conflicts without being in the snapshot: it is not in the answer,
 // and claim reads it again. A released row is claimed again at its next
@@ -59,6 +62,9 @@ var claimPostgres = `WITH input AS (
 ), existing AS (
 	SELECT e.* FROM input CROSS JOIN LATERAL (SELECT ` + postgresDialect.cols + ` FROM toolq_ledger
 		WHERE key = input.key AND ` + notRelease + ` OFFSET 0) AS e
+), answered AS (
+	UPDATE toolq_ledger AS t SET answered_at = now() FROM existing AS e
+	WHERE t.key = e.key AND e.state IN ` + settled + ` AND t.state IN ` + settled + ` AND t.answered_at < ` + postgresExpand(staleAnswer) + `
 ), ins AS (
 	INSERT INTO toolq_ledger (key, conversation_id, turn_index, tool, ordinal, args_digest, state, attempt, owner,
 		lease_until, first_tool_use_id, trace_id, span_id, claim_token)

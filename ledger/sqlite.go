@@ -120,7 +120,9 @@ func (s *sqliteDB) queryRows(ctx context.Context, query string, args []any, each
 }
 
 // claim runs the batch in one immediate transaction: one write lock, one
-// fsync, however many keys.
+// fsync, however many keys. A key whose row is settled answers a duplicate:
+// its answered_at is brought up to date, at most once an hour a row (a
+// transaction that changed nothing commits without an fsync).
 func (s *sqliteDB) claim(ctx context.Context, claims []Claim) ([]claimed, error) {
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
@@ -137,6 +139,11 @@ func (s *sqliteDB) claim(ctx context.Context, claims []Claim) ([]claimed, error)
 		return nil, err
 	}
 	defer get.Close()
+	answered, err := tx.PrepareContext(ctx, sqliteDialect.answered)
+	if err != nil {
+		return nil, err
+	}
+	defer answered.Close()
 	out := make([]claimed, len(claims))
 	for i := range claims {
 		c := &claims[i]
@@ -148,6 +155,11 @@ func (s *sqliteDB) claim(ctx context.Context, claims []Claim) ([]claimed, error)
 		case errors.Is(err, sql.ErrNoRows):
 			if err := scanRow(get.QueryRowContext(ctx, c.Key), &out[i].row); err != nil {
 				return nil, err
+			}
+			if out[i].row.State != InFlight {
+				if _, err := answered.ExecContext(ctx, c.Key); err != nil {
+					return nil, err
+				}
 			}
 		default:
 			return nil, err
