@@ -121,7 +121,7 @@ func newDialect(expand func(string) string) *dialect {
 			WHERE key = $1 AND state = 'indeterminate'`,
 		purge: `DELETE FROM toolq_ledger WHERE key IN (SELECT key FROM toolq_ledger
 			WHERE ` + purgeable + ` AND ` + toolFilter("$3", "$4") + ` LIMIT $2)`,
-		answered: `UPDATE toolq_ledger SET answered_at = {now} WHERE key = $1 AND state IN ` + settled + ` AND answered_at < ` + staleAnswer,
+		answered:   `UPDATE toolq_ledger SET answered_at = {now} WHERE key = $1 AND state IN ` + settled + ` AND answered_at < ` + staleAnswer,
 		clock:      `SELECT {nowms}`,
 		purgeCount: `SELECT count(*) FROM toolq_ledger WHERE ` + purgeable + ` AND ` + toolFilter("$2", "$3"),
 		// The record keeps the latest cutoff of any purge: one with a longer
