@@ -165,6 +165,9 @@ func (d *delivery) claim() (ledger.ClaimResult, error) {
 	d.w.metrics.claimLatency.Record(d.runCtx, time.Since(start).Seconds())
 	if err != nil {
 		span.RecordError(err)
+		if unanswered {
+			d.giveBackUnanswered(ctx)
+		}
 		return claim, err
 	}
 	if !claim.Claimed && claim.Err == nil && unanswered && d.ownClaim(claim.Row) {
@@ -175,6 +178,30 @@ func (d *delivery) claim() (ledger.ClaimResult, error) {
 		d.w.held.Store(d.key, d)
 	}
 	return claim, nil
+}
+
+// giveBackUnanswered releases this delivery's claim when one committed
+// without its answer reaching us and the claim was then abandoned (the
+// drain started): a claim left in flight would wait out its lease, and an
+// unkeyed write that was never sent would then be answered indeterminate.
+// It rides out a ledger outage until the drain gives up on running jobs.
+func (d *delivery) giveBackUnanswered(ctx context.Context) {
+	err := d.durably(d.runCtx, "give back the claim", func() error {
+		row, err := d.w.cfg.Ledger.Get(ctx, d.key)
+		if errors.Is(err, ledger.ErrNotFound) {
+			return nil // it never committed, or was released
+		}
+		if err != nil {
+			return err
+		}
+		if row.State != ledger.InFlight || row.ClaimToken != d.token {
+			return nil // not this delivery's claim
+		}
+		return d.w.cfg.Ledger.Release(ctx, row.Fence())
+	})
+	if err != nil && !isFenced(err) {
+		d.w.log.WarnContext(d.ctx, "could not give back a claim whose answer was lost; it waits out its lease", d.attrs("error", err)...)
+	}
 }
 
 // ownClaim reports whether an in-flight row is this delivery's own claim,
