@@ -44,9 +44,17 @@ func DLQSubject(reason string) string { return DLQPrefix + reason }
 // re-publication of the same job inside its duplicate window.
 func JobMsgID(key, toolUseID string) string { return "job:" + key + ":" + toolUseID }
 
-// ResultMsgID is the Nats-Msg-Id of a result, so that a consumer that publishes
-// a result again after a crash does not publish it twice.
-func ResultMsgID(key, toolUseID string) string { return "result:" + key + ":" + toolUseID }
+// ResultMsgID is the Nats-Msg-Id of a result: result:<key>:<tool_use_id>:<answer>,
+// where answer names which answer to the job it is (the worker's answerID:
+// the status, and the ledger row's attempt or the rejection's code). The same
+// answer published again (by a consumer that published it and stopped before
+// its ack, answering the redelivery from the ledger) has the same id, and
+// JetStream drops it; another answer to the same job (the call run after it
+// was rejected, or again after an operator resolved it as not run) has
+// another, and reaches the agent.
+func ResultMsgID(key, toolUseID, answer string) string {
+	return "result:" + key + ":" + toolUseID + ":" + answer
+}
 
 func bytesReader(b []byte) io.Reader { return bytes.NewReader(b) }
 

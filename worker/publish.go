@@ -27,7 +27,7 @@ import (
 // its job must still be answered); any other refusal is a counted retry, so
 // the job ends in the DLQ rather than looping.
 func (d *delivery) publish(r *jobs.Result, label Outcome) outcome {
-	subject, msgID := jobs.ResultSubject(d.job.ConversationID), jobs.ResultMsgID(d.key, d.job.ToolUseID)
+	subject, msgID := jobs.ResultSubject(d.job.ConversationID), jobs.ResultMsgID(d.key, d.job.ToolUseID, answerID(r, d.tool != nil && d.tool.UsesLedger))
 	ctx, span := d.child(d.runCtx, "publish toolq.results", trace.SpanKindProducer,
 		tracing.MessagingSystem.String("nats"), tracing.MessagingDestination.String(subject),
 		tracing.MessagingMessageID.String(msgID), tracing.MessagingOperation.String("send"),
@@ -66,6 +66,29 @@ func (d *delivery) publish(r *jobs.Result, label Outcome) outcome {
 	}
 	d.hook(AfterPublish)
 	return answered(label)
+}
+
+// answerID names one answer to a job, for its result's message id
+// (jobs.ResultMsgID): what the result says, and of which settlement.
+//
+//   - rejected: the code (unknown_tool, invalid_args, …): nothing ran, and
+//     a worker that knows the tool may run the job later;
+//   - a call with a ledger row: the status and the row's attempt. A row is
+//     settled once per attempt (completed, failed or indeterminate; a
+//     resolution changes the status, a release the attempt), and a
+//     duplicate answered from the row names the same ones as the delivery
+//     that settled it;
+//   - a call without one: the status. Each delivery runs the call again;
+//     answers with one status are taken as one, as they were before.
+func answerID(r *jobs.Result, ledgered bool) string {
+	switch {
+	case r.Status == jobs.StatusRejected && r.Error != nil:
+		return string(r.Status) + ":" + r.Error.Code
+	case ledgered:
+		return string(r.Status) + ":" + strconv.Itoa(r.Attempts)
+	default:
+		return string(r.Status)
+	}
 }
 
 // payloadLimit is how large a body the broker takes with msg's headers (and

@@ -45,7 +45,7 @@ func TestReview2FitDependsOnTheToolUseIDLength(t *testing.T) {
 	key, _ := j.Key()
 	m := nats.NewMsg(jobs.ResultSubject("c"))
 	m.Header.Set(jobs.HeaderKey, key)
-	m.Header.Set(jetstream.MsgIDHeader, jobs.ResultMsgID(key, j.ToolUseID))
+	m.Header.Set(jetstream.MsgIDHeader, jobs.ResultMsgID(key, j.ToolUseID, "ok:1"))
 	limit := int(js.Conn().MaxPayload()) - (m.Size() - len(m.Subject)) - 512 // payloadLimit for the original
 	outLen := limit - 4<<10 - 60                                             // fits the original's limit by 60 bytes
 	size <- outLen - len(`{"blob":""}`)

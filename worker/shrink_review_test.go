@@ -49,7 +49,7 @@ func TestReviewDuplicateGetsAnotherOutputThanTheOriginal(t *testing.T) {
 		// The limit the worker computes (payloadLimit) for this result.
 		m := nats.NewMsg(jobs.ResultSubject("c"))
 		m.Header.Set(jobs.HeaderKey, key)
-		m.Header.Set(jetstream.MsgIDHeader, jobs.ResultMsgID(key, j.ToolUseID))
+		m.Header.Set(jetstream.MsgIDHeader, jobs.ResultMsgID(key, j.ToolUseID, "ok:1"))
 		limit := int(js.Conn().MaxPayload()) - (m.Size() - len(m.Subject)) - 512
 		// The original's encoded size without the blob.
 		probe := jobs.NewResult(j, key, jobs.StatusOK)
