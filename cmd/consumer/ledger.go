@@ -226,6 +226,7 @@ func ledgerShow(ctx context.Context, args []string, stdio cli.IO, getenv func(st
 		{"lease", leaseText(r) + " (until " + r.LeaseUntil.Format(time.RFC3339Nano) + ")"},
 		{"trace", r.TraceID + " span " + r.SpanID}, {"result", string(r.Result)}, {"error", errorText(r.Error)},
 		{"created_at", r.CreatedAt.Format(time.RFC3339Nano)}, {"updated_at", r.UpdatedAt.Format(time.RFC3339Nano)},
+		{"answered_at", answeredText(r)},
 	} {
 		fmt.Fprintf(w, "%s:\t%s\n", kv[0], kv[1])
 	}
@@ -342,8 +343,9 @@ func osUser(getenv func(string) string) string {
 const purgeSynopsis = `consumer ledger purge (--older-than D | --tools FILE) [--dry-run] [--batch N] [NATS flags] [--horizon H]
 
 Deletes completed, failed and released rows last updated more than D ago (e.g. 31d,
-36h); a released row is a claim given up because its call was not sent. In-flight and
-indeterminate rows are kept.
+36h) that answered no duplicate in that time either (answered_at in 'ledger show', kept
+to within an hour); a released row is a claim given up because its call was not sent.
+In-flight and indeterminate rows are kept.
 
 A finished call's row is what keeps a job that comes back from running it again, so D
 must be longer than every way a job can come back: TOOLQ_JOBS's max age (a replay),
@@ -568,4 +570,12 @@ func liveComebacks(ctx context.Context, nf *cli.NATSFlags) ([]operate.Comeback, 
 	}
 	defer nc.Close()
 	return operate.Comebacks(ctx, js)
+}
+
+// answeredText is when the row last answered a duplicate, to within an hour.
+func answeredText(r ledger.Row) string {
+	if r.AnsweredAt.IsZero() {
+		return "(no duplicate answered from it)"
+	}
+	return r.AnsweredAt.Format(time.RFC3339) + " (to within an hour)"
 }
