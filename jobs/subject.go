@@ -72,6 +72,12 @@ const (
 	// body is then empty, and the original stays the job at
 	// Toolq-Dlq-Stream-Seq in TOOLQ_JOBS.
 	HeaderDLQBodyOmitted = "Toolq-Dlq-Body-Omitted"
+	// HeaderDLQHeadersOmitted is set on a dead letter that could not carry
+	// all of the original's headers (JetStream stores at most 64 KiB of
+	// headers, and the dead letter adds its own) to the names of those it
+	// dropped, comma-separated and cut to 1 KiB ("…" marks the cut); the
+	// original keeps them, at Toolq-Dlq-Stream-Seq in TOOLQ_JOBS.
+	HeaderDLQHeadersOmitted = "Toolq-Dlq-Headers-Omitted"
 )
 
 // Reasons a job is dead-lettered.

@@ -23,15 +23,16 @@ var secondsBuckets = metric.WithExplicitBucketBoundaries(0.0005, 0.001, 0.0025, 
 // class, the outcome, a duplicate's route, a dead letter's reason, the
 // dependency of an outage, the downstream).
 type instruments struct {
-	jobs          metric.Int64Counter
-	duplicates    metric.Int64Counter
-	inFlight      metric.Int64UpDownCounter
-	deadLetters   metric.Int64Counter
-	indeterminate metric.Int64Counter
-	takeovers     metric.Int64Counter
-	outage        metric.Float64Counter
-	claimLatency  metric.Float64Histogram
-	toolLatency   metric.Float64Histogram
+	jobs               metric.Int64Counter
+	duplicates         metric.Int64Counter
+	inFlight           metric.Int64UpDownCounter
+	deadLetters        metric.Int64Counter
+	deadLettersRefused metric.Int64Counter
+	indeterminate      metric.Int64Counter
+	takeovers          metric.Int64Counter
+	outage             metric.Float64Counter
+	claimLatency       metric.Float64Histogram
+	toolLatency        metric.Float64Histogram
 }
 
 // How a duplicate came back, the toolq.duplicate.route label of
@@ -64,6 +65,10 @@ func newInstruments(mp metric.MeterProvider, reg *tools.Registry) (*instruments,
 		metric.WithDescription("Messages published to the dead-letter stream, by reason (toolq.dlq.reason): invalid, too_large, max_deliver.")); err != nil {
 		return nil, err
 	}
+	if in.deadLettersRefused, err = m.Int64Counter("toolq.dead_letters.refused", metric.WithUnit("{job}"),
+		metric.WithDescription("Dead letters TOOLQ_DLQ refused even in their smallest form (toolq's headers, no body), by reason (toolq.dlq.reason): the job stays in TOOLQ_JOBS and is delivered again until the DLQ takes it. Above zero, an operator checks the DLQ stream's limits and permissions.")); err != nil {
+		return nil, err
+	}
 	if in.indeterminate, err = m.Int64Counter("toolq.ledger.indeterminate", metric.WithUnit("{row}"),
 		metric.WithDescription("Ledger rows this worker marked indeterminate, by tool: each waits for an operator (consumer ledger resolve).")); err != nil {
 		return nil, err
@@ -91,6 +96,7 @@ func newInstruments(mp metric.MeterProvider, reg *tools.Registry) (*instruments,
 	in.inFlight.Add(ctx, 0)
 	for _, reason := range []string{jobs.DLQInvalid, jobs.DLQTooLarge, jobs.DLQMaxDeliver} {
 		in.deadLetters.Add(ctx, 0, metric.WithAttributes(tracing.KeyDLQReason.String(reason)))
+		in.deadLettersRefused.Add(ctx, 0, metric.WithAttributes(tracing.KeyDLQReason.String(reason)))
 	}
 	for _, dep := range []string{"ledger", "broker"} {
 		in.outage.Add(ctx, 0, metric.WithAttributes(tracing.KeyDependency.String(dep)))
@@ -143,6 +149,12 @@ func (d *delivery) toolLabel() string {
 		return d.tool.Name
 	}
 	return "unknown"
+}
+
+// countRefusedDeadLetter counts a dead letter TOOLQ_DLQ refused in its
+// smallest form.
+func (w *Worker) countRefusedDeadLetter(reason string) {
+	w.metrics.deadLettersRefused.Add(context.Background(), 1, metric.WithAttributes(tracing.KeyDLQReason.String(reason)))
 }
 
 // countIndeterminate counts a row this delivery marked indeterminate.

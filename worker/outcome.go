@@ -103,7 +103,15 @@ func (w *Worker) settle(ctx context.Context, d *delivery, o outcome) {
 	}
 	if o.verb == verbDeadLetter {
 		if err := w.publishDeadLetter(ctx, d, o); err != nil {
-			w.log.ErrorContext(d.ctx, "dead letter not published; the job will be redelivered", d.attrs("error", err)...)
+			if deadLetterRefused(err) {
+				// Not a message it carried: the DLQ's limits or permissions,
+				// which only an operator changes. Dropping the job would lose
+				// it; it waits in TOOLQ_JOBS, counted and logged, instead.
+				w.countRefusedDeadLetter(o.reason)
+				w.log.ErrorContext(d.ctx, "TOOLQ_DLQ refused the dead letter even with toolq's headers alone; the job stays in TOOLQ_JOBS and is delivered again until the DLQ takes it: check the DLQ stream's limits and permissions", d.attrs("dlq_reason", o.reason, "error", err)...)
+			} else {
+				w.log.ErrorContext(d.ctx, "dead letter not published; the job will be redelivered", d.attrs("error", err)...)
+			}
 			o = retryUncounted(w.backoff(d), fmt.Errorf("dead letter not published: %w", err))
 		}
 	}

@@ -2,10 +2,15 @@ package worker
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"math"
+	"net/textproto"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -158,42 +163,180 @@ func refused(err error) bool {
 	return errors.As(err, &api) || errors.Is(err, nats.ErrBadSubject) || errors.Is(err, nats.ErrPermissionViolation)
 }
 
-// publishDeadLetter publishes the message to toolq.dlq.<reason> with its
-// headers, the reason and what the ledger knew of the call.
+// publishDeadLetter publishes the message to toolq.dlq.<reason>: toolq's
+// headers (the reason, the error, what the ledger knew of the call), then
+// as many of the original's headers as fit, and its body when it fits too.
+// What does not fit is named in Toolq-Dlq-Headers-Omitted and
+// Toolq-Dlq-Body-Omitted; the original stays whole in TOOLQ_JOBS at
+// Toolq-Dlq-Stream-Seq, where requeue finds it. When the DLQ refuses that
+// (its own max message size, say), the smallest dead letter, toolq's headers
+// alone, is published instead: whatever a message carried, it can be
+// dead-lettered. The error comes back when the smallest one is refused too
+// (see deadLetterRefused), or the broker did not answer.
 func (w *Worker) publishDeadLetter(ctx context.Context, d *delivery, o outcome) error {
+	own := w.deadLetterHeaders(ctx, d, o)
 	msg := nats.NewMsg(jobs.DLQSubject(o.reason))
-	msg.Data = d.msg.Data()
-	for k, v := range d.msg.Headers() {
-		if !strings.HasPrefix(k, "Nats-") { // JetStream's control headers (msg id, expected stream) would misdirect the copy
-			msg.Header[k] = v
-		}
+	msg.Header = maps.Clone(own)
+	if omitted := copyHeaders(msg.Header, d.msg.Headers(), w.headerRoom(own)); len(omitted) > 0 {
+		msg.Header.Set(jobs.HeaderDLQHeadersOmitted, cut(strings.Join(omitted, ", "), headerValueLimit))
 	}
+	msg.Data = d.msg.Data()
+	if len(msg.Data) > w.payloadLimit(msg) {
+		msg.Header.Set(jobs.HeaderDLQBodyOmitted, strconv.Itoa(len(msg.Data)))
+		msg.Data = nil
+	}
+	err := w.sendDeadLetter(ctx, msg)
+	if err == nil || !deadLetterRefused(err) {
+		return err
+	}
+	w.log.WarnContext(d.ctx, "dead letter refused; publishing it with toolq's headers alone", d.attrs("error", err)...)
+	return w.sendDeadLetter(ctx, smallestDeadLetter(msg.Subject, own, d.msg))
+}
+
+// deadLetterHeaders are toolq's own headers of the dead letter of d.
+func (w *Worker) deadLetterHeaders(ctx context.Context, d *delivery, o outcome) nats.Header {
 	var seq uint64
 	if d.meta != nil {
 		seq = d.meta.Sequence.Stream
 	}
-	msg.Header.Set(jobs.HeaderDLQReason, o.reason)
-	msg.Header.Set(jobs.HeaderDLQDetail, cut(oneLine(o.err.Error()), headerValueLimit))
-	msg.Header.Set(jobs.HeaderDLQSubject, d.msg.Subject())
-	msg.Header.Set(jobs.HeaderDLQStreamSeq, strconv.FormatUint(seq, 10))
-	msg.Header.Set(jobs.HeaderDLQDeliveries, strconv.Itoa(d.deliveries))
-	msg.Header.Set(jobs.HeaderDLQConsumer, w.consumer.CachedInfo().Name)
+	h := nats.Header{}
+	h.Set(jobs.HeaderDLQReason, o.reason)
+	h.Set(jobs.HeaderDLQDetail, cut(oneLine(o.err.Error()), headerValueLimit))
+	h.Set(jobs.HeaderDLQSubject, d.msg.Subject())
+	h.Set(jobs.HeaderDLQStreamSeq, strconv.FormatUint(seq, 10))
+	h.Set(jobs.HeaderDLQDeliveries, strconv.Itoa(d.deliveries))
+	h.Set(jobs.HeaderDLQConsumer, w.consumer.CachedInfo().Name)
 	if d.key != "" {
 		if row, err := w.cfg.Ledger.Get(ctx, d.key); err == nil {
-			msg.Header.Set(jobs.HeaderDLQHistory, cut(oneLine(fmt.Sprintf("key=%s state=%s attempt=%d failures=%d owner=%s error=%s", row.Key, row.State, row.Attempt, row.Failures, row.Owner, errorText(row.Error))), headerValueLimit))
+			h.Set(jobs.HeaderDLQHistory, cut(oneLine(fmt.Sprintf("key=%s state=%s attempt=%d failures=%d owner=%s error=%s", row.Key, row.State, row.Attempt, row.Failures, row.Owner, errorText(row.Error))), headerValueLimit))
 		}
 	}
-	msg.Header.Set(jetstream.MsgIDHeader, fmt.Sprintf("dlq:%d:%s", seq, o.reason))
-	if len(msg.Data) > w.payloadLimit(msg) {
-		// The copy would not fit with its headers: the original stays in
-		// TOOLQ_JOBS at seq, where requeue finds it.
-		msg.Header.Set(jobs.HeaderDLQBodyOmitted, strconv.Itoa(len(msg.Data)))
-		msg.Data = nil
+	h.Set(jetstream.MsgIDHeader, fmt.Sprintf("dlq:%d:%s", seq, o.reason))
+	return h
+}
+
+// smallestDeadLetter is the dead letter with toolq's headers alone, saying
+// that every original header and the body were omitted.
+func smallestDeadLetter(subject string, own nats.Header, orig jetstream.Msg) *nats.Msg {
+	msg := nats.NewMsg(subject)
+	msg.Header = maps.Clone(own)
+	var names []string
+	for k := range orig.Headers() {
+		if copied(k, own) {
+			names = append(names, k)
+		}
 	}
+	if len(names) > 0 {
+		slices.Sort(names)
+		msg.Header.Set(jobs.HeaderDLQHeadersOmitted, cut(strings.Join(names, ", "), headerValueLimit))
+	}
+	if n := len(orig.Data()); n > 0 {
+		msg.Header.Set(jobs.HeaderDLQBodyOmitted, strconv.Itoa(n))
+	}
+	return msg
+}
+
+func (w *Worker) sendDeadLetter(ctx context.Context, msg *nats.Msg) error {
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	_, err := w.cfg.JS.PublishMsg(pctx, msg)
 	return err
+}
+
+// deadLetterRefused reports an answer about the dead letter itself (its
+// size, its headers, the DLQ's limits or permissions), as opposed to no
+// answer from the broker.
+func deadLetterRefused(err error) bool {
+	return tooLarge(err) || refused(err) || errors.Is(err, nats.ErrBadHeaderMsg)
+}
+
+// jetStreamHeaderLimit is the largest header block a stream stores:
+// nats-server refuses a message with more ("header size exceeds maximum
+// allowed of 64k", error 10097), whatever its max payload.
+const jetStreamHeaderLimit = 1<<16 - 1
+
+// headerRoom is how many bytes of the original's headers a dead letter
+// with toolq's headers own can carry: what JetStream and the server take,
+// less own, the Toolq-Dlq-*-Omitted headers, and the room the traffic
+// around them needs.
+func (w *Worker) headerRoom(own nats.Header) int {
+	limit := min(jetStreamHeaderLimit, int(w.cfg.JS.Conn().MaxPayload())-512)
+	omitted := headerLine(jobs.HeaderDLQHeadersOmitted, strings.Repeat("x", headerValueLimit)+"…") +
+		headerLine(jobs.HeaderDLQBodyOmitted, strconv.Itoa(math.MaxInt))
+	return limit - headerBlock(own) - omitted
+}
+
+// copyHeaders copies to dst the headers of src that fit in room bytes,
+// smallest first (so that one large header costs only itself), and
+// returns the names of those it left out, sorted. JetStream's control
+// headers (Nats-*), which would misdirect the copy, and src's own
+// Toolq-Dlq-* headers, which would be taken for the dead letter's, are not
+// copied and not named.
+func copyHeaders(dst, src nats.Header, room int) (omitted []string) {
+	type header struct {
+		name string
+		size int
+	}
+	var all []header
+	for k, vs := range src {
+		if !copied(k, dst) {
+			continue
+		}
+		size := 0
+		for _, v := range vs {
+			size += headerLine(k, v)
+		}
+		all = append(all, header{k, size})
+	}
+	slices.SortFunc(all, func(a, b header) int { return cmp.Or(cmp.Compare(a.size, b.size), strings.Compare(a.name, b.name)) })
+	for _, h := range all {
+		if h.size > room || !validHeaderName(h.name) {
+			omitted = append(omitted, h.name)
+			continue
+		}
+		dst[h.name] = src[h.name]
+		room -= h.size
+	}
+	slices.Sort(omitted)
+	return omitted
+}
+
+// copied reports whether a dead letter with toolq's headers own carries the
+// original's header name.
+func copied(name string, own nats.Header) bool {
+	_, ours := own[name]
+	return !ours && !strings.HasPrefix(name, "Nats-") && !strings.HasPrefix(name, "Toolq-Dlq-")
+}
+
+// headerBlock is the size of h on the wire.
+func headerBlock(h nats.Header) int {
+	size := len("NATS/1.0\r\n\r\n")
+	for k, vs := range h {
+		for _, v := range vs {
+			size += headerLine(k, v)
+		}
+	}
+	return size
+}
+
+// headerLine is the size of the line "name: value\r\n" on the wire.
+func headerLine(name, value string) int {
+	return len(name) + len(textproto.TrimString(value)) + len(": \r\n")
+}
+
+// validHeaderName reports whether nats.go publishes a header of that name
+// (printable ASCII without separators); a message published by another
+// client may carry others, which nats.go refuses to send on.
+func validHeaderName(name string) bool {
+	if name == "" {
+		return false
+	}
+	for i := 0; i < len(name); i++ {
+		if c := name[i]; c < '!' || c > '~' || strings.IndexByte(`"()/,:;<=>?@[\]{}`, c) >= 0 {
+			return false
+		}
+	}
+	return true
 }
 
 func errorText(e *ledger.ErrorInfo) string {
