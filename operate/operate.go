@@ -37,9 +37,13 @@ type DeadLetter struct {
 	// BodyOmitted is the size in bytes of a body too large to fit in the
 	// DLQ with its headers: Body is then empty, and the original stays the
 	// job at JobSeq in TOOLQ_JOBS until that stream's max age.
-	BodyOmitted  int    `json:"body_omitted,omitempty"`
-	ToolUseID    string `json:"tool_use_id,omitempty"`
-	Conversation string `json:"conversation_id,omitempty"`
+	BodyOmitted int `json:"body_omitted,omitempty"`
+	// HeadersOmitted names the original headers that did not fit in the
+	// DLQ beside the dead letter's own (comma-separated, cut at 1 KiB):
+	// Header lacks them, and the original in TOOLQ_JOBS has them.
+	HeadersOmitted string `json:"headers_omitted,omitempty"`
+	ToolUseID      string `json:"tool_use_id,omitempty"`
+	Conversation   string `json:"conversation_id,omitempty"`
 }
 
 func deadLetterOf(seq uint64, t time.Time, subject string, h nats.Header, data []byte) DeadLetter {
@@ -56,6 +60,7 @@ func deadLetterOf(seq uint64, t time.Time, subject string, h nats.Header, data [
 			d.BodyOmitted = 1 // omitted, of a size the header does not say
 		}
 	}
+	d.HeadersOmitted = h.Get(jobs.HeaderDLQHeadersOmitted)
 	for k, v := range h {
 		if !strings.HasPrefix(k, "Toolq-Dlq-") {
 			d.Header[k] = v
@@ -154,7 +159,9 @@ func Original(ctx context.Context, js jetstream.JetStream, d DeadLetter) (*jetst
 // Requeue publishes the dead letter at seq again on its original subject,
 // with its original headers and Toolq-Replay-Of: dlq:<seq>, then deletes it
 // from the DLQ. A dead letter whose body was omitted is requeued from its
-// original in TOOLQ_JOBS, body and headers. The consumer processes it as any
+// original in TOOLQ_JOBS, body and headers, and so is one whose headers were
+// omitted, or, once that original is gone, from the dead letter with the
+// headers it kept. The consumer processes it as any
 // delivery: the ledger keeps it from running twice. It returns the new job's
 // sequence in TOOLQ_JOBS.
 // Errors: those of GetDeadLetter, a dead letter whose original subject is not
@@ -179,12 +186,16 @@ func Requeue(ctx context.Context, js jetstream.JetStream, seq uint64, opts ...Re
 		return 0, fmt.Errorf("operate: dead letter %d has no original subject under %s", seq, jobs.JobsPrefix)
 	}
 	header, body := d.Header, []byte(d.Body)
-	if d.BodyOmitted > 0 {
+	if d.BodyOmitted > 0 || d.HeadersOmitted != "" {
 		m, err := Original(ctx, js, d)
-		if err != nil {
+		switch {
+		case err == nil:
+			header, body = m.Header, m.Data
+		case d.BodyOmitted > 0:
 			return 0, fmt.Errorf("%w: dead letter %d cannot be requeued, its body (%d bytes) was omitted from the DLQ", err, seq, d.BodyOmitted)
+		case !errors.Is(err, ErrOriginalGone):
+			return 0, err
 		}
-		header, body = m.Header, m.Data
 	}
 	msg := nats.NewMsg(d.Subject)
 	msg.Data = body
