@@ -163,7 +163,7 @@ func DecodeJobMaterial(body []byte) (*Job, Material, error) {
 		_, err := jcs.CanonicalizeObject(j.Args)
 		return nil, Material{}, &FieldError{Field: "args", Rule: "must be a canonicalizable JSON object", Err: err}
 	}
-	return &j, call.material(args.Canonical()), nil
+	return &j, call.material(args), nil
 }
 
 // DecodeCall decodes the fields of a job body that the key depends on

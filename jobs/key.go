@@ -63,6 +63,8 @@ type Call struct {
 type Material struct {
 	Text      string // conversation_id|turn_index|tool|ordinal|canonical(args)
 	Canonical []byte // canonical(args)
+
+	legacy []byte // canonical(args) in the legacy member order, when it differs
 }
 
 // Validate checks the identifying fields of the call (not its arguments) and
@@ -89,15 +91,25 @@ func (c Call) Material() (Material, error) {
 	if err := c.Validate(); err != nil {
 		return Material{}, err
 	}
-	canon, err := jcs.CanonicalizeObject(c.Args)
+	args, err := jcs.ParseStrict(c.Args)
+	if err == nil && args.Kind != jcs.KindObject {
+		_, err = jcs.CanonicalizeObject(c.Args)
+	}
 	if err != nil {
 		return Material{}, &FieldError{Field: "args", Rule: "must be a canonicalizable JSON object", Err: err}
 	}
-	return c.material(canon), nil
+	return c.material(&args), nil
 }
 
-// material is the material of a valid call whose canonical args are canon.
-func (c Call) material(canon []byte) Material {
+// material is the material of a valid call whose parsed args are args.
+func (c Call) material(args *jcs.Value) Material {
+	m := c.materialOf(args.Canonical())
+	m.legacy = args.LegacyCanonical()
+	return m
+}
+
+// materialOf is the material of a valid call whose canonical args are canon.
+func (c Call) materialOf(canon []byte) Material {
 	text := make([]byte, 0, len(c.ConversationID)+len(c.Tool)+len(canon)+48)
 	text = append(text, c.ConversationID...)
 	text = append(text, '|')
@@ -128,6 +140,21 @@ func (c Call) Key() (string, error) {
 func (m Material) Key() string {
 	sum := sha256.Sum256([]byte(m.Text))
 	return hex.EncodeToString(sum[:])[:KeyLen]
+}
+
+// Legacy returns the material the call had before member names were ordered
+// by all their UTF-16 code units (RFC 8785), and true, when the two differ:
+// only args with an object holding two names that first differ at characters
+// above U+FFFF sharing a high surrogate (👍 U+1F44D and 👎 U+1F44E) can make
+// them differ, and then the legacy form kept those names in the order they
+// were written. A worker looks the legacy key up so that a call settled, or
+// in flight, under it before the upgrade is not run a second time.
+func (m Material) Legacy() (Material, bool) {
+	if m.legacy == nil {
+		return Material{}, false
+	}
+	prefix := m.Text[:len(m.Text)-len(m.Canonical)]
+	return Material{Text: prefix + string(m.legacy), Canonical: m.legacy}, true
 }
 
 // ArgsDigest is the full SHA-256 of the canonical arguments in hex; the ledger

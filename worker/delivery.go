@@ -61,6 +61,12 @@ func (d *delivery) run() outcome {
 		return d.refuse(refusal)
 	}
 
+	// A call whose key the member-order fix changed acts under its old key
+	// when it has a ledger row, or was sent downstream, under it.
+	if err := d.useLegacyKey(); err != nil {
+		return retryUncounted(d.w.backoff(d), fmt.Errorf("legacy key: %w", err))
+	}
+
 	// 3. Reads, and keyed writes with the ledger off, run without a claim:
 	// a retry is safe (no effect, or the downstream collapses it).
 	if !d.tool.UsesLedger {
@@ -121,7 +127,7 @@ func (d *delivery) decode() *refusal {
 		return &refusal{reason: jobs.DLQInvalid, err: fmt.Errorf("job for tool %q published on %s, want %s", job.Tool, msg.Subject(), subj)}
 	}
 	d.material, d.key = material, material.Key()
-	if sent := msg.Headers().Get(jobs.HeaderKey); sent != "" && sent != d.key {
+	if sent := msg.Headers().Get(jobs.HeaderKey); sent != "" && sent != d.key && !d.isLegacyKey(sent) {
 		return &refusal{code: "key_mismatch", message: fmt.Sprintf("the publisher's %s %s differs from the derived key %s", jobs.HeaderKey, sent, d.key)}
 	}
 	tool, ok := d.w.cfg.Tools.Lookup(job.Tool)

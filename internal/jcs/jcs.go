@@ -74,7 +74,7 @@ func Canonicalize(doc []byte) ([]byte, error) {
 	}
 	var buf bytes.Buffer
 	buf.Grow(len(doc))
-	v.appendCanonical(&buf)
+	v.appendCanonical(&buf, compareUTF16)
 	return buf.Bytes(), nil
 }
 
@@ -90,7 +90,7 @@ func CanonicalizeObject(doc []byte) ([]byte, error) {
 	}
 	var buf bytes.Buffer
 	buf.Grow(len(doc))
-	v.appendCanonical(&buf)
+	v.appendCanonical(&buf, compareUTF16)
 	return buf.Bytes(), nil
 }
 
@@ -490,11 +490,13 @@ func (p *parser) hex4() (rune, error) {
 // Canonicalize returns for the document it was parsed from.
 func (v *Value) Canonical() []byte {
 	var buf bytes.Buffer
-	v.appendCanonical(&buf)
+	v.appendCanonical(&buf, compareUTF16)
 	return buf.Bytes()
 }
 
-func (v *Value) appendCanonical(buf *bytes.Buffer) {
+// appendCanonical writes the canonical form of v, its members sorted by
+// order.
+func (v *Value) appendCanonical(buf *bytes.Buffer, order func(a, b string) int) {
 	switch v.Kind {
 	case KindNull:
 		buf.WriteString("null")
@@ -514,12 +516,12 @@ func (v *Value) appendCanonical(buf *bytes.Buffer) {
 			if i > 0 {
 				buf.WriteByte(',')
 			}
-			v.Array[i].appendCanonical(buf)
+			v.Array[i].appendCanonical(buf, order)
 		}
 		buf.WriteByte(']')
 	case KindObject:
 		members := slices.Clone(v.Members)
-		slices.SortFunc(members, func(a, b Member) int { return compareUTF16(a.Name, b.Name) })
+		slices.SortFunc(members, func(a, b Member) int { return order(a.Name, b.Name) })
 		buf.WriteByte('{')
 		for i := range members {
 			if i > 0 {
@@ -527,32 +529,42 @@ func (v *Value) appendCanonical(buf *bytes.Buffer) {
 			}
 			appendString(buf, members[i].Name)
 			buf.WriteByte(':')
-			members[i].Value.appendCanonical(buf)
+			members[i].Value.appendCanonical(buf, order)
 		}
 		buf.WriteByte('}')
 	}
 }
 
-// compareUTF16 orders two strings by their UTF-16 code units, as RFC 8785
-// sorts member names. It differs from byte order only when one side has a
-// code point above U+FFFF and the other one in U+E000..U+FFFF.
+// compareUTF16 orders two strings by their UTF-16 code units, all of them,
+// as RFC 8785 sorts member names. It differs from byte (code point) order
+// only where, at the first character that differs, one string has a
+// character above U+FFFF (two units, the first in D800–DBFF) and the other
+// one in U+E000–U+FFFF, which sorts after it.
 func compareUTF16(a, b string) int {
-	for a != "" && b != "" {
-		ra, na := utf8.DecodeRuneInString(a)
-		rb, nb := utf8.DecodeRuneInString(b)
-		if ra != rb {
-			return utf16Unit(ra) - utf16Unit(rb)
-		}
-		a, b = a[na:], b[nb:]
+	i := 0
+	for i < len(a) && i < len(b) && a[i] == b[i] {
+		i++
 	}
-	return len(a) - len(b)
+	if i == len(a) || i == len(b) { // one is a prefix of the other
+		return len(a) - len(b)
+	}
+	for i > 0 && !utf8.RuneStart(a[i]) { // back to the first character that differs
+		i--
+	}
+	ra, _ := utf8.DecodeRuneInString(a[i:])
+	rb, _ := utf8.DecodeRuneInString(b[i:])
+	return utf16Rank(ra) - utf16Rank(rb)
 }
 
-// utf16Unit is the first UTF-16 code unit of r.
-func utf16Unit(r rune) int {
-	if r >= 0x10000 {
-		hi, _ := utf16.EncodeRune(r)
-		return int(hi)
+// utf16Rank maps a character to a number that orders characters as their
+// UTF-16 encodings do: characters above U+FFFF (surrogate pairs, in code
+// point order among themselves) come after U+D7FF and before U+E000.
+func utf16Rank(r rune) int {
+	switch {
+	case r >= 0x10000:
+		return 0xD800 + int(r-0x10000)
+	case r >= 0xE000:
+		return int(r) + 0x100000
 	}
 	return int(r)
 }

@@ -101,8 +101,14 @@ func randomNumberAnyRange(rng *rand.Rand) string {
 	}
 }
 
+// runePool holds the characters that make orders disagree: ASCII, Latin-1
+// and BMP letters, U+E000–U+FFFF (after every astral character in UTF-16,
+// before none in code point order), and astral characters that share a high
+// surrogate (👍 👎 😀 on U+D83D, 𝄞 𝄢 on U+D834, the last plane on U+DBFF),
+// whose second code units decide their order.
 var runePool = []rune{'a', 'Z', '0', ' ', '"', '\\', '/', '\n', '\t', '\x00', '\x1f', '\x7f', 'é', 'ö', '€',
-	'\u0080', '\u2028', '\ufb33', '\ue000', '\uffff', '😀', '𝄞', '\U0010FFFF'}
+	'\u0080', '\u2028', '\ufb33', '\ue000', '\uffff', '\ufffd', '😀', '👍', '👎', '𝄞', '𝄢',
+	'\U00100000', '\U0010FFFE', '\U0010FFFF'}
 
 func randomString(rng *rand.Rand) string {
 	var r []rune
@@ -117,7 +123,7 @@ func writeString(b *strings.Builder, rng *rand.Rand, s string) {
 	b.WriteByte('"')
 	for _, r := range s {
 		switch {
-		case r == '"' || r == '\\':
+		case r == '"' || r == '\\' || r == '/' && rng.IntN(4) == 0:
 			b.WriteString(`\` + string(r))
 		case r < 0x20 || rng.IntN(4) == 0:
 			if r >= 0x10000 {
