@@ -136,3 +136,49 @@ func (e *env) replayExpectingAnotherAnswer(j *jobs.Job, p jobs.Published) {
 		t.Fatalf("results %+v", all)
 	}
 }
+
+// TestOutputWithNULIsTheResult: a downstream whose JSON output escapes
+// U+0000 (\u0000, which Postgres's jsonb refuses) completes its call on
+// the Postgres ledger, and the agent and a duplicate get the output byte
+// for byte.
+func TestOutputWithNULIsTheResult(t *testing.T) {
+	t.Parallel()
+	const output = `{"a":"\u0000","b":"x\u0000y"}`
+	o := options{}
+	e := setup(t, o)
+	reg, err := tools.NewRegistry([]tools.Definition{{Name: "nul_write", Class: tools.UnkeyedWrite, Schema: json.RawMessage(`{"type":"object"}`),
+		Executor: tools.ExecutorFunc(func(context.Context, tools.Request) (json.RawMessage, error) { return json.RawMessage(output), nil })}},
+		tools.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, stop := context.WithCancel(context.Background())
+	w, err := e.stack.NewWorker(wctx, worker.Config{Consumer: o.consumer(), Tools: reg, Logger: slog.New(slog.NewTextHandler(e.logs, nil))})
+	if err != nil {
+		stop()
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- w.Run(wctx) }()
+	t.Cleanup(func() {
+		stop()
+		if err := <-done; err != nil {
+			t.Errorf("worker: %v", err)
+		}
+	})
+	j := job(conv(t), 0, "nul_write", `{}`)
+	retried := *j
+	retried.ToolUseID += "_retried"
+	p := e.publish(j)
+	for _, j := range []*jobs.Job{j, &retried} {
+		if j == &retried {
+			e.publish(j)
+		}
+		if r := e.await(j); r.Status != jobs.StatusOK || string(r.Output) != output {
+			t.Fatalf("%s: %s %s", j.ToolUseID, r.Status, r.Output)
+		}
+	}
+	if row := e.row(p.Key); row.State != ledger.Completed || string(row.Result) != output {
+		t.Fatalf("row %s %s", row.State, row.Result)
+	}
+}
