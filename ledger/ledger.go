@@ -534,10 +534,6 @@ func (s *Store) MarkIndeterminate(ctx context.Context, f Fence, e ErrorInfo) err
 	return s.fenced(ctx, "mark indeterminate", f, s.db.sql().indeterminate, encodeError(e))
 }
 
-// Release gives the claim up: the tool was not sent, so nothing happened and
-// the next delivery may claim the key afresh. The row stays, released, and
-// counts as absent for every reader (Get gives ErrNotFound) but keeps its
-// attempt: the next claim takes the attempt after it, so this fence, and any
 // CountFailures records on the claim's row that n tries of the call have
 // failed so far. The worker calls it before it gives a failed try back
 // (Release, EndLease), and compares n with its delivery limit; deliveries
@@ -547,6 +543,10 @@ func (s *Store) CountFailures(ctx context.Context, f Fence, n int64) error {
 	return s.fenced(ctx, "count failures", f, s.db.sql().failures, n)
 }
 
+// Release gives the claim up: the tool was not sent, so nothing happened and
+// the next delivery may claim the key afresh. The row stays, released, and
+// counts as absent for every reader (Get gives ErrNotFound) but keeps its
+// attempt: the next claim takes the attempt after it, so this fence, and any
 // older one, can never match the new claim.
 func (s *Store) Release(ctx context.Context, f Fence) error {
 	return s.fenced(ctx, "release", f, s.db.sql().release)
