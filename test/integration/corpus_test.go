@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/toolq/toolq/internal/testenv"
 	"github.com/toolq/toolq/jobs"
+	"github.com/toolq/toolq/tracing"
 )
 
 // badInput is one line of testdata/bad_inputs.jsonl.
@@ -25,21 +27,36 @@ type badInput struct {
 	BodyBase64 string            `json:"body_base64"`
 	Gen        string            `json:"gen"` // deep:N (nesting), pad:N or pad:near_max (a valid job padded to N bytes)
 	Headers    map[string]string `json:"headers"`
-	// Expect is dlq:<reason>, rejected:<code>, or ok:<why> for an input
-	// that is harmless as sent (a newline in a header value reaches the
+	// HeaderValues sets headers of several values; KEY in a value is the
+	// key of the body (when it is a job).
+	HeaderValues map[string][]string `json:"header_values"`
+	// HeaderGen generates headers: big:<Name>:<N> (one header of N bytes),
+	// big:<Name>:near_limit or :over_limit (one header that fills the
+	// header block to JetStream's 64 KiB limit, or one byte over),
+	// many:near_limit or many:over_limit (small headers, as many as fill
+	// it), repeat:<Name>:<N> (a valid traceparent value N times),
+	// tracestate:max (32 members of 256-byte values, W3C's limits) and
+	// baggage:big (valid members over 60 KiB).
+	HeaderGen string `json:"header_gen"`
+	// Expect is dlq:<reason>, rejected:<code>, ok:<why> for an input that
+	// is harmless as sent (a newline in a header value reaches the
 	// consumer folded into spaces: it cannot inject a header such as a
-	// forged Toolq-Key).
+	// forged Toolq-Key), or refused:<why> for one JetStream refuses to
+	// store: the publisher is told, and nothing is answered.
 	Expect string `json:"expect"`
 }
 
 // TestBadInputCorpus runs every entry of testdata/bad_inputs.jsonl through
 // a live consumer, each followed by a valid job: each bad input is
-// dead-lettered or rejected with its reason, the consumer never stops, and
-// every valid job around them is answered well within its tool's timeout.
+// dead-lettered or rejected with its reason (or refused by JetStream at
+// publication), the consumer never stops, and every valid job around them
+// is answered well within its tool's timeout. The worker propagates the
+// W3C trace context and baggage, so odd traceparent, tracestate and
+// baggage headers reach its results.
 func TestBadInputCorpus(t *testing.T) {
 	t.Parallel()
 	e := setup(t, options{})
-	e.startWorker(options{}, nil)
+	e.startWorker(options{propagator: tracing.Propagator()}, nil)
 	corpus := readCorpus(t)
 	c := conv(t)
 	ctx := context.Background()
@@ -61,8 +78,13 @@ func TestBadInputCorpus(t *testing.T) {
 		for k, v := range in.Headers {
 			msg.Header.Set(k, v)
 		}
+		corpusHeaders(t, in, msg)
 		ack, err := e.js.PublishMsg(ctx, msg)
 		switch {
+		case strings.HasPrefix(in.Expect, "refused:"):
+			if err == nil {
+				t.Errorf("%s: JetStream stored it (sequence %d)", in.Name, ack.Sequence)
+			}
 		case err != nil:
 			t.Fatalf("%s: publish: %v", in.Name, err)
 		default:
@@ -110,6 +132,9 @@ func TestBadInputCorpus(t *testing.T) {
 			if _, answered := results[p.toolU]; answered {
 				t.Errorf("%s: dead-lettered and also answered", p.in.Name)
 			}
+			if strings.HasSuffix(p.in.HeaderGen, "near_limit") && h.Get(jobs.HeaderDLQHeadersOmitted) == "" {
+				t.Errorf("%s: a dead letter that cannot hold every header does not say which it dropped", p.in.Name)
+			}
 		case "rejected":
 			r, ok := results[p.toolU]
 			if !ok || r.Status != jobs.StatusRejected || r.Error == nil || r.Error.Code != reason {
@@ -149,7 +174,7 @@ func readCorpus(t *testing.T) []badInput {
 		}
 		out = append(out, in)
 	}
-	if len(out) < 30 {
+	if len(out) < 50 {
 		t.Fatalf("only %d inputs in the corpus", len(out))
 	}
 	return out
@@ -194,4 +219,74 @@ func corpusBody(t *testing.T, in badInput, conv, toolU string, maxPayload int) [
 	}
 	t.Fatalf("%s: no body", in.Name)
 	return nil
+}
+
+// jetStreamHeaderLimit is the largest header block a stream stores
+// (nats-server: "header size exceeds maximum allowed of 64k").
+const jetStreamHeaderLimit = 65535
+
+// headerBlock is the size of msg's headers on the wire.
+func headerBlock(msg *nats.Msg) int { return msg.Size() - len(msg.Subject) - len(msg.Data) }
+
+// corpusHeaders adds the headers of in's HeaderValues and HeaderGen to msg.
+func corpusHeaders(t *testing.T, in badInput, msg *nats.Msg) {
+	t.Helper()
+	var key string
+	if j, err := jobs.DecodeJob(msg.Data); err == nil {
+		if key, err = j.Key(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for k, vs := range in.HeaderValues {
+		for _, v := range vs {
+			msg.Header.Add(k, strings.ReplaceAll(v, "KEY", key))
+		}
+	}
+	const traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	gen := strings.Split(in.HeaderGen, ":")
+	over := 0
+	if gen[len(gen)-1] == "over_limit" {
+		over = 1
+	}
+	switch {
+	case in.HeaderGen == "":
+	case gen[0] == "big" && len(gen) == 3:
+		n, err := strconv.Atoi(gen[2])
+		if err != nil { // near_limit, over_limit
+			msg.Header.Set(gen[1], "")
+			n = jetStreamHeaderLimit - headerBlock(msg) + over
+		}
+		msg.Header.Set(gen[1], strings.Repeat("h", n))
+	case gen[0] == "many" && len(gen) == 2:
+		line := len("X-H-00000: ") + 20 + len("\r\n")
+		for i := 0; headerBlock(msg)+line <= jetStreamHeaderLimit; i++ {
+			msg.Header.Set(fmt.Sprintf("X-H-%05d", i), strings.Repeat("v", 20))
+		}
+		if over == 1 {
+			msg.Header.Set("X-H-over", strings.Repeat("v", 20))
+		}
+	case gen[0] == "repeat" && len(gen) == 3:
+		n, err := strconv.Atoi(gen[2])
+		if err != nil {
+			t.Fatal(err)
+		}
+		for range n {
+			msg.Header.Add(gen[1], traceparent)
+		}
+	case in.HeaderGen == "tracestate:max":
+		var members []string
+		for i := range 32 {
+			members = append(members, fmt.Sprintf("vendor%02d=%s", i, strings.Repeat("s", 256)))
+		}
+		msg.Header.Set("traceparent", traceparent)
+		msg.Header.Set("tracestate", strings.Join(members, ","))
+	case in.HeaderGen == "baggage:big":
+		var members []string
+		for i := 0; len(members)*40 < 60<<10; i++ {
+			members = append(members, fmt.Sprintf("k%05d=%s", i, strings.Repeat("b", 32)))
+		}
+		msg.Header.Set("baggage", strings.Join(members, ","))
+	default:
+		t.Fatalf("%s: unknown header_gen %q", in.Name, in.HeaderGen)
+	}
 }

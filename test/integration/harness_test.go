@@ -18,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/propagation"
 
 	"github.com/toolq/toolq/demo/sandbox"
 	"github.com/toolq/toolq/embedded"
@@ -129,7 +130,8 @@ type options struct {
 	durable    string   // default toolq
 	filter     string   // default toolq.jobs.>
 	inFlight   time.Duration
-	meters     metric.MeterProvider // default: the global one
+	meters     metric.MeterProvider          // default: the global one
+	propagator propagation.TextMapPropagator // default: the global one
 }
 
 func setup(t *testing.T, o options) *env {
@@ -220,7 +222,7 @@ func (e *env) startWorker(o options, hook func(worker.FaultPoint, *jobs.Job)) *r
 		Consumer: o.consumer(),
 		Owner:    fmt.Sprintf("test-worker-%d", len(e.workers)), BatchSize: 16, RetryDelay: 100 * time.Millisecond,
 		MaxBodySize: o.maxBody, ShutdownTimeout: 10 * time.Second, InFlightWait: o.inFlight, Logger: slog.New(slog.NewTextHandler(e.logs, nil)), Test: worker.TestConfig{Hook: hook},
-		MeterProvider: o.meters,
+		MeterProvider: o.meters, Propagator: o.propagator,
 	})
 	if err != nil {
 		cancel()
