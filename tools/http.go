@@ -37,18 +37,21 @@ type HTTP struct {
 	// ("Idempotency-Key" when empty; "-" sends no key).
 	IdempotencyHeader string
 	MaxResponseBytes  int64 // default 1 MiB
-	// Client sends the calls (default: one with redirects limited to the same
-	// origin). HTTPExecutor uses a copy whose transport never re-sends a call
-	// by itself and records each request as an OpenTelemetry client span
-	// (otelhttp: the HTTP semantic conventions, traceparent sent downstream).
+	// Client sends the calls (default: net/http's transport keeping
+	// IdleConnsPerHost idle connections). HTTPExecutor uses a copy whose
+	// transport never re-sends a call by itself and records each request as
+	// an OpenTelemetry client span (otelhttp: the HTTP semantic conventions,
+	// traceparent sent downstream), and whose redirects are limited by
+	// followRedirect before the client's own CheckRedirect.
 	Client *http.Client
 }
 
 // HTTPExecutor checks h and returns a copy with its defaults filled: the
 // method upper-cased (empty: POST), the Idempotency-Key header, the 1 MiB
-// response limit and a client that follows redirects only within the same
-// origin. It fails for a method other than GET, POST, PUT, PATCH or DELETE,
-// and for a URL that is not absolute http(s) or carries a query or fragment.
+// response limit and a client that follows a redirect only within the same
+// origin and only to the call itself or its answer (followRedirect). It
+// fails for a method other than GET, POST, PUT, PATCH or DELETE, and for a
+// URL that is not absolute http(s) or carries a query or fragment.
 // The downstream name and whether the key is forwarded come from the
 // executor's Downstream and ForwardsKey methods.
 func HTTPExecutor(h HTTP) (*HTTP, error) {
@@ -75,7 +78,7 @@ func HTTPExecutor(h HTTP) (*HTTP, error) {
 	}
 	client := h.Client
 	if client == nil {
-		client = &http.Client{CheckRedirect: sameOrigin, Transport: keepAliveTransport()}
+		client = &http.Client{Transport: keepAliveTransport()}
 	}
 	next := client.Transport
 	if next == nil {
@@ -83,6 +86,7 @@ func HTTPExecutor(h HTTP) (*HTTP, error) {
 	}
 	c := *client
 	c.Transport = tracedTransport(noReplay{next: next})
+	c.CheckRedirect = followRedirect(client.CheckRedirect)
 	h.Client = &c
 	return &h, nil
 }
@@ -195,27 +199,65 @@ func (h *HTTP) Downstream() string {
 // ForwardsKey reports whether the key is sent downstream.
 func (h *HTTP) ForwardsKey() bool { return h.IdempotencyHeader != "-" }
 
-var errRedirect = errors.New("redirect to another origin refused")
+// maxRedirects is how many redirects one call follows.
+const maxRedirects = 3
 
-func sameOrigin(req *http.Request, via []*http.Request) error {
-	if len(via) >= 3 {
-		return errors.New("more than 3 redirects")
+// followRedirect is the redirect policy of every HTTP executor, applied
+// before the client's own (next, nil for none). A redirect is followed only
+// within the downstream's origin, so that neither the key nor the headers'
+// credentials go elsewhere, and only to a request that is the call itself
+// (a 307 or 308 keeps the method and body; the downstream did not act on
+// the first) or its answer (the GET after a 303: the call was processed).
+// net/http would turn a write answered 301 or 302 into a GET: the call
+// would never be made and the GET's answer would read as its result, so
+// that redirect is not followed. Nor is one past maxRedirects, or one next
+// refuses. A redirect not followed is the response Execute classifies; a
+// 303 followed is marked on the call's progress.
+func followRedirect(next func(*http.Request, []*http.Request) error) func(*http.Request, []*http.Request) error {
+	return func(req *http.Request, via []*http.Request) error {
+		first, prev := via[0].URL, via[len(via)-1]
+		seeOther := req.Response.StatusCode == http.StatusSeeOther
+		switch {
+		case len(via) > maxRedirects:
+		case req.URL.Scheme != first.Scheme || req.URL.Host != first.Host:
+		case req.Method != prev.Method && !seeOther:
+		case next != nil && next(req, via) != nil:
+		default:
+			if p, ok := req.Context().Value(progressKey{}).(*progress); ok && seeOther {
+				p.processed.Store(true)
+			}
+			return nil
+		}
+		return http.ErrUseLastResponse
 	}
-	first := via[0].URL
-	if req.URL.Scheme != first.Scheme || req.URL.Host != first.Host {
-		return fmt.Errorf("%w: %s", errRedirect, req.URL.Scheme+"://"+req.URL.Host)
-	}
-	return nil
 }
+
+// progress is how far one call got, which decides what a failure means.
+type progress struct {
+	// mayHaveSent: the request had a connection, so it may have reached
+	// the downstream. net/http reports it written only after its last
+	// bytes went out, and over HTTP/2 RoundTrip returns on a timeout
+	// without waiting for that report: a call the downstream acted on
+	// must not read as not sent.
+	mayHaveSent atomic.Bool
+	// processed: the downstream answered 303 See Other, and the client
+	// followed it. The call was processed; what comes after only says how.
+	processed atomic.Bool
+}
+
+// progressKey is the context key of a call's *progress.
+type progressKey struct{}
 
 // Execute sends one request and classifies what happened:
 //
-//	connection refused, DNS failure, TLS failure, nothing written  → NotSent
-//	429; 503 with Retry-After                                      → NotSent, retry after that
-//	409 when the key was sent (same key in flight downstream)      → Ambiguous, retry later
-//	other 4xx, a refused redirect                                  → Definite
-//	timeout or reset after the request was written; other 5xx      → Ambiguous
-//	2xx                                                            → Success
+//	connection refused, DNS or TLS failure, no connection            → NotSent
+//	429; 503 with Retry-After                                        → NotSent, retry after that
+//	a 3xx not followed (see followRedirect), but 303                 → NotSent: the downstream did not act
+//	409 when the key was sent (same key in flight downstream)        → Ambiguous, retry later
+//	other 4xx                                                        → Definite
+//	a 303 not followed; after a 303 followed, anything but a 2xx     → Ambiguous: the call was processed
+//	timeout or reset once the request had a connection; other 5xx    → Ambiguous
+//	2xx                                                              → Success
 func (h *HTTP) Execute(ctx context.Context, req Request) (json.RawMessage, error) {
 	target := h.URL
 	var body io.Reader
@@ -235,11 +277,10 @@ func (h *HTTP) Execute(ctx context.Context, req Request) (json.RawMessage, error
 		return nil, NotSentError("bad_request", err.Error(), 0, err)
 	}
 	if body != nil {
+		// The body's GetBody (set by NewRequest) lets http.Client send the
+		// call on after a 307 or 308 (see followRedirect); the transport
+		// never sees it (see noReplay).
 		hreq.Header.Set("Content-Type", "application/json")
-		// No GetBody: a 307 or 308 is not followed by re-sending the body,
-		// and the transport cannot replay it (see noReplay, which also
-		// covers calls without a body).
-		hreq.GetBody = nil
 	}
 	hreq.Header.Set("Accept", "application/json")
 	hreq.Header.Set("User-Agent", "toolq")
@@ -252,13 +293,18 @@ func (h *HTTP) Execute(ctx context.Context, req Request) (json.RawMessage, error
 		// draft-ietf-httpapi-idempotency-key-header: an sf-string.
 		hreq.Header.Set(h.IdempotencyHeader, strconv.Quote(req.Key))
 	}
-	var wrote atomic.Bool
-	hreq = hreq.WithContext(httptrace.WithClientTrace(hreq.Context(), &httptrace.ClientTrace{
-		WroteRequest: func(httptrace.WroteRequestInfo) { wrote.Store(true) },
+	p := new(progress)
+	hreq = hreq.WithContext(httptrace.WithClientTrace(context.WithValue(hreq.Context(), progressKey{}, p), &httptrace.ClientTrace{
+		GotConn:      func(httptrace.GotConnInfo) { p.mayHaveSent.Store(true) },
+		WroteHeaders: func() { p.mayHaveSent.Store(true) },
+		WroteRequest: func(httptrace.WroteRequestInfo) { p.mayHaveSent.Store(true) },
 	}))
 	resp, err := h.Client.Do(hreq)
+	if err != nil && p.processed.Load() {
+		return nil, AmbiguousError("see_other_unread", "after 303 See Other (the call was processed): "+oneLine(err.Error()), 0, err)
+	}
 	if err != nil {
-		return nil, classifyTransportError(err, wrote.Load())
+		return nil, classifyTransportError(err, p.mayHaveSent.Load())
 	}
 	defer resp.Body.Close()
 	data, readErr := io.ReadAll(io.LimitReader(resp.Body, h.MaxResponseBytes+1))
@@ -268,8 +314,12 @@ func (h *HTTP) Execute(ctx context.Context, req Request) (json.RawMessage, error
 		return nil, AmbiguousError("reset_mid_response", fmt.Sprintf("HTTP %d, then: %v", resp.StatusCode, readErr), 0, readErr)
 	}
 	status := resp.StatusCode
+	success := status >= 200 && status < 300
+	if !success && (status == http.StatusSeeOther || p.processed.Load()) {
+		return nil, AmbiguousError("http_"+strconv.Itoa(status), "after 303 See Other (the call was processed): "+redirectNote(resp, data), retryAfter(resp, 0), nil)
+	}
 	switch {
-	case status >= 200 && status < 300:
+	case success:
 		if tooLarge {
 			// The effect happened; only its description is too large to carry.
 			return json.RawMessage(fmt.Sprintf(`{"status":%d,"response_too_large":true,"limit_bytes":%d}`, status, h.MaxResponseBytes)), nil
@@ -281,19 +331,27 @@ func (h *HTTP) Execute(ctx context.Context, req Request) (json.RawMessage, error
 		return nil, NotSentError("http_503", snippet(data), retryAfter(resp, DefaultNotSentDelay), nil)
 	case status == http.StatusConflict && keySent:
 		return nil, AmbiguousError("http_409", "the same key is still being processed downstream: "+snippet(data), retryAfter(resp, DefaultNotSentDelay), nil)
-	case status >= 300 && status < 500:
+	case status >= 300 && status < 400:
+		return nil, NotSentError("http_"+strconv.Itoa(status), "redirect not followed, the downstream did not act: "+redirectNote(resp, data), retryAfter(resp, 0), nil)
+	case status >= 400 && status < 500:
 		return nil, DefiniteError("http_"+strconv.Itoa(status), snippet(data))
 	default:
 		return nil, AmbiguousError("http_"+strconv.Itoa(status), snippet(data), retryAfter(resp, 0), nil)
 	}
 }
 
-// classifyTransportError maps an error of http.Client.Do. Before the request
-// was written nothing can have happened; after it, anything may have.
-func classifyTransportError(err error, wrote bool) error {
-	if errors.Is(err, errRedirect) {
-		return DefiniteError("redirect_refused", oneLine(err.Error()))
+// redirectNote says where a 3xx pointed, and what it said.
+func redirectNote(resp *http.Response, body []byte) string {
+	note := "Location " + strconv.Quote(resp.Header.Get("Location"))
+	if s := snippet(body); s != "" {
+		note += ": " + s
 	}
+	return note
+}
+
+// classifyTransportError maps an error of http.Client.Do. Before the request
+// had a connection nothing can have happened; after it, anything may have.
+func classifyTransportError(err error, mayHaveSent bool) error {
 	var dnsErr *net.DNSError
 	var opErr *net.OpError
 	var tlsErr *tls.CertificateVerificationError
@@ -306,7 +364,7 @@ func classifyTransportError(err error, wrote bool) error {
 		return NotSentError("tls_failure", oneLine(err.Error()), 0, err)
 	case errors.As(err, &opErr) && opErr.Op == "dial":
 		return NotSentError("dial_failure", oneLine(err.Error()), 0, err)
-	case !wrote:
+	case !mayHaveSent:
 		return NotSentError("not_sent", oneLine(err.Error()), 0, err)
 	case errors.Is(err, context.DeadlineExceeded) || isTimeout(err):
 		return AmbiguousError("timeout", "no answer after the request was sent: "+oneLine(err.Error()), 0, err)

@@ -10,6 +10,8 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httptrace"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -254,8 +256,10 @@ func TestHTTPArgsCannotSteer(t *testing.T) {
 	if queries[0] != "..%2F..=%3Fa%3Db&host=evil.example&path=%2F..%2Fadmin&query=x%26admin%3D1%23frag&url=http%3A%2F%2Fevil.example%2F" || queries[1] != "" {
 		t.Fatalf("queries %q", queries)
 	}
-	// A redirect to another origin is refused; a 303 to the same origin (the
-	// write was done, here is its result) is followed.
+	// A redirect to another origin is not followed (nothing was done: not
+	// sent); a 303 to the same origin (the write was done, here is its
+	// result) is followed. TestHTTPRedirectIsFollowedOnlyWhereItSendsTheSameCall
+	// has every case.
 	var stolen atomic.Int32
 	other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { stolen.Add(1); fmt.Fprint(w, `{"stolen":true}`) }))
 	defer other.Close()
@@ -271,10 +275,10 @@ func TestHTTPArgsCannotSteer(t *testing.T) {
 		http.Redirect(w, r, other.URL+"/x", http.StatusTemporaryRedirect)
 	}))
 	defer redirecting.Close()
-	if _, outcome, te := call(t, httpTool(t, tools.Read, "GET", redirecting.URL+"/away", time.Second), `{}`); outcome != tools.Definite || te.Code != "redirect_refused" {
+	if _, outcome, te := call(t, httpTool(t, tools.Read, "GET", redirecting.URL+"/away", time.Second), `{}`); outcome != tools.NotSent || te.Code != "http_307" {
 		t.Fatalf("cross-origin redirect of a read: %s %v", outcome, te)
 	}
-	if _, outcome, te := call(t, httpTool(t, tools.KeyedWrite, "POST", redirecting.URL+"/away", time.Second), `{}`); outcome != tools.Definite {
+	if _, outcome, te := call(t, httpTool(t, tools.KeyedWrite, "POST", redirecting.URL+"/away", time.Second), `{}`); outcome != tools.NotSent {
 		t.Fatalf("cross-origin redirect of a write: %s %v", outcome, te)
 	}
 	if stolen.Load() != 0 {
@@ -498,5 +502,179 @@ func TestHTTPCallIsAClientSpan(t *testing.T) {
 	}
 	if tp, _ := traceparent.Load().(string); !strings.Contains(tp, parent.SpanContext().TraceID().String()) || !strings.Contains(tp, client.SpanContext().SpanID().String()) {
 		t.Errorf("traceparent %q, want trace %s and span %s", tp, parent.SpanContext().TraceID(), client.SpanContext().SpanID())
+	}
+}
+
+// TestHTTPRedirectIsFollowedOnlyWhereItSendsTheSameCall: a redirect is
+// followed within the downstream's origin when the request it leads to is
+// the call itself (307 and 308 keep the method and body, and carry the key)
+// or its answer (303). A 3xx that is not followed (to another origin, a 301
+// or 302 that would turn a write into a GET, no Location, too many hops)
+// means the downstream did not act: not sent, tried again. After a 303 the
+// call was processed, so anything but a 2xx at its target is ambiguous.
+func TestHTTPRedirectIsFollowedOnlyWhereItSendsTheSameCall(t *testing.T) {
+	t.Parallel()
+	var elsewhere atomic.Int32
+	other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		elsewhere.Add(1)
+		fmt.Fprint(w, `{"other":true}`)
+	}))
+	defer other.Close()
+	type arrival struct{ method, body, key string }
+	var mu sync.Mutex
+	var arrived []arrival
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var code int
+		switch path := r.URL.Path; {
+		case path == "/target":
+			body, _ := io.ReadAll(r.Body)
+			mu.Lock()
+			arrived = append(arrived, arrival{r.Method, string(body), r.Header.Get("Idempotency-Key")})
+			mu.Unlock()
+			fmt.Fprintf(w, `{"method":%q}`, r.Method)
+		case path == "/missing":
+			http.NotFound(w, r)
+		case path == "/loop":
+			http.Redirect(w, r, "/loop", http.StatusTemporaryRedirect)
+		case path == "/no-location":
+			w.WriteHeader(http.StatusTemporaryRedirect)
+		case path == "/see-other-missing":
+			http.Redirect(w, r, "/missing", http.StatusSeeOther)
+		case path == "/choices":
+			w.Header().Set("Location", "/target")
+			w.WriteHeader(http.StatusMultipleChoices)
+		case strings.HasPrefix(path, "/same/"):
+			code, _ = strconv.Atoi(strings.TrimPrefix(path, "/same/"))
+			http.Redirect(w, r, "/target", code)
+		case strings.HasPrefix(path, "/away/"):
+			code, _ = strconv.Atoi(strings.TrimPrefix(path, "/away/"))
+			http.Redirect(w, r, other.URL+"/target", code)
+		}
+	}))
+	defer srv.Close()
+	for _, tc := range []struct {
+		name   string
+		class  tools.Class
+		method string
+		path   string
+		want   tools.Outcome
+		code   string
+		// what reached /target: "" nothing, else the method, with the body
+		// and key of the call for a POST
+		target string
+	}{
+		{"307 within the origin", tools.KeyedWrite, "POST", "/same/307", tools.Success, "", "POST"},
+		{"308 within the origin", tools.KeyedWrite, "POST", "/same/308", tools.Success, "", "POST"},
+		{"307 of an unkeyed write", tools.UnkeyedWrite, "POST", "/same/307", tools.Success, "", "POST"},
+		{"307 to another origin", tools.KeyedWrite, "POST", "/away/307", tools.NotSent, "http_307", ""},
+		{"308 to another origin", tools.UnkeyedWrite, "POST", "/away/308", tools.NotSent, "http_308", ""},
+		{"301 of a POST", tools.KeyedWrite, "POST", "/same/301", tools.NotSent, "http_301", ""},
+		{"302 of a POST", tools.UnkeyedWrite, "POST", "/same/302", tools.NotSent, "http_302", ""},
+		{"301 of a DELETE", tools.UnkeyedWrite, "DELETE", "/same/301", tools.NotSent, "http_301", ""},
+		{"303 within the origin", tools.KeyedWrite, "POST", "/same/303", tools.Success, "", "GET"},
+		{"303 to another origin", tools.UnkeyedWrite, "POST", "/away/303", tools.Ambiguous, "http_303", ""},
+		{"303 to an answer that is not there", tools.UnkeyedWrite, "POST", "/see-other-missing", tools.Ambiguous, "http_404", ""},
+		{"307 without Location", tools.KeyedWrite, "POST", "/no-location", tools.NotSent, "http_307", ""},
+		{"307 for ever", tools.KeyedWrite, "POST", "/loop", tools.NotSent, "http_307", ""},
+		{"300", tools.KeyedWrite, "POST", "/choices", tools.NotSent, "http_300", ""},
+		{"301 of a read", tools.Read, "GET", "/same/301", tools.Success, "", "GET"},
+		{"302 of a read to another origin", tools.Read, "GET", "/away/302", tools.NotSent, "http_302", ""},
+	} {
+		mu.Lock()
+		arrived = nil
+		mu.Unlock()
+		_, got, te := call(t, httpTool(t, tc.class, tc.method, srv.URL+tc.path, 2*time.Second), `{"a":1}`)
+		if got != tc.want || (te != nil && te.Code != tc.code) {
+			t.Errorf("%s: %s %v, want %s %s", tc.name, got, te, tc.want, tc.code)
+		}
+		mu.Lock()
+		reached := append([]arrival(nil), arrived...)
+		mu.Unlock()
+		switch {
+		case tc.target == "" && len(reached) > 0:
+			t.Errorf("%s: the redirect was followed: %+v", tc.name, reached)
+		case tc.target != "" && (len(reached) != 1 || reached[0].method != tc.target):
+			t.Errorf("%s: %+v reached the target, want one %s", tc.name, reached, tc.target)
+		case tc.target == "POST" && (reached[0].body != `{"a":1}` || reached[0].key != `"k123"`):
+			t.Errorf("%s: the redirected call lost its body or key: %+v", tc.name, reached[0])
+		}
+	}
+	if n := elsewhere.Load(); n != 0 {
+		t.Fatalf("%d calls went to another origin", n)
+	}
+}
+
+// TestHTTPCallThatReachedAnHTTP2DownstreamIsNeverNotSent: over HTTP/2 a
+// timeout can end the round trip after the request's last frame went out
+// but before net/http reports it written (httptrace's WroteRequest and
+// WroteHeaders run on the stream's writer goroutine, which RoundTrip does
+// not wait for). The downstream acted: the outcome must be ambiguous, never
+// not sent (which would release the claim and send an unkeyed write again).
+// The test holds the writer right after the request's headers went out
+// (for a DELETE, the whole call) and ends the call's context then.
+func TestHTTPCallThatReachedAnHTTP2DownstreamIsNeverNotSent(t *testing.T) {
+	t.Parallel()
+	acted := make(chan struct{})
+	var once sync.Once
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.ProtoMajor != 2 {
+			t.Errorf("the call came over %s", r.Proto)
+		}
+		once.Do(func() { close(acted) }) // the comment is deleted
+		<-r.Context().Done()
+	}))
+	srv.EnableHTTP2 = true
+	srv.StartTLS()
+	defer srv.Close()
+	exec, err := tools.HTTPExecutor(tools.HTTP{Method: "DELETE", URL: srv.URL + "/v1/comments/7", Client: srv.Client()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	returned := make(chan struct{})
+	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{WroteHeaders: func() {
+		select {
+		case <-acted:
+		case <-time.After(10 * time.Second):
+			t.Error("the downstream never saw the call")
+		}
+		cancel() // the call's timeout, exactly now
+		select {
+		case <-returned:
+		case <-time.After(2 * time.Second):
+		}
+	}})
+	_, err = exec.Execute(ctx, tools.Request{Tool: "t", Key: "k123", Args: json.RawMessage(`{}`), ToolUseID: "toolu_1"})
+	close(returned)
+	if outcome, te := tools.Classify(err); outcome != tools.Ambiguous {
+		t.Fatalf("a call the downstream acted on came back %s (%v)", outcome, te)
+	}
+}
+
+// TestHTTPCallAnsweredSeeOtherIsNeverNotSent: a downstream that processed a
+// write answers 303 and goes away before its answer can be fetched. The
+// GET finds nothing to connect to, but the call was processed: ambiguous,
+// never not sent.
+func TestHTTPCallAnsweredSeeOtherIsNeverNotSent(t *testing.T) {
+	t.Parallel()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() {
+		c, err := l.Accept()
+		if err != nil {
+			return
+		}
+		readRequest(c)
+		l.Close() // the answer's GET finds nobody listening
+		fmt.Fprint(c, "HTTP/1.1 303 See Other\r\nLocation: /v1/payments/pay_1\r\nConnection: close\r\nContent-Length: 0\r\n\r\n")
+		c.Close()
+	}()
+	_, outcome, te := call(t, httpTool(t, tools.UnkeyedWrite, "POST", "http://"+l.Addr().String()+"/v1/payments", 2*time.Second), `{"a":1}`)
+	if outcome != tools.Ambiguous {
+		t.Fatalf("a processed call came back %s (%v)", outcome, te)
 	}
 }
