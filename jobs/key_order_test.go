@@ -73,3 +73,52 @@ func FuzzKeyIgnoresMemberOrder(f *testing.F) {
 		keyOfBoth(t, a, b)
 	})
 }
+
+// TestKeyMatchesUTF16Vectors: the shared vectors of names that make orders
+// disagree (jobs/testdata/utf16_keys.jsonl, written by an independent
+// Python derivation) give their canonical form, material and key, and their
+// legacy form and key exactly where the order before the fix differed.
+func TestKeyMatchesUTF16Vectors(t *testing.T) {
+	t.Parallel()
+	type vector struct {
+		ConversationID  string `json:"conversation_id"`
+		TurnIndex       int64  `json:"turn_index"`
+		Tool            string `json:"tool"`
+		Ordinal         int64  `json:"ordinal"`
+		ArgsWire        string `json:"args_wire"`
+		Canonical       string `json:"canonical"`
+		Material        string `json:"material"`
+		Key             string `json:"key"`
+		LegacyCanonical string `json:"legacy_canonical"`
+		LegacyKey       string `json:"legacy_key"`
+	}
+	legacies := 0
+	for i, v := range readJSONL[vector](t, "testdata/utf16_keys.jsonl") {
+		body := fmt.Sprintf(`{"version":1,"conversation_id":%q,"turn_index":%d,"tool":%q,"ordinal":%d,"tool_use_id":"toolu_%d","args":%s}`,
+			v.ConversationID, v.TurnIndex, v.Tool, v.Ordinal, i, v.ArgsWire)
+		_, dm, err := jobs.DecodeJobMaterial([]byte(body))
+		if err != nil {
+			t.Fatalf("row %d: %v", i, err)
+		}
+		c := jobs.Call{ConversationID: v.ConversationID, TurnIndex: v.TurnIndex, Tool: v.Tool, Ordinal: v.Ordinal, Args: []byte(v.ArgsWire)}
+		m, err := c.Material()
+		if err != nil {
+			t.Fatalf("row %d: %v", i, err)
+		}
+		for _, m := range []jobs.Material{m, dm} {
+			if string(m.Canonical) != v.Canonical || m.Text != v.Material || m.Key() != v.Key {
+				t.Fatalf("row %d: %s\n canonical %s\n want      %s\n key %s want %s", i, v.ArgsWire, m.Canonical, v.Canonical, m.Key(), v.Key)
+			}
+			legacy, ok := m.Legacy()
+			if ok != (v.LegacyKey != "") || ok && (string(legacy.Canonical) != v.LegacyCanonical || legacy.Key() != v.LegacyKey) {
+				t.Fatalf("row %d: %s\n legacy %s (%v) key %s\n want   %s key %s", i, v.ArgsWire, legacy.Canonical, ok, legacy.Key(), v.LegacyCanonical, v.LegacyKey)
+			}
+		}
+		if v.LegacyKey != "" {
+			legacies++
+		}
+	}
+	if legacies < 10 {
+		t.Fatalf("only %d vectors whose legacy key differs", legacies)
+	}
+}

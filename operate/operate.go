@@ -387,6 +387,15 @@ func outcomeOf(ctx context.Context, rows RowReader, body []byte) (key, state str
 		return key, "", Unknown, nil
 	}
 	row, err := rows.Get(ctx, key)
+	if errors.Is(err, ledger.ErrNotFound) {
+		// As the worker does: a row under the key the call had before the
+		// member-order fix answers it.
+		if lkey, ok := legacyKey(call); ok {
+			if lrow, lerr := rows.Get(ctx, lkey); !errors.Is(lerr, ledger.ErrNotFound) {
+				key, row, err = lkey, lrow, lerr
+			}
+		}
+	}
 	switch {
 	case errors.Is(err, ledger.ErrNotFound):
 		return key, "none", RunsNow, nil
@@ -402,6 +411,17 @@ func outcomeOf(ctx context.Context, rows RowReader, body []byte) (key, state str
 		o = NeedOperator
 	}
 	return key, string(row.State), o, nil
+}
+
+// legacyKey is the key the call had before member names were ordered by all
+// their UTF-16 code units, when it differs (jobs.Material.Legacy).
+func legacyKey(call jobs.Call) (string, bool) {
+	m, err := call.Material()
+	if err != nil {
+		return "", false
+	}
+	legacy, ok := m.Legacy()
+	return legacy.Key(), ok
 }
 
 // Replay re-publishes history from TOOLQ_JOBS through the normal path, with

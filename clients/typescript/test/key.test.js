@@ -7,6 +7,7 @@ import { readFileSync } from "node:fs";
 import { fileURLToPath } from "node:url";
 import path from "node:path";
 import { callKey, callMaterial, canonicalize, KeyError, MAX_DEPTH } from "../dist/index.js";
+import { respelled, rng } from "./respell.js";
 
 const repo = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../../..");
 const vectors = (name) =>
@@ -30,6 +31,29 @@ test("python_keys vectors: canonical form, material and key", () => {
     assert.equal(m.canonical, v.canonical, `row ${i}`);
     assert.equal(m.text, v.material, `row ${i}`);
     assert.equal(callKey(call), v.key, `row ${i}`);
+  }
+});
+
+test("utf16_keys vectors: names sharing a high surrogate, U+E000..U+FFFF after astral", () => {
+  const rows = vectors("utf16_keys.jsonl");
+  assert.ok(rows.length >= 200);
+  for (const [i, v] of rows.entries()) {
+    const call = { conversationId: v.conversation_id, turnIndex: v.turn_index, tool: v.tool, ordinal: v.ordinal, args: v.args_wire };
+    const m = callMaterial(call);
+    assert.equal(m.canonical, v.canonical, `row ${i}: ${v.args_wire}`);
+    assert.equal(m.text, v.material, `row ${i}`);
+    assert.equal(callKey(call), v.key, `row ${i}`);
+  }
+});
+
+test("member order and spelling never change a key", () => {
+  const r = rng(8785);
+  const base = { conversationId: "conv-order", turnIndex: 2, tool: "cast_vote" };
+  for (let i = 0; i < 5000; i++) {
+    const [a, b] = respelled(r);
+    const ka = callKey({ ...base, args: a });
+    assert.equal(callKey({ ...base, args: b }), ka, `one object, two keys:\n ${a}\n ${b}`);
+    assert.equal(callKey({ ...base, args: JSON.parse(b) }), ka, `the JS value of ${b}`);
   }
 });
 
@@ -74,19 +98,7 @@ test("a JS value is checked for what JSON.stringify would coerce", () => {
   assert.throws(() => callKey({ ...base, ordinal: 2 ** 53, args: "{}" }), (err) => err.code === "field:ordinal");
 });
 
-// A small deterministic generator, so that a failure can be replayed.
-function rng(seed) {
-  let s = seed >>> 0;
-  return () => {
-    s = (s + 0x6d2b79f5) >>> 0;
-    let t = s;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
-
-const CHARS = ["a", "Z", "0", " ", "_", '"', "\\", "/", "\n", "\t", "\u0001", "\u001f", "\u007f", "é", "ß", "€", "\u2028", "中", "한", "\ue000", "\uff61", "\ufb33", "\ufffd", "😀", "𝄞", "\u{10ffff}", "\u{1f600}", "\u{20000}"];
+const CHARS = ["a", "Z", "0", " ", "_", '"', "\\", "/", "\n", "\t", "\u0001", "\u001f", "\u007f", "é", "ß", "€", "\u2028", "中", "한", "\ue000", "\uff61", "\ufb33", "\ufffd", "😀", "👍", "👎", "𝄞", "𝄢", "\u{100000}", "\u{10fffe}", "\u{10ffff}", "\u{1f600}", "\u{20000}"];
 
 function genDoc(r) {
   const pick = (a) => a[Math.floor(r() * a.length)];
@@ -201,6 +213,14 @@ test("agrees with `publisher key` on random documents", { timeout: 300_000 }, (t
     }
     cases.push({ call: { conversationId: `conv_${i}`, turnIndex: i % 97, tool: i % 2 ? "send_payment" : "search_orders", ordinal: i % 3, args: doc }, want });
   }
+  // One object in two spellings (members in another order, other escapes
+  // and number spellings): Go and TypeScript give both one key.
+  const pairs = [];
+  for (let i = 0; i < 2500; i++) {
+    const [a, b] = respelled(r);
+    pairs.push(cases.length);
+    for (const args of [a, b]) cases.push({ call: { conversationId: `conv_pair_${i}`, turnIndex: i % 89, tool: "cast_vote", ordinal: 0, args }, want: null });
+  }
   const input =
     cases
       .map(({ call: c }) => `{"conversation_id":"${c.conversationId}","turn_index":${c.turnIndex},"tool":"${c.tool}","ordinal":${c.ordinal},"args":${c.args}}`)
@@ -237,6 +257,9 @@ test("agrees with `publisher key` on random documents", { timeout: 300_000 }, (t
       assert.equal(ts.code, goRule, `case ${i}: ${goLine} / ${ts.message}`);
     }
   }
-  t.diagnostic(`${valid} documents keyed alike, ${cases.length - valid} refused alike`);
-  assert.ok(valid >= 1000, `${valid} valid documents`);
+  for (const i of pairs) {
+    assert.equal(lines[i + 1], lines[i], `one object, two keys in Go:\n ${cases[i].call.args}\n ${cases[i + 1].call.args}`);
+  }
+  t.diagnostic(`${valid} documents keyed alike, ${cases.length - valid} refused alike, ${pairs.length} respelled pairs`);
+  assert.ok(valid >= 6000, `${valid} valid documents`);
 });
