@@ -80,6 +80,7 @@ type Ticket struct {
 	Body           string          `json:"body"`
 	IdempotencyKey string          `json:"idempotency_key"`
 	Request        json.RawMessage `json:"request"`
+	ReceivedAt     time.Time       `json:"received_at"` // when the request arrived
 	CreatedAt      time.Time       `json:"created_at"`
 }
 
@@ -243,7 +244,7 @@ func (s *Server) createPayment(w http.ResponseWriter, r *http.Request) {
 	roll := s.rng.Float64()
 	s.mu.Unlock()
 
-	time.Sleep(time.Duration(faults.LatencyMS) * time.Millisecond)
+	time.Sleep(latencyOf(r, faults))
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -271,6 +272,21 @@ func (s *Server) createPayment(w http.ResponseWriter, r *http.Request) {
 	writeRaw(w, http.StatusOK, resp)
 }
 
+// HeaderLatency, on a write request, sets how long that write takes in
+// milliseconds (a slow downstream for one tool), instead of the latency of
+// the faults.
+const HeaderLatency = "Sandbox-Latency-Ms"
+
+// latencyOf is how long a write takes: HeaderLatency when the request has
+// a valid one, else the latency of the faults.
+func latencyOf(r *http.Request, f Faults) time.Duration {
+	ms := f.LatencyMS
+	if v, err := strconv.Atoi(r.Header.Get(HeaderLatency)); err == nil && v >= 0 && v <= 60_000 {
+		ms = v
+	}
+	return time.Duration(ms) * time.Millisecond
+}
+
 func (s *Server) finishLocked(key string, status int, resp []byte) {
 	if key != "" {
 		s.idem[key] = &idemEntry{Canonical: s.idem[key].Canonical, Done: true, Status: status, Response: resp}
@@ -284,6 +300,7 @@ type ticketRequest struct {
 }
 
 func (s *Server) createTicket(w http.ResponseWriter, r *http.Request) {
+	received := time.Now().UTC()
 	body, _, ok := readBody(w, r)
 	if !ok {
 		return
@@ -300,7 +317,7 @@ func (s *Server) createTicket(w http.ResponseWriter, r *http.Request) {
 	faults := s.faults
 	roll := s.rng.Float64()
 	s.mu.Unlock()
-	time.Sleep(time.Duration(faults.LatencyMS) * time.Millisecond)
+	time.Sleep(latencyOf(r, faults))
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	switch {
@@ -312,7 +329,7 @@ func (s *Server) createTicket(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	t := Ticket{ID: fmt.Sprintf("tkt_%06d", len(s.tickets)+1), Title: req.Title, Body: req.Body, IdempotencyKey: key,
-		Request: body, CreatedAt: time.Now().UTC()}
+		Request: body, ReceivedAt: received, CreatedAt: time.Now().UTC()}
 	s.tickets = append(s.tickets, t)
 	s.persistLocked()
 	if roll < faults.ServerErrorRate+faults.ErrorRate+faults.DropAfterEffectRate {

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/toolq/toolq/demo/sandbox"
 )
@@ -100,6 +101,29 @@ func TestTicketsHaveNoDedupe(t *testing.T) {
 	_, b, _ := post(t, url+"/v1/tickets", "k", body)
 	if len(s.Tickets()) != 2 || a["id"] == b["id"] {
 		t.Fatalf("two identical requests: %d tickets (%v, %v)", len(s.Tickets()), a, b)
+	}
+}
+
+// TestLatencyHeaderSlowsOneRequest pins HeaderLatency (a slow downstream
+// for one tool) and that a ticket records when
+// its request arrived, before the latency.
+func TestLatencyHeaderSlowsOneRequest(t *testing.T) {
+	t.Parallel()
+	s, url := start(t, sandbox.Config{})
+	began := time.Now()
+	req, _ := http.NewRequest("POST", url+"/v1/tickets", strings.NewReader(`{"title":"slow","body":"b"}`))
+	req.Header.Set(sandbox.HeaderLatency, "300")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if took := time.Since(began); took < 300*time.Millisecond {
+		t.Fatalf("a write with a latency of 300 ms took %v", took)
+	}
+	tk := s.Tickets()[0]
+	if d := tk.CreatedAt.Sub(tk.ReceivedAt); d < 300*time.Millisecond {
+		t.Fatalf("the ticket was made %v after its request arrived, want the latency of 300 ms at least", d)
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/toolq/toolq/demo/sandbox"
 	"github.com/toolq/toolq/internal/jcs"
@@ -61,7 +62,18 @@ const (
 	VSilentUncertain = "silent_uncertain"   // an unkeyed effect happened, the ledger neither completed nor indeterminate
 	VEffectOfFailure = "effect_of_failure"  // a definite failure whose effect happened
 	VForeignRow      = "foreign_row"        // a ledger row of no published call, or claimed by another call's tool_use_id
+	VLapsedClaimSend = "sent_on_lapsed_claim" // an unkeyed write reached the sandbox long after another delivery settled its row
 )
+
+// lapseTolerance is how much later than the settling of its row an unkeyed
+// write's request may still arrive at the sandbox and have been sent while
+// its claim was held: longer than any fault holds a request between a
+// consumer and the sandbox (a black hole of at most 2.5 s, 300 ms of added
+// latency) and than a zombie stays stopped (ackWait + lease/2 + 1 s). A
+// request that arrives later was sent after its claim had lapsed: the
+// delivery that settled the row (indeterminate, its holder lost) never
+// sends, so only a holder that no longer held the claim can have.
+const lapseTolerance = 8 * time.Second
 
 // Figures are what the checker counted.
 type Figures struct {
@@ -257,6 +269,12 @@ func Check(o Observed) (Figures, []Violation) {
 				f.Indeterminate++
 				if len(ts) > 0 {
 					f.IndeterminateEffect++
+				}
+				for _, t := range ts {
+					if late := t.ReceivedAt.Sub(row.UpdatedAt); late > lapseTolerance {
+						add(VLapsedClaimSend, "key %s (%s): ticket %s arrived %v after the row was settled %s (%s): sent on a claim no longer held",
+							key, p.Job.Tool, t.ID, late.Round(time.Millisecond), state, errInfo(row.Error))
+					}
 				}
 			case state == ledger.Completed:
 				f.UnkeyedOK++

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/toolq/toolq/demo/sandbox"
 	"github.com/toolq/toolq/jobs"
@@ -105,6 +106,20 @@ func TestCheck(t *testing.T) {
 			k := keyOf(o, "tu_tkt")
 			o.Rows[k] = ledger.Row{Key: k, State: ledger.Indeterminate, Attempt: 2, FirstToolUseID: "tu_tkt"}
 			o.Results[1].Status, o.Results[1].Output, o.Results[1].Attempts = jobs.StatusIndeterminate, nil, 2
+		}},
+		{"an indeterminate ticket whose request arrived within the tolerance", "", func(o *Observed) {
+			k := keyOf(o, "tu_tkt")
+			settled := time.Date(2026, 12, 5, 10, 0, 0, 0, time.UTC)
+			o.Rows[k] = ledger.Row{Key: k, State: ledger.Indeterminate, Attempt: 2, FirstToolUseID: "tu_tkt", UpdatedAt: settled}
+			o.Results[1].Status, o.Results[1].Output, o.Results[1].Attempts = jobs.StatusIndeterminate, nil, 2
+			o.Tickets[0].ReceivedAt = settled.Add(lapseTolerance / 2)
+		}},
+		{"a ticket sent long after its row was settled indeterminate", VLapsedClaimSend, func(o *Observed) {
+			k := keyOf(o, "tu_tkt")
+			settled := time.Date(2026, 12, 5, 10, 0, 0, 0, time.UTC)
+			o.Rows[k] = ledger.Row{Key: k, State: ledger.Indeterminate, Attempt: 2, FirstToolUseID: "tu_tkt", UpdatedAt: settled}
+			o.Results[1].Status, o.Results[1].Output, o.Results[1].Attempts = jobs.StatusIndeterminate, nil, 2
+			o.Tickets[0].ReceivedAt = settled.Add(lapseTolerance + time.Second)
 		}},
 		{"an effect with a key nobody published", VPhantomEffect, func(o *Observed) {
 			o.Tickets = append(o.Tickets, sandbox.Ticket{ID: "tkt_000002", IdempotencyKey: "0123456789abcdef0123456789abcdef"})

@@ -16,9 +16,22 @@ const (
 	toolPayment = "send_payment"  // keyed_write: POST /v1/payments honours Idempotency-Key
 	toolTicket  = "create_ticket" // unkeyed_write: POST /v1/tickets has no dedupe
 	toolSearch  = "search_orders" // read: GET /v1/orders
+	// toolQueued is an unkeyed write with one concurrency slot and a
+	// downstream slow next to its timeout, published in bursts far above its
+	// slot: its calls wait for their slot longer than the timeout, the grace
+	// and the lease together (the scheduling space, not a fault).
+	toolQueued = "file_report"
 )
 
-var classOf = map[string]tools.Class{toolPayment: tools.KeyedWrite, toolTicket: tools.UnkeyedWrite, toolSearch: tools.Read}
+var classOf = map[string]tools.Class{toolPayment: tools.KeyedWrite, toolTicket: tools.UnkeyedWrite, toolSearch: tools.Read, toolQueued: tools.UnkeyedWrite}
+
+// The bursts of toolQueued: a burst of queuedBurst calls every 1,000 calls
+// of the plan (one in the middle of a shorter one). Each call takes 1.5 s
+// at the sandbox (Sandbox-Latency-Ms, against a 2 s timeout) at its tool's
+// one slot, and a consumer holds up to 16 jobs: the last of a consumer's
+// 16 waits about 22 s for its slot, past the 3 s give-up, the 4 s lease,
+// the ack wait, and the checker's lapseTolerance after them.
+const queuedBurst = 60
 
 // registryYAML is the consumers' registry: short timeouts and leases so that
 // zombies and takeovers happen within a run.
@@ -61,6 +74,20 @@ const registryYAML = `tools:
       properties:
         query: {type: string}
     http: {method: GET, url: "${SANDBOX_URL}/v1/orders"}
+  - name: file_report
+    class: unkeyed_write
+    timeout: 2s
+    lease: 4s
+    concurrency: 1
+    breaker: {failures: 20, open_for: 1s}
+    schema:
+      type: object
+      additionalProperties: false
+      required: [title, body]
+      properties:
+        title: {type: string}
+        body: {type: string}
+    http: {method: POST, url: "${SANDBOX_URL}/v1/tickets", headers: {Sandbox-Latency-Ms: "1500"}}
 `
 
 // The routes by which a job is published.
@@ -76,6 +103,7 @@ type event struct {
 	route string
 	job   jobs.Job // not for replays
 	of    int      // exact_repub: the index of the event it repeats
+	burst bool     // published at once after the event before it
 }
 
 // plan is what the driver publishes, in order; it depends on the seed only.
@@ -124,6 +152,15 @@ func plan(seed uint64, n int) []event {
 		if i%40 == 39 {
 			pending = append(pending, later{at: i, ev: event{route: routeReplay}})
 		}
+		if i%1000 == 500 || (n < 1000 && i == n/2) {
+			for range queuedBurst {
+				c := rng.IntN(convs)
+				turns[c]++
+				conv := fmt.Sprintf("soak%d-c%04d", seed, c)
+				evs = append(evs, event{route: routeOriginal, job: jobs.Job{Version: jobs.Version, ConversationID: conv, TurnIndex: turns[c],
+					Tool: toolQueued, ToolUseID: nextID(), Args: argsOf(toolQueued, conv, turns[c], 0, rng.Uint64(), false)}, burst: true})
+			}
+		}
 		sort.SliceStable(pending, func(a, b int) bool { return pending[a].at < pending[b].at })
 		for len(pending) > 0 && pending[0].at <= i {
 			evs = append(evs, pending[0].ev)
@@ -147,7 +184,7 @@ func argsOf(tool, conv string, turn int64, amount int, words uint64, respelled b
 		if respelled {
 			s = fmt.Sprintf(`{"currency": "EUR", "amount_cents": %d.0, "invoice_id": %q}`, amount, inv)
 		}
-	case toolTicket:
+	case toolTicket, toolQueued:
 		title, body := fmt.Sprintf("ticket %s/%d", conv, turn), fmt.Sprintf("words %x", words)
 		s = fmt.Sprintf(`{"title":%q,"body":%q}`, title, body)
 		if respelled {

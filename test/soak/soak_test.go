@@ -272,7 +272,9 @@ func (r *run) drive(ctx context.Context, evs []event, start time.Time, span time
 	sent := make([]jobs.Job, len(evs))
 	every := span / time.Duration(max(1, len(evs)))
 	for i, ev := range evs {
-		ctxSleep(ctx, time.Until(start.Add(time.Duration(i)*every)))
+		if !ev.burst {
+			ctxSleep(ctx, time.Until(start.Add(time.Duration(i)*every)))
+		}
 		if ctx.Err() != nil {
 			return
 		}
@@ -659,7 +661,8 @@ func (r *run) report(seed uint64, sz size, f Figures, vs []Violation, outcomes m
 	for _, pj := range r.published {
 		byTool[pj.Job.Tool]++
 	}
-	p("  by tool: %s %d, %s %d, %s %d", toolPayment, byTool[toolPayment], toolTicket, byTool[toolTicket], toolSearch, byTool[toolSearch])
+	p("  by tool: %s %d, %s %d, %s %d, %s %d (in bursts of %d at one slot)", toolPayment, byTool[toolPayment], toolTicket, byTool[toolTicket],
+		toolSearch, byTool[toolSearch], toolQueued, byTool[toolQueued], queuedBurst)
 	p("  duplicates by route: retried turn (new tool_use_id) %d, exact re-publication %d (%d dropped by Nats-Msg-Id), operator replay %d messages (%d replay(s) failed), driver re-publish after a broker error %d",
 		r.routes[routeRetriedTurn], r.routes[routeExact], r.exactDup, r.routes[routeReplay], r.replayErr, r.retries)
 	delivered := 0.0
