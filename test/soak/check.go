@@ -45,23 +45,23 @@ func (v Violation) String() string { return v.Kind + ": " + v.Detail }
 
 // The kinds of violation.
 const (
-	VLost            = "lost"               // a tool_use_id with neither a result nor a dead letter
-	VPhantomResult   = "phantom_result"     // a result for a tool_use_id nobody published
-	VForeignResult   = "foreign_result"     // a result whose key or call is not its job's
-	VRejected        = "rejected"           // a valid job was rejected
-	VResultNoRow     = "result_without_row" // a write's result with no ledger row
-	VResultUnsettled = "result_unsettled"   // a result for a row still in flight
-	VStatusMismatch  = "status_mismatch"    // a result disagrees with the ledger's state
-	VStaleAttempt    = "stale_attempt"      // a result of a superseded attempt: a fenced write got through
-	VOutputMismatch  = "output_mismatch"    // a result's output is not the ledger's
-	VDuplicateEffect = "duplicate_effect"   // more than one effect for one key
-	VMissingEffect   = "missing_effect"     // an ok result and no effect
-	VForeignOutput   = "foreign_output"     // an ok result carries another call's output
-	VForeignEffect   = "foreign_effect"     // an effect whose request is not its key's call
-	VPhantomEffect   = "phantom_effect"     // an effect with a key no published job has
-	VSilentUncertain = "silent_uncertain"   // an unkeyed effect happened, the ledger neither completed nor indeterminate
-	VEffectOfFailure = "effect_of_failure"  // a definite failure whose effect happened
-	VForeignRow      = "foreign_row"        // a ledger row of no published call, or claimed by another call's tool_use_id
+	VLost            = "lost"                 // a tool_use_id with neither a result nor a dead letter
+	VPhantomResult   = "phantom_result"       // a result for a tool_use_id nobody published
+	VForeignResult   = "foreign_result"       // a result whose key or call is not its job's
+	VRejected        = "rejected"             // a valid job was rejected
+	VResultNoRow     = "result_without_row"   // a write's result with no ledger row
+	VResultUnsettled = "result_unsettled"     // a result for a row still in flight
+	VStatusMismatch  = "status_mismatch"      // a result disagrees with the ledger's state
+	VStaleAttempt    = "stale_attempt"        // a result of a superseded attempt: a fenced write got through
+	VOutputMismatch  = "output_mismatch"      // a result's output is not the ledger's
+	VDuplicateEffect = "duplicate_effect"     // more than one effect for one key
+	VMissingEffect   = "missing_effect"       // an ok result and no effect
+	VForeignOutput   = "foreign_output"       // an ok result carries another call's output
+	VForeignEffect   = "foreign_effect"       // an effect whose request is not its key's call
+	VPhantomEffect   = "phantom_effect"       // an effect with a key no published job has
+	VSilentUncertain = "silent_uncertain"     // an unkeyed effect happened, the ledger neither completed nor indeterminate
+	VEffectOfFailure = "effect_of_failure"    // a definite failure whose effect happened
+	VForeignRow      = "foreign_row"          // a ledger row of no published call, or claimed by another call's tool_use_id
 	VLapsedClaimSend = "sent_on_lapsed_claim" // an unkeyed write reached the sandbox long after another delivery settled its row
 )
 
