@@ -120,6 +120,9 @@ func dlq(ctx context.Context, sub string, args []string, stdio cli.IO, getenv fu
 		for k, v := range d.Header {
 			fmt.Fprintf(w, "header %s:\t%s\n", k, strings.Join(v, ", "))
 		}
+		if d.HeadersOmitted != "" {
+			fmt.Fprintf(w, "headers omitted:\t%s (kept by the original, job %d in %s, until it ages out)\n", d.HeadersOmitted, d.JobSeq, jobs.JobsStream)
+		}
 		if d.BodyOmitted == 0 {
 			fmt.Fprintf(w, "body:\t%s\n", d.Body)
 			return w.Flush()
