@@ -222,7 +222,7 @@ func smallestDeadLetter(subject string, own nats.Header, orig jetstream.Msg) *na
 	msg.Header = maps.Clone(own)
 	var names []string
 	for k := range orig.Headers() {
-		if copied(k, own) {
+		if copyable(k, own) {
 			names = append(names, k)
 		}
 	}
@@ -279,7 +279,7 @@ func copyHeaders(dst, src nats.Header, room int) (omitted []string) {
 	}
 	var all []header
 	for k, vs := range src {
-		if !copied(k, dst) {
+		if !copyable(k, dst) {
 			continue
 		}
 		size := 0
@@ -301,9 +301,9 @@ func copyHeaders(dst, src nats.Header, room int) (omitted []string) {
 	return omitted
 }
 
-// copied reports whether a dead letter with toolq's headers own carries the
-// original's header name.
-func copied(name string, own nats.Header) bool {
+// copyable reports whether the original's header name may be copied to a
+// dead letter with toolq's headers own.
+func copyable(name string, own nats.Header) bool {
 	_, ours := own[name]
 	return !ours && !strings.HasPrefix(name, "Nats-") && !strings.HasPrefix(name, "Toolq-Dlq-")
 }
