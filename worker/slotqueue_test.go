@@ -27,7 +27,7 @@ func TestQueuedCallIsNotDeclaredDeadWhileItWaitsForASlot(t *testing.T) {
 	for _, class := range []tools.Class{tools.UnkeyedWrite, tools.KeyedWrite} {
 		t.Run(string(class), func(t *testing.T) {
 			t.Parallel()
-			const calls = 10
+			const calls = 20
 			var mu sync.Mutex
 			sent := map[string]int{}
 			exec := tools.ExecutorFunc(func(ctx context.Context, r tools.Request) (json.RawMessage, error) {
@@ -37,15 +37,17 @@ func TestQueuedCallIsNotDeclaredDeadWhileItWaitsForASlot(t *testing.T) {
 				time.Sleep(250 * time.Millisecond) // healthy: well inside the timeout
 				return json.RawMessage(`{"ok":true}`), nil
 			})
-			// Give-up after 300 ms + 1 s, lease 500 ms: the last of ten calls
-			// of 250 ms each, one at a time, waits 2.25 s for its slot.
+			// Give-up after 300 ms + 1 s, lease 1.5 s: the last of twenty
+			// calls of 250 ms each, one at a time, waits 4.75 s for its slot.
+			// (The lease leaves room for a heartbeat delayed on a loaded
+			// machine: a lapse that long is a real one.)
 			reg, err := tools.NewRegistry([]tools.Definition{{Name: "queued", Class: class, Schema: json.RawMessage(`{"type":"object"}`),
-				Executor: exec, Timeout: 300 * time.Millisecond, Lease: 500 * time.Millisecond, Concurrency: 1}}, tools.Config{})
+				Executor: exec, Timeout: 300 * time.Millisecond, Lease: 1500 * time.Millisecond, Concurrency: 1}}, tools.Config{})
 			if err != nil {
 				t.Fatal(err)
 			}
 			js, store := startWorker(t, reg, worker.Config{MaxInFlight: calls, RetryDelay: 20 * time.Millisecond,
-				Consumer: worker.Consumer{MaxDeliver: 3, AckWait: 400 * time.Millisecond}, Logger: testLogger(t)})
+				Consumer: worker.Consumer{MaxDeliver: 3, AckWait: time.Second}, Logger: testLogger(t)})
 			client := jobs.NewClient(js)
 			ctx := context.Background()
 			keys := map[string]string{}
@@ -104,7 +106,7 @@ func TestCallIsNotSentOnALapsedClaim(t *testing.T) {
 		return json.RawMessage(`{"ok":true}`), nil
 	})
 	reg, err := tools.NewRegistry([]tools.Definition{{Name: "pay", Class: tools.KeyedWrite, Schema: json.RawMessage(`{"type":"object"}`),
-		Executor: exec, Timeout: 200 * time.Millisecond, Lease: 300 * time.Millisecond}}, tools.Config{})
+		Executor: exec, Timeout: 200 * time.Millisecond, Lease: time.Second}}, tools.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -132,7 +134,7 @@ func TestCallIsNotSentOnALapsedClaim(t *testing.T) {
 		t.Error("no other delivery took the stalled call over")
 	}
 	js, st := startWorker(t, reg, worker.Config{MaxInFlight: 4, RetryDelay: 20 * time.Millisecond,
-		Consumer: worker.Consumer{MaxDeliver: 5, AckWait: 300 * time.Millisecond}, Logger: testLogger(t), Test: worker.TestConfig{Hook: hook}})
+		Consumer: worker.Consumer{MaxDeliver: 5, AckWait: 500 * time.Millisecond}, Logger: testLogger(t), Test: worker.TestConfig{Hook: hook}})
 	store = st
 	client := jobs.NewClient(js)
 	p, err := client.Publish(ctx, &jobs.Job{ConversationID: "c", Tool: "pay", ToolUseID: "toolu_pay", Args: json.RawMessage(`{"amount":1}`)})
