@@ -122,13 +122,21 @@ func (t *Turn) Attempt() *Attempt {
 // ordinal among identical calls of this attempt, while the stream goes on.
 // A call dispatched again with the same tool_use_id (an agent replaying its
 // record after a restart) is dropped by JetStream as a re-publication and
-// reports Published.Duplicate; Commit still finds its result. Errors: ErrAttemptAbandoned, a *FieldError, or the publish error; after a
-// publish error the attempt is abandoned: retry the turn (the retry's call
-// has the same key, so it runs at most once).
+// reports Published.Duplicate; Commit still finds its result. Errors:
+// ErrTurnCommitted once the turn is committed or being committed,
+// ErrAttemptAbandoned, a *FieldError, or the publish error; after a publish
+// error the attempt is abandoned: retry the turn (the retry's call has the
+// same key, so it runs at most once).
 func (a *Attempt) Dispatch(ctx context.Context, call ToolCall) (Published, error) {
 	t := a.turn
 	t.mu.Lock()
-	if a.abandoned || t.committed {
+	switch {
+	case t.committed || t.committing:
+		// Commit has taken the turn's calls: this one would run without
+		// ever being in the record.
+		t.mu.Unlock()
+		return Published{}, ErrTurnCommitted
+	case a.abandoned:
 		t.mu.Unlock()
 		return Published{}, ErrAttemptAbandoned
 	}

@@ -262,3 +262,58 @@ func TestWaitAgainAfterItsContextEndedKeepsWhatItRead(t *testing.T) {
 		t.Fatalf("the wait tried again: %v, %v", got, err)
 	}
 }
+
+// TestDispatchWhileTheTurnCommitsIsRefused: once Commit has taken the
+// attempt's calls, a call dispatched on it would run without ever being in
+// the committed turn: Dispatch refuses it.
+func TestDispatchWhileTheTurnCommitsIsRefused(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	st, err := embedded.Start(ctx, embedded.Config{}) // no worker: Commit waits
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if err := jobs.ProvisionStreams(ctx, st.JS, jobs.Streams{}); err != nil {
+		t.Fatal(err)
+	}
+	rs, err := jobs.NewClient(st.JS).Results(ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rs.Close()
+	turn := rs.NewConversation("conv-late").NextTurn()
+	a := turn.Attempt()
+	if _, err := a.Dispatch(ctx, payment("toolu_l0", "inv_l0")); err != nil {
+		t.Fatal(err)
+	}
+	committing, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { _, err := turn.Commit(committing, a); done <- err }()
+	ended, end := context.WithCancel(ctx)
+	end()
+	for { // until Commit has taken the attempt (a Commit that ends at once, else)
+		if _, err := turn.Commit(ended, a); errors.Is(err, jobs.ErrTurnCommitted) {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if _, err := a.Dispatch(ctx, payment("toolu_l1", "inv_l1")); !errors.Is(err, jobs.ErrTurnCommitted) {
+		t.Fatalf("dispatch while the turn commits: %v", err)
+	}
+	stop()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("commit: %v", err)
+	}
+	if n := len(st.Sandbox.Payments()); n != 0 {
+		t.Fatalf("%d payments without a worker", n)
+	}
+	stream, err := st.JS.Stream(ctx, jobs.JobsStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := stream.CachedInfo().State.Msgs; n != 1 {
+		t.Fatalf("%d jobs published, want the one in the turn", n)
+	}
+}
