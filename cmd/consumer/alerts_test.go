@@ -115,7 +115,7 @@ func TestAlertRules(t *testing.T) {
 			}
 		}
 	}
-	for _, want := range []string{"ToolqDeadLettersGrowing", "ToolqIndeterminateCalls", "ToolqBreakerOpen", "ToolqPendingGrowing",
+	for _, want := range []string{"ToolqDeadLettersGrowing", "ToolqDeadLettersRefused", "ToolqIndeterminateCalls", "ToolqBreakerOpen", "ToolqPendingGrowing",
 		"ToolqLeasesExpiring", "ToolqLedgerUnreachable", "ToolqResultPublishesFailing"} {
 		if !seen[want] {
 			t.Errorf("no rule %s", want)
