@@ -2,13 +2,29 @@
 STATICCHECK_VERSION := v0.8.2
 GO ?= go
 
-.PHONY: help build test test-go test-race test-ts lint fuzz soak compose-check
+.PHONY: help build release test test-go test-race test-ts lint fuzz soak compose-check
+
+# The build's stamp (see internal/version): make release VERSION=v0.1.0
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
+COMMIT  ?= $(shell git rev-parse HEAD 2>/dev/null)
+DATE    ?= $(shell git log -1 --format=%cd --date=format-local:%Y-%m-%dT%H:%M:%SZ 2>/dev/null)
+LDFLAGS := -s -w -X github.com/toolq/toolq/internal/version.version=$(VERSION) \
+	-X github.com/toolq/toolq/internal/version.commit=$(COMMIT) -X github.com/toolq/toolq/internal/version.date=$(DATE)
+PLATFORMS := linux/amd64 linux/arm64 darwin/amd64 darwin/arm64
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
 
 build: ## build the binaries into ./bin
 	$(GO) build -o bin/ ./cmd/...
+
+release: ## static binaries for linux and darwin, amd64 and arm64, in dist/ with SHA256SUMS (VERSION=v0.1.0)
+	rm -rf dist && mkdir -p dist
+	set -e; for p in $(PLATFORMS); do os=$${p%/*}; arch=$${p#*/}; name=toolq_$(VERSION)_$${os}_$${arch}; \
+		CGO_ENABLED=0 GOOS=$$os GOARCH=$$arch $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o dist/$$name/ ./cmd/...; \
+		cp LICENSE README.md CHANGELOG.md dist/$$name/; \
+		tar -C dist -czf dist/$$name.tar.gz $$name; rm -r dist/$$name; done
+	cd dist && sha256sum *.tar.gz > SHA256SUMS && cat SHA256SUMS
 
 test: test-go test-ts ## run every test, as CI does: Go with the race detector, then the TypeScript client
 

@@ -28,7 +28,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-
 	"go.opentelemetry.io/contrib/exporters/autoexport"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
@@ -37,6 +36,11 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+	// The GenAI attributes left the semconv package after v1.41.0.
+	genai "go.opentelemetry.io/otel/semconv/v1.41.0"
+
+	"github.com/toolq/toolq/internal/version"
 )
 
 // Attribute keys toolq sets beside the OpenTelemetry messaging conventions.
@@ -70,14 +74,39 @@ const (
 	KeyDependency = attribute.Key("toolq.dependency")
 )
 
-// The messaging attributes of the OpenTelemetry semantic conventions.
+// The attributes of the OpenTelemetry semantic conventions toolq sets,
+// named by the semconv package: messaging on the process and publish spans,
+// GenAI on the tool execution span (so that LLM tracing tools show it
+// beside the model calls), database on the ledger spans.
 const (
-	MessagingSystem        = attribute.Key("messaging.system")
-	MessagingDestination   = attribute.Key("messaging.destination.name")
-	MessagingMessageID     = attribute.Key("messaging.message.id")
-	MessagingConsumerGroup = attribute.Key("messaging.consumer.group.name")
-	MessagingOperation     = attribute.Key("messaging.operation.type")
+	MessagingSystem        = semconv.MessagingSystemKey
+	MessagingDestination   = semconv.MessagingDestinationNameKey
+	MessagingMessageID     = semconv.MessagingMessageIDKey
+	MessagingConsumerGroup = semconv.MessagingConsumerGroupNameKey
+	MessagingOperation     = semconv.MessagingOperationTypeKey
+
+	GenAIOperationName = genai.GenAIOperationNameKey
+	GenAIToolName      = genai.GenAIToolNameKey
+	GenAIToolCallID    = genai.GenAIToolCallIDKey
+	GenAIToolType      = genai.GenAIToolTypeKey
+
+	DBSystem         = semconv.DBSystemNameKey
+	DBOperation      = semconv.DBOperationNameKey
+	DBCollection     = semconv.DBCollectionNameKey
+	DBOperationBatch = semconv.DBOperationBatchSizeKey
 )
+
+// ExecuteTool is the GenAI operation of a tool execution span.
+var ExecuteTool = genai.GenAIOperationNameExecuteTool
+
+// DBSystemName is the db.system.name of a ledger backend ("postgres",
+// "sqlite").
+func DBSystemName(backend string) attribute.KeyValue {
+	if backend == "postgres" {
+		return semconv.DBSystemNamePostgreSQL
+	}
+	return semconv.DBSystemNameSQLite
+}
 
 // Propagator is the W3C trace context and baggage, the propagation toolq
 // uses in NATS headers and HTTP tool calls.
@@ -139,10 +168,12 @@ func MeterProvider(ctx context.Context, service string) (*sdkmetric.MeterProvide
 	return sdkmetric.NewMeterProvider(opts...), promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), nil
 }
 
-// Resource is the SDK's default resource named service, unless
-// OTEL_SERVICE_NAME or OTEL_RESOURCE_ATTRIBUTES say otherwise.
+// Resource is the SDK's default resource named service, at the running
+// build's version (service.version), unless OTEL_SERVICE_NAME or
+// OTEL_RESOURCE_ATTRIBUTES say otherwise.
 func Resource(service string) (*resource.Resource, error) {
-	named, err := resource.Merge(resource.NewSchemaless(attribute.String("service.name", service)), resource.Environment())
+	own := resource.NewSchemaless(semconv.ServiceName(service), semconv.ServiceVersion(version.Get().Version))
+	named, err := resource.Merge(own, resource.Environment())
 	if err != nil && !errors.Is(err, resource.ErrPartialResource) {
 		return nil, fmt.Errorf("tracing: resource: %w", err)
 	}

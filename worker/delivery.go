@@ -159,7 +159,7 @@ func (d *delivery) refuse(r *refusal) outcome {
 // claim asks the group-commit batcher for this job's claim, riding out a
 // ledger outage until the drain starts.
 func (d *delivery) claim() (ledger.ClaimResult, error) {
-	ctx, span := d.child(d.runCtx, "toolq.claim", trace.SpanKindInternal)
+	ctx, span := d.child(d.runCtx, "toolq.claim", trace.SpanKindClient, d.w.ledgerAttrs("claim")...)
 	defer span.End()
 	start := time.Now()
 	d.leaseSince = start // the first try's: a lost answer's claim may be the one that committed
@@ -323,7 +323,7 @@ func (d *delivery) execute(row ledger.Row) outcome {
 	out, result, te := d.runTool(fence.Attempt, keep)
 	keep.stop()
 	d.hook(DuringTool)
-	ctx, span := d.child(d.runCtx, "toolq.settle", trace.SpanKindInternal, tracing.KeyToolOutcome.String(result.String()))
+	ctx, span := d.child(d.runCtx, "toolq.settle", trace.SpanKindClient, append(d.w.ledgerAttrs("settle"), tracing.KeyToolOutcome.String(result.String()))...)
 	defer span.End()
 	store := d.w.cfg.Ledger
 	label := OutcomeOK
@@ -428,7 +428,9 @@ func (d *delivery) runUnclaimed() outcome {
 // panicking executor is recovered and counts as ambiguous: the call may
 // have taken effect.
 func (d *delivery) runTool(attempt int64, keep *keepalive) (out json.RawMessage, result tools.Outcome, te *tools.Error) {
-	ctx, span := d.child(d.startCtx, "tool "+d.tool.Name, trace.SpanKindClient,
+	ctx, span := d.child(d.startCtx, "execute_tool "+d.tool.Name, trace.SpanKindInternal,
+		tracing.ExecuteTool, tracing.GenAIToolName.String(d.tool.Name), tracing.GenAIToolCallID.String(d.job.ToolUseID),
+		tracing.GenAIToolType.String("function"),
 		tracing.KeyTool.String(d.tool.Name), tracing.KeyToolClass.String(string(d.tool.Class)),
 		tracing.KeyDownstream.String(d.tool.Downstream), tracing.KeyAttempt.Int64(attempt))
 	defer span.End()

@@ -85,6 +85,12 @@ func (d *delivery) explainDuplicate(found ledgerOutcome, row *ledger.Row) {
 	d.span.AddEvent("toolq.duplicate", trace.WithAttributes(append(attrs, tracing.KeyReason.String(reason))...))
 }
 
+// ledgerAttrs are the database attributes of a span of the ledger
+// operation op (claim, settle).
+func (w *Worker) ledgerAttrs(op string) []attribute.KeyValue {
+	return []attribute.KeyValue{tracing.DBSystemName(w.cfg.Ledger.Backend()), tracing.DBCollection.String("toolq_ledger"), tracing.DBOperation.String(op)}
+}
+
 // child starts a span under the delivery's process span, on ctx's
 // deadlines and cancellation.
 func (d *delivery) child(ctx context.Context, name string, kind trace.SpanKind, attrs ...attribute.KeyValue) (context.Context, trace.Span) {

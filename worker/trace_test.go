@@ -79,7 +79,7 @@ func TestTracing(t *testing.T) {
 		attr(original, tracing.KeyKey) != r1.Key || attr(original, tracing.KeyToolClass) != "keyed_write" {
 		t.Fatalf("process span attributes %v", original.Attributes())
 	}
-	for _, name := range []string{"toolq.claim", "tool pay", "toolq.settle", "publish toolq.results"} {
+	for _, name := range []string{"toolq.claim", "execute_tool pay", "toolq.settle", "publish toolq.results"} {
 		found := false
 		for _, s := range spans[name] {
 			found = found || s.Parent().SpanID() == original.SpanContext().SpanID()

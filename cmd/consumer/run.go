@@ -20,6 +20,7 @@ import (
 
 	"github.com/toolq/toolq/embedded"
 	"github.com/toolq/toolq/internal/cli"
+	"github.com/toolq/toolq/internal/version"
 	"github.com/toolq/toolq/jobs"
 	"github.com/toolq/toolq/ledger"
 	"github.com/toolq/toolq/tools"
@@ -198,7 +199,7 @@ func flagHint(err error) error {
 // serveHealth serves liveness, readiness and metrics.
 func serveHealth(addr string, nc *nats.Conn, store *ledger.Store, metrics http.Handler, debugPprof bool) (string, func(), error) {
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /healthz", func(rw http.ResponseWriter, r *http.Request) { fmt.Fprintln(rw, "ok") })
+	mux.HandleFunc("GET /healthz", func(rw http.ResponseWriter, r *http.Request) { fmt.Fprintln(rw, "ok "+version.Get().String()) })
 	mux.HandleFunc("GET /readyz", func(rw http.ResponseWriter, r *http.Request) {
 		var problems []string
 		if nc.Status() != nats.CONNECTED {

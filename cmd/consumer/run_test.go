@@ -21,6 +21,7 @@ import (
 	"github.com/toolq/toolq/demo/sandbox"
 	"github.com/toolq/toolq/internal/cli"
 	"github.com/toolq/toolq/internal/testenv"
+	"github.com/toolq/toolq/internal/version"
 	"github.com/toolq/toolq/jobs"
 )
 
@@ -89,7 +90,7 @@ func TestEmbeddedDefault(t *testing.T) {
 	if len(payments.Data) != 1 {
 		t.Fatalf("%d payments", len(payments.Data))
 	}
-	for path, want := range map[string]string{"/healthz": "ok", "/readyz": "ready", "/metrics": `toolq_duplicates_suppressed_total{`} {
+	for path, want := range map[string]string{"/healthz": "ok " + version.Get().String(), "/readyz": "ready", "/metrics": `toolq_duplicates_suppressed_total{`} {
 		resp, err := http.Get(healthURL + path)
 		if err != nil {
 			t.Fatal(err)

@@ -18,6 +18,7 @@ var commands = &cli.Commands{Name: "publisher", List: []cli.Command{
 	{Name: "dlq", Summary: "dead letters: ls, show SEQ, requeue SEQ…|--all, purge --yes", Run: dlqCommands.Run},
 	{Name: "simulate", Summary: "the streaming-agent scenario, naive dispatcher against toolq, in-process", Run: runSimulate},
 	{Name: "bench", Summary: "throughput and latency of toolq next to a dispatcher with no memory (--quick, --json)", Run: runBench},
+	cli.Version("publisher"),
 }}
 
 var dlqCommands = &cli.Commands{Name: "publisher dlq", List: []cli.Command{

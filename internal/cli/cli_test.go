@@ -3,13 +3,16 @@ package cli_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
+	"io"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/toolq/toolq/internal/cli"
+	"github.com/toolq/toolq/internal/version"
 )
 
 func TestParseInterspersed(t *testing.T) {
@@ -115,5 +118,28 @@ func TestPrintJSON(t *testing.T) {
 	var out strings.Builder
 	if err := cli.PrintJSON(&out, map[string]any{"a": []int{1}}); err != nil || out.String() != "{\n  \"a\": [\n    1\n  ]\n}\n" {
 		t.Fatalf("%q %v", out.String(), err)
+	}
+}
+
+func TestVersionIsACommandAndAFlag(t *testing.T) {
+	c := &cli.Commands{Name: "tq", Default: "run", List: []cli.Command{{Name: "run", Run: func(context.Context, []string, cli.IO, func(string) string) error {
+		return errors.New("ran the default command")
+	}}, cli.Version("tq")}}
+	for _, args := range [][]string{{"--version"}, {"-version"}, {"version"}} {
+		var out strings.Builder
+		if err := c.Run(context.Background(), args, cli.IO{Out: &out, Err: io.Discard}, func(string) string { return "" }); err != nil {
+			t.Fatalf("%v: %v", args, err)
+		}
+		if want := "tq " + version.Get().String() + "\n"; out.String() != want {
+			t.Fatalf("%v printed %q, want %q", args, out.String(), want)
+		}
+	}
+	var out strings.Builder
+	if err := c.Run(context.Background(), []string{"version", "--json"}, cli.IO{Out: &out, Err: io.Discard}, func(string) string { return "" }); err != nil {
+		t.Fatal(err)
+	}
+	var got version.Info
+	if err := json.Unmarshal([]byte(out.String()), &got); err != nil || got != version.Get() {
+		t.Fatalf("version --json: %q (%v)", out.String(), err)
 	}
 }

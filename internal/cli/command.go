@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/toolq/toolq/internal/version"
 	"github.com/toolq/toolq/tracing"
 )
 
@@ -92,6 +93,8 @@ func (c *Commands) Run(ctx context.Context, args []string, stdio IO, getenv func
 	case name == "help" || name == "-h" || name == "--help":
 		c.printHelp(stdio.Out)
 		return nil
+	case name == "--version" || name == "-version":
+		name, args = "version", args[1:]
 	case c.Default != "" && (name == "" || strings.HasPrefix(name, "-")):
 		name = c.Default
 	case name == "":
@@ -146,4 +149,22 @@ func (c *Commands) printHelp(w io.Writer) {
 	}
 	t.Flush()
 	fmt.Fprintf(w, "\nRun '%s <command> --help' for the flags of a command.\n", c.Name)
+}
+
+// Version is the version command of binary: it prints the binary's name and
+// its build (version.Info) in one line, or as JSON with --json. A binary's
+// --version runs it too (see Commands.Run).
+func Version(binary string) Command {
+	return Command{Name: "version", Summary: "print the version, commit and build date (--json)", Run: func(_ context.Context, args []string, stdio IO, _ func(string) string) error {
+		fs := NewFlagSet("version", binary+" version [--json]", stdio)
+		asJSON := fs.Bool("json", false, "print the build as JSON")
+		if err := ParseNone(fs, args); err != nil {
+			return err
+		}
+		if *asJSON {
+			return PrintJSON(stdio.Out, version.Get())
+		}
+		_, err := fmt.Fprintf(stdio.Out, "%s %s\n", binary, version.Get())
+		return err
+	}}
 }

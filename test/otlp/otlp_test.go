@@ -58,7 +58,7 @@ func TestMain(m *testing.M) {
 
 // span is what the receiver keeps of a span.
 type span struct {
-	service, traceID, spanID, parentID, name string
+	service, serviceVersion, traceID, spanID, parentID, name string
 	attrs                                    map[string]string
 	events                                   map[string]map[string]string // name → attributes
 	links                                    []string                     // linked span ids
@@ -119,10 +119,10 @@ func (r *receiver) addSpans(req *collectortrace.ExportTraceServiceRequest) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, rs := range req.ResourceSpans {
-		service := serviceName(rs.Resource)
+		service, serviceVersion := serviceName(rs.Resource), strAttrs(rs.Resource.GetAttributes())["service.version"]
 		for _, ss := range rs.ScopeSpans {
 			for _, s := range ss.Spans {
-				sp := span{service: service, traceID: hex.EncodeToString(s.TraceId), spanID: hex.EncodeToString(s.SpanId),
+				sp := span{service: service, serviceVersion: serviceVersion, traceID: hex.EncodeToString(s.TraceId), spanID: hex.EncodeToString(s.SpanId),
 					parentID: hex.EncodeToString(s.ParentSpanId), name: s.Name, attrs: strAttrs(s.Attributes), events: map[string]map[string]string{}}
 				for _, e := range s.Events {
 					sp.events[e.Name] = strAttrs(e.Attributes)
@@ -321,10 +321,10 @@ func TestSpansAndMetricsArriveOverOTLP(t *testing.T) {
 				}
 			}
 
-			var send, process, client, dupSend, dupProcess span
+			var send, process, client, execute, claim, dupSend, dupProcess span
 			testenv.Eventually(t, 30*time.Second, "the publisher's and the consumer's spans in one trace, and the consumer's metrics", func() bool {
 				spans, metrics, _ := rcv.snapshot()
-				send, process, client, dupSend, dupProcess = span{}, span{}, span{}, span{}, span{}
+				send, process, client, execute, claim, dupSend, dupProcess = span{}, span{}, span{}, span{}, span{}, span{}, span{}
 				for _, s := range spans {
 					switch {
 					case s.service == "toolq-publisher" && s.name == "send toolq.jobs.send_payment" && s.attrs["toolq.tool_use_id"] == "toolu_otlp":
@@ -337,9 +337,14 @@ func TestSpansAndMetricsArriveOverOTLP(t *testing.T) {
 						dupProcess = s
 					case s.service == "toolq-consumer" && s.name == "HTTP POST":
 						client = s
+					case s.service == "toolq-consumer" && s.name == "execute_tool send_payment":
+						execute = s
+					case s.service == "toolq-consumer" && s.name == "toolq.claim" && claim.traceID == "":
+						claim = s
 					}
 				}
-				return send.traceID != "" && process.traceID != "" && client.traceID != "" && dupSend.traceID != "" && dupProcess.traceID != "" &&
+				return send.traceID != "" && process.traceID != "" && client.traceID != "" && execute.traceID != "" && claim.traceID != "" &&
+					dupSend.traceID != "" && dupProcess.traceID != "" &&
 					metrics["toolq.jobs"] == "toolq-consumer" && metrics["toolq.tool.duration"] == "toolq-consumer"
 			})
 			if process.traceID != send.traceID || process.parentID != send.spanID {
@@ -347,6 +352,21 @@ func TestSpansAndMetricsArriveOverOTLP(t *testing.T) {
 			}
 			if client.traceID != send.traceID || client.attrs["toolq.key"] == "" || client.attrs["http.request.method"] != "POST" {
 				t.Errorf("HTTP client span %+v", client)
+			}
+			// The tool execution follows the GenAI conventions, so that LLM
+			// tracing tools show it beside the model call that asked for it;
+			// the ledger's spans carry the database conventions, and every
+			// span the build's version.
+			if execute.parentID != process.spanID || execute.attrs["gen_ai.operation.name"] != "execute_tool" ||
+				execute.attrs["gen_ai.tool.name"] != "send_payment" || execute.attrs["gen_ai.tool.call.id"] != "toolu_otlp" ||
+				client.parentID != execute.spanID {
+				t.Errorf("execute_tool span %+v (HTTP client span's parent %s)", execute, client.parentID)
+			}
+			if claim.attrs["db.system.name"] != "sqlite" || claim.attrs["db.collection.name"] != "toolq_ledger" || claim.attrs["db.operation.name"] != "claim" {
+				t.Errorf("claim span %+v", claim)
+			}
+			if execute.serviceVersion == "" || send.serviceVersion == "" {
+				t.Errorf("no service.version on the consumer's (%q) or the publisher's (%q) spans", execute.serviceVersion, send.serviceVersion)
 			}
 			// The duplicate's span says why nothing ran and links to the original.
 			if ev := dupProcess.events["toolq.duplicate"]; ev["toolq.original.tool_use_id"] != "toolu_otlp" || ev["toolq.duplicate.reason"] != "completed_before" ||
