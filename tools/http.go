@@ -252,7 +252,8 @@ type progressKey struct{}
 //
 //	connection refused, DNS or TLS failure, no connection            → NotSent
 //	429; 503 with Retry-After                                        → NotSent, retry after that
-//	a 3xx not followed (see followRedirect), but 303                 → NotSent: the downstream did not act
+//	a 307 or 308 not followed (see followRedirect)                   → NotSent: the downstream did not act
+//	another 3xx not followed to a write (a 301 or 302 to a POST)     → Ambiguous: it may have acted (Post/Redirect/Get)
 //	409 when the key was sent (same key in flight downstream)        → Ambiguous, retry later
 //	other 4xx                                                        → Definite
 //	a 303 not followed; after a 303 followed, anything but a 2xx     → Ambiguous: the call was processed
@@ -331,8 +332,14 @@ func (h *HTTP) Execute(ctx context.Context, req Request) (json.RawMessage, error
 		return nil, NotSentError("http_503", snippet(data), retryAfter(resp, DefaultNotSentDelay), nil)
 	case status == http.StatusConflict && keySent:
 		return nil, AmbiguousError("http_409", "the same key is still being processed downstream: "+snippet(data), retryAfter(resp, DefaultNotSentDelay), nil)
-	case status >= 300 && status < 400:
+	case status == http.StatusTemporaryRedirect || status == http.StatusPermanentRedirect || (status >= 300 && status < 400 && h.Method == http.MethodGet):
+		// 307 and 308 mean that the request was not processed here; a GET
+		// changes nothing wherever it was answered.
 		return nil, NotSentError("http_"+strconv.Itoa(status), "redirect not followed, the downstream did not act: "+redirectNote(resp, data), retryAfter(resp, 0), nil)
+	case status >= 300 && status < 400:
+		// A 301 or 302 to a write is often the answer of a write that was
+		// made (Post/Redirect/Get); nothing says it was not.
+		return nil, AmbiguousError("http_"+strconv.Itoa(status), "redirect not followed, the downstream may have acted: "+redirectNote(resp, data), retryAfter(resp, 0), nil)
 	case status >= 400 && status < 500:
 		return nil, DefiniteError("http_"+strconv.Itoa(status), snippet(data))
 	default:

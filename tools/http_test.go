@@ -508,10 +508,13 @@ func TestHTTPCallIsAClientSpan(t *testing.T) {
 // TestHTTPRedirectIsFollowedOnlyWhereItSendsTheSameCall: a redirect is
 // followed within the downstream's origin when the request it leads to is
 // the call itself (307 and 308 keep the method and body, and carry the key)
-// or its answer (303). A 3xx that is not followed (to another origin, a 301
-// or 302 that would turn a write into a GET, no Location, too many hops)
-// means the downstream did not act: not sent, tried again. After a 303 the
-// call was processed, so anything but a 2xx at its target is ambiguous.
+// or its answer (303). A 307 or 308 that is not followed (to another
+// origin, no Location, too many hops), or any 3xx to a GET, means the
+// downstream did not act: not sent, tried again. Another 3xx to a write
+// (a 301 or 302 that would turn it into a GET, a 300) may follow a write
+// that was made (Post/Redirect/Get): ambiguous, never sent again unkeyed.
+// After a 303 the call was processed, so anything but a 2xx at its target
+// is ambiguous.
 func TestHTTPRedirectIsFollowedOnlyWhereItSendsTheSameCall(t *testing.T) {
 	t.Parallel()
 	var elsewhere atomic.Int32
@@ -568,15 +571,15 @@ func TestHTTPRedirectIsFollowedOnlyWhereItSendsTheSameCall(t *testing.T) {
 		{"307 of an unkeyed write", tools.UnkeyedWrite, "POST", "/same/307", tools.Success, "", "POST"},
 		{"307 to another origin", tools.KeyedWrite, "POST", "/away/307", tools.NotSent, "http_307", ""},
 		{"308 to another origin", tools.UnkeyedWrite, "POST", "/away/308", tools.NotSent, "http_308", ""},
-		{"301 of a POST", tools.KeyedWrite, "POST", "/same/301", tools.NotSent, "http_301", ""},
-		{"302 of a POST", tools.UnkeyedWrite, "POST", "/same/302", tools.NotSent, "http_302", ""},
-		{"301 of a DELETE", tools.UnkeyedWrite, "DELETE", "/same/301", tools.NotSent, "http_301", ""},
+		{"301 of a POST", tools.KeyedWrite, "POST", "/same/301", tools.Ambiguous, "http_301", ""},
+		{"302 of a POST (Post/Redirect/Get: the write was made)", tools.UnkeyedWrite, "POST", "/same/302", tools.Ambiguous, "http_302", ""},
+		{"301 of a DELETE", tools.UnkeyedWrite, "DELETE", "/same/301", tools.Ambiguous, "http_301", ""},
 		{"303 within the origin", tools.KeyedWrite, "POST", "/same/303", tools.Success, "", "GET"},
 		{"303 to another origin", tools.UnkeyedWrite, "POST", "/away/303", tools.Ambiguous, "http_303", ""},
 		{"303 to an answer that is not there", tools.UnkeyedWrite, "POST", "/see-other-missing", tools.Ambiguous, "http_404", ""},
 		{"307 without Location", tools.KeyedWrite, "POST", "/no-location", tools.NotSent, "http_307", ""},
 		{"307 for ever", tools.KeyedWrite, "POST", "/loop", tools.NotSent, "http_307", ""},
-		{"300", tools.KeyedWrite, "POST", "/choices", tools.NotSent, "http_300", ""},
+		{"300", tools.KeyedWrite, "POST", "/choices", tools.Ambiguous, "http_300", ""},
 		{"301 of a read", tools.Read, "GET", "/same/301", tools.Success, "", "GET"},
 		{"302 of a read to another origin", tools.Read, "GET", "/away/302", tools.NotSent, "http_302", ""},
 	} {
