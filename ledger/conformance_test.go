@@ -1000,6 +1000,19 @@ func TestPurgeMeasuresFromTheLastAnswer(t *testing.T) {
 		if at := mustGet(t, s, quiet.Key).AnsweredAt; !at.IsZero() {
 			t.Fatalf("a row that answered nothing has answered_at %v", at)
 		}
+		// An answer outside a claim (behind an open breaker) counts too.
+		outside := settled(false)
+		testenv.Eventually(t, 10*time.Second, "the row to age past the retention", func() bool {
+			return mustGet(t, s, outside.Key).UpdatedAt.Before(time.Now().Add(-retention))
+		})
+		for range 2 {
+			if err := s.Answered(ctx, outside.Key); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if at := mustGet(t, s, outside.Key).AnsweredAt; at.Before(before) {
+			t.Fatalf("answered outside a claim: answered_at %v", at)
+		}
 		inFlight := newClaim(time.Hour)
 		mustClaim(t, s, inFlight)
 		if r := claimOne(t, s, inFlight); r.Claimed || !mustGet(t, s, inFlight.Key).AnsweredAt.IsZero() {

@@ -565,6 +565,17 @@ func (s *Store) fenced(ctx context.Context, op string, f Fence, query string, ar
 	return nil
 }
 
+// Answered records that the settled row of key answered a call outside a
+// claim (a claim records it itself), so that retention counts from this
+// answer (see Row.AnsweredAt): at most one write an hour a row. A row not
+// settled, or not there, is left alone.
+func (s *Store) Answered(ctx context.Context, key string) error {
+	ctx, cancel := withDefaultTimeout(ctx)
+	defer cancel()
+	_, err := s.db.exec(ctx, s.db.sql().answered, key)
+	return s.translate("answered", err)
+}
+
 // Get returns the row of key, or ErrNotFound.
 func (s *Store) Get(ctx context.Context, key string) (Row, error) {
 	ctx, cancel := withDefaultTimeout(ctx)

@@ -526,6 +526,11 @@ func (d *delivery) breakerOpen(wait time.Duration) outcome {
 		if claim := d.w.claimOf(d); !claim.SameCall(&row) {
 			return d.collision(fmt.Errorf("%w: %s", ledger.ErrMaterialMismatch, d.key))
 		}
+		// A claim would have recorded the answer, which retention counts
+		// from: this job can come back (a replay) as long as the row.
+		if err := d.w.cfg.Ledger.Answered(d.runCtx, d.key); err != nil {
+			return retryUncounted(wait, fmt.Errorf("record the answer behind an open breaker: %w", err))
+		}
 		return d.duplicate(row, ledgerDuplicate)
 	}
 	return retryUncounted(wait, fmt.Errorf("the circuit breaker for %s is open", d.tool.Downstream))
