@@ -45,13 +45,14 @@ func DLQSubject(reason string) string { return DLQPrefix + reason }
 func JobMsgID(key, toolUseID string) string { return "job:" + key + ":" + toolUseID }
 
 // ResultMsgID is the Nats-Msg-Id of a result: result:<key>:<tool_use_id>:<answer>,
-// where answer names which answer to the job it is (the worker's answerID:
-// the status, and the ledger row's attempt or the rejection's code). The same
-// answer published again (by a consumer that published it and stopped before
-// its ack, answering the redelivery from the ledger) has the same id, and
+// where answer names which answer to which publication of the job it is
+// (the worker's answerID: the status, the ledger row's attempt or the
+// rejection's code, and the job's stream sequence). The same answer
+// published again (by a consumer that published it and stopped before its
+// ack, answering the redelivery from the ledger) has the same id, and
 // JetStream drops it; another answer to the same job (the call run after it
-// was rejected, or again after an operator resolved it as not run) has
-// another, and reaches the agent.
+// was rejected, or again after an operator resolved it as not run), or an
+// answer to the job published again, has another, and reaches the agent.
 func ResultMsgID(key, toolUseID, answer string) string {
 	return "result:" + key + ":" + toolUseID + ":" + answer
 }

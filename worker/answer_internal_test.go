@@ -9,7 +9,8 @@ import (
 // TestAnswerIDNamesOneAnswer: the same answer to a job gets the same id
 // however it was published (the delivery that settled the call, or a
 // duplicate answered from the row), and each other answer to the job
-// another: a run after a rejection, a run after a release, a resolution.
+// another: a run after a rejection, a run after a release, a resolution,
+// the job published again.
 func TestAnswerIDNamesOneAnswer(t *testing.T) {
 	t.Parallel()
 	result := func(status jobs.Status, attempts int, code string) *jobs.Result {
@@ -35,9 +36,14 @@ func TestAnswerIDNamesOneAnswer(t *testing.T) {
 		{"no ledger: a redelivery run again", result(jobs.StatusOK, 1, ""), result(jobs.StatusOK, 2, ""), false, true},
 		{"no ledger: failed, then run", result(jobs.StatusError, 1, "http_404"), result(jobs.StatusOK, 2, ""), false, false},
 	} {
-		a, b := answerID(c.a, c.ledgered), answerID(c.b, c.ledgered)
+		a, b := answerID(c.a, c.ledgered, 7), answerID(c.b, c.ledgered, 7)
 		if (a == b) != c.same {
 			t.Errorf("%s: %q and %q, want same=%v", c.name, a, b, c.same)
+		}
+		// The same answer to the job published again, at another sequence,
+		// is another answer: its agent waits for what comes after it.
+		if again := answerID(c.b, c.ledgered, 8); again == b {
+			t.Errorf("%s: %q for the job at two sequences", c.name, again)
 		}
 	}
 }

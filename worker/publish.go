@@ -32,7 +32,7 @@ import (
 // its job must still be answered); any other refusal is a counted retry, so
 // the job ends in the DLQ rather than looping.
 func (d *delivery) publish(r *jobs.Result, label Outcome) outcome {
-	subject, msgID := jobs.ResultSubject(d.job.ConversationID), jobs.ResultMsgID(d.key, d.job.ToolUseID, answerID(r, d.tool != nil && d.tool.UsesLedger))
+	subject, msgID := jobs.ResultSubject(d.job.ConversationID), jobs.ResultMsgID(d.key, d.job.ToolUseID, answerID(r, d.tool != nil && d.tool.UsesLedger, d.jobSeq()))
 	ctx, span := d.child(d.runCtx, "publish toolq.results", trace.SpanKindProducer,
 		tracing.MessagingSystem.String("nats"), tracing.MessagingDestination.String(subject),
 		tracing.MessagingMessageID.String(msgID), tracing.MessagingOperation.String("send"),
@@ -73,8 +73,15 @@ func (d *delivery) publish(r *jobs.Result, label Outcome) outcome {
 	return answered(label)
 }
 
-// answerID names one answer to a job, for its result's message id
-// (jobs.ResultMsgID): what the result says, and of which settlement.
+// answerID names one answer to one publication of a job, for its result's
+// message id (jobs.ResultMsgID): what the result says, of which settlement,
+// to the job at which stream sequence (seq). Every delivery of one message
+// has its sequence, so a redelivery answering again (its consumer published
+// and stopped before its ack) has the same id and JetStream drops it; the
+// job published again and taken as new (after the jobs stream's duplicate
+// window, which can end inside the results stream's, later by the call's
+// duration) is answered under another id, so its agent, waiting for what
+// comes after its publication, gets the answer.
 //
 //   - rejected: the code (unknown_tool, invalid_args, …): nothing ran, and
 //     a worker that knows the tool may run the job later;
@@ -85,15 +92,24 @@ func (d *delivery) publish(r *jobs.Result, label Outcome) outcome {
 //     that settled it;
 //   - a call without one: the status. Each delivery runs the call again;
 //     answers with one status are taken as one, as they were before.
-func answerID(r *jobs.Result, ledgered bool) string {
+func answerID(r *jobs.Result, ledgered bool, seq uint64) string {
+	at := ":" + strconv.FormatUint(seq, 10)
 	switch {
 	case r.Status == jobs.StatusRejected && r.Error != nil:
-		return string(r.Status) + ":" + r.Error.Code
+		return string(r.Status) + ":" + r.Error.Code + at
 	case ledgered:
-		return string(r.Status) + ":" + strconv.Itoa(r.Attempts)
+		return string(r.Status) + ":" + strconv.Itoa(r.Attempts) + at
 	default:
-		return string(r.Status)
+		return string(r.Status) + at
 	}
+}
+
+// jobSeq is the job's sequence in its stream (0 when unknown).
+func (d *delivery) jobSeq() uint64 {
+	if d.meta == nil {
+		return 0
+	}
+	return d.meta.Sequence.Stream
 }
 
 // payloadLimit is how large a body the broker takes with msg's headers (and
