@@ -160,8 +160,11 @@ func (c *Client) resultsCursor(ctx context.Context) (uint64, error) {
 }
 
 // awaitAll reads the conversation's results, from sequence from (0: the
-// first), until it has one for each of the given tool_use_ids; results for
-// other ids (an abandoned attempt of the turn, another turn) are skipped.
+// first), until it has one for each of the given tool_use_ids and has read
+// every result published before it started; results for other ids (an
+// abandoned attempt of the turn, another turn) are skipped. A later answer
+// to a tool_use_id supersedes an earlier one: the call run after an
+// operator resolved it as not run, say, answers after its indeterminate.
 func (c *Client) awaitAll(ctx context.Context, conversationID string, toolUseIDs []string, from uint64) (map[string]*Result, error) {
 	want := make(map[string]bool, len(toolUseIDs))
 	for _, id := range toolUseIDs {
@@ -187,7 +190,8 @@ func (c *Client) awaitAll(ctx context.Context, conversationID string, toolUseIDs
 	stop := context.AfterFunc(ctx, it.Stop)
 	defer stop()
 	got := make(map[string]*Result, len(want))
-	for len(got) < len(want) {
+	caughtUp := false // read every result the stream held when it was last asked
+	for len(got) < len(want) || !caughtUp {
 		msg, err := it.Next()
 		if err != nil {
 			if ctx.Err() != nil {
@@ -195,6 +199,8 @@ func (c *Client) awaitAll(ctx context.Context, conversationID string, toolUseIDs
 			}
 			return got, fmt.Errorf("jobs: await results of %s: %w", conversationID, err)
 		}
+		meta, err := msg.Metadata()
+		caughtUp = err != nil || meta.NumPending == 0
 		r, err := DecodeResult(msg.Data())
 		if err != nil || !want[r.ToolUseID] {
 			continue

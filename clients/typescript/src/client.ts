@@ -177,7 +177,10 @@ export class Client {
 
   /**
    * Reads the conversation's results until it has one for each of the
-   * tool_use_ids; results addressed to other ids are skipped.
+   * tool_use_ids and has read every result published before it started;
+   * results addressed to other ids are skipped. A later answer to an id
+   * supersedes an earlier one (the call run after an operator resolved it
+   * as not run answers after its indeterminate).
    */
   async awaitResults(conversationId: string, toolUseIds: string[], opts: AwaitOptions = {}): Promise<Map<string, Result>> {
     const want = new Set(toolUseIds);
@@ -200,7 +203,7 @@ export class Client {
           continue;
         }
         if (want.has(r.tool_use_id)) got.set(r.tool_use_id, r);
-        if (got.size === want.size) break;
+        if (got.size === want.size && m.info.pending === 0) break;
       }
     } finally {
       opts.signal?.removeEventListener("abort", onAbort);

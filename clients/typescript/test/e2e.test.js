@@ -205,3 +205,16 @@ test("one results reader serves many calls and drops what nobody expects", async
   }
   assert.equal((await payments("inv_rd_0")).length, 1);
 });
+
+test("a later answer to a call supersedes an earlier one for a reader from the start", async () => {
+  // As after an indeterminate call resolved as not run and replayed: two
+  // answers to one tool_use_id are in the results stream, the later one ok.
+  const { jetstream } = await import("@nats-io/jetstream");
+  const js = jetstream(nc);
+  const base = { version: 1, key: "0".repeat(32), conversation_id: "conv_ts_later", turn_index: 0, ordinal: 0, tool: "send_payment", tool_use_id: "toolu_later", attempts: 1 };
+  await js.publish("toolq.results.conv_ts_later", JSON.stringify({ ...base, status: "indeterminate", error: { code: "reset", message: "reset" } }), { msgID: "later-1" });
+  await js.publish("toolq.results.conv_ts_later", JSON.stringify({ ...base, status: "ok", output: { ticket: "T-1" }, attempts: 2 }), { msgID: "later-2" });
+  const r = await client.awaitResult("conv_ts_later", "toolu_later", { signal: withTimeout(30_000) });
+  assert.equal(r.status, "ok");
+  assert.deepEqual(r.output, { ticket: "T-1" });
+});
