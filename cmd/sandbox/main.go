@@ -25,13 +25,14 @@ func run(ctx context.Context, args []string, stdio cli.IO, getenv func(string) s
 	errorRate := fs.Float64("error-rate", 0, "probability of a definite failure (402/400), no effect")
 	serverErrorRate := fs.Float64("server-error-rate", 0, "probability of a 500, no effect")
 	dropRate := fs.Float64("drop-after-effect-rate", 0, "probability of applying the effect, then resetting the connection")
+	redirectRate := fs.Float64("redirect-after-effect-rate", 0, "probability of applying the effect, then answering 302 Found (Post/Redirect/Get)")
 	if err := cli.ParseNone(fs, args); errors.Is(err, cli.ErrHelp) {
 		return nil
 	} else if err != nil {
 		return err
 	}
 	srv, err := sandbox.New(sandbox.Config{StatePath: *statePath, Faults: sandbox.Faults{
-		LatencyMS: int(*latency / time.Millisecond), ErrorRate: *errorRate, ServerErrorRate: *serverErrorRate, DropAfterEffectRate: *dropRate}})
+		LatencyMS: int(*latency / time.Millisecond), ErrorRate: *errorRate, ServerErrorRate: *serverErrorRate, DropAfterEffectRate: *dropRate, RedirectAfterEffectRate: *redirectRate}})
 	if err != nil {
 		return err
 	}

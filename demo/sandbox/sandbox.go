@@ -47,10 +47,15 @@ type Faults struct {
 	// DropAfterEffectRate applies the effect, then resets the connection
 	// without answering: the client cannot know it happened.
 	DropAfterEffectRate float64 `json:"drop_after_effect_rate"`
+	// RedirectAfterEffectRate applies the effect, then answers 302 Found
+	// with the Location of what it made, as Post/Redirect/Get does: the
+	// effect happened, and the answer does not say so.
+	RedirectAfterEffectRate float64 `json:"redirect_after_effect_rate"`
 }
 
 func (f Faults) validate() error {
-	for name, r := range map[string]float64{"error_rate": f.ErrorRate, "server_error_rate": f.ServerErrorRate, "drop_after_effect_rate": f.DropAfterEffectRate} {
+	for name, r := range map[string]float64{"error_rate": f.ErrorRate, "server_error_rate": f.ServerErrorRate, "drop_after_effect_rate": f.DropAfterEffectRate,
+		"redirect_after_effect_rate": f.RedirectAfterEffectRate} {
 		if r < 0 || r > 1 {
 			return fmt.Errorf("%s %v: want a probability between 0 and 1", name, r)
 		}
@@ -265,11 +270,14 @@ func (s *Server) createPayment(w http.ResponseWriter, r *http.Request) {
 	resp, _ := json.Marshal(map[string]any{"id": p.ID, "object": "payment", "invoice_id": p.InvoiceID,
 		"amount_cents": p.AmountCents, "currency": p.Currency, "status": p.Status})
 	s.finishLocked(key, http.StatusOK, resp)
-	if roll < faults.ServerErrorRate+faults.ErrorRate+faults.DropAfterEffectRate {
+	switch {
+	case roll < faults.ServerErrorRate+faults.ErrorRate+faults.DropAfterEffectRate:
 		drop(w)
-		return
+	case roll < faults.ServerErrorRate+faults.ErrorRate+faults.DropAfterEffectRate+faults.RedirectAfterEffectRate:
+		http.Redirect(w, r, "/v1/payments/"+p.ID, http.StatusFound)
+	default:
+		writeRaw(w, http.StatusOK, resp)
 	}
-	writeRaw(w, http.StatusOK, resp)
 }
 
 // HeaderLatency, on a write request, sets how long that write takes in
@@ -332,11 +340,14 @@ func (s *Server) createTicket(w http.ResponseWriter, r *http.Request) {
 		Request: body, ReceivedAt: received, CreatedAt: time.Now().UTC()}
 	s.tickets = append(s.tickets, t)
 	s.persistLocked()
-	if roll < faults.ServerErrorRate+faults.ErrorRate+faults.DropAfterEffectRate {
+	switch {
+	case roll < faults.ServerErrorRate+faults.ErrorRate+faults.DropAfterEffectRate:
 		drop(w)
-		return
+	case roll < faults.ServerErrorRate+faults.ErrorRate+faults.DropAfterEffectRate+faults.RedirectAfterEffectRate:
+		http.Redirect(w, r, "/v1/tickets/"+t.ID, http.StatusFound)
+	default:
+		writeJSON(w, http.StatusOK, map[string]any{"id": t.ID, "object": "ticket", "title": t.Title})
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"id": t.ID, "object": "ticket", "title": t.Title})
 }
 
 func (s *Server) orders(w http.ResponseWriter, r *http.Request) {

@@ -193,3 +193,30 @@ func TestStatePersists(t *testing.T) {
 	}
 
 }
+
+// TestRedirectAfterEffectMakesTheEffectAndAnswers302: the Post/Redirect/Get
+// fault applies the write, then answers 302 Found to what it made.
+func TestRedirectAfterEffectMakesTheEffectAndAnswers302(t *testing.T) {
+	t.Parallel()
+	s, url := start(t, sandbox.Config{Faults: sandbox.Faults{RedirectAfterEffectRate: 1}})
+	noFollow := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	for path, made := range map[string]func() int{
+		"/v1/tickets":  func() int { return len(s.Tickets()) },
+		"/v1/payments": func() int { return len(s.Payments()) },
+	} {
+		body := `{"title":"refund","body":"please"}`
+		if path == "/v1/payments" {
+			body = payment
+		}
+		req, _ := http.NewRequest("POST", url+path, strings.NewReader(body))
+		req.Header.Set("Idempotency-Key", `"k-redirect"`)
+		resp, err := noFollow.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusFound || !strings.HasPrefix(resp.Header.Get("Location"), path+"/") || made() != 1 {
+			t.Fatalf("%s: %d Location %q, %d made; want 302 to what was made, and one", path, resp.StatusCode, resp.Header.Get("Location"), made())
+		}
+	}
+}

@@ -204,6 +204,7 @@ const (
 	faultPostgres  = "postgres_restart"
 	faultCrash     = "postgres_crash" // every process killed at once: the WAL not yet written is lost
 	faultDrop      = "sandbox_apply_then_drop"
+	faultRedirect  = "sandbox_apply_then_redirect" // Post/Redirect/Get: 302 Found after the effect
 	faultLatency   = "latency_"
 	faultReset     = "reset_"
 	faultBlackHole = "blackhole_"
@@ -212,7 +213,7 @@ const (
 var links = []string{"nats", "postgres", "sandbox"}
 
 func faultKinds() []string {
-	kinds := []string{faultKill, faultStop, faultNATS, faultPostgres, faultCrash, faultDrop}
+	kinds := []string{faultKill, faultStop, faultNATS, faultPostgres, faultCrash, faultDrop, faultRedirect}
 	for _, l := range links {
 		kinds = append(kinds, faultLatency+l, faultReset+l, faultBlackHole+l)
 	}
@@ -225,7 +226,7 @@ type fault struct {
 	at     time.Duration // from the start of the load
 	dur    time.Duration // how long it lasts (down, stopped, holed, slowed)
 	amount time.Duration // latency added
-	rate   float64       // drop-after-effect probability
+	rate   float64       // drop- or redirect-after-effect probability
 	target int           // consumer index
 }
 
@@ -246,7 +247,7 @@ func schedule(seed uint64, perKind int, window, stopFor time.Duration, consumers
 				f.dur = stopFor + ms(0, 1000)
 			case k == faultNATS, k == faultPostgres, k == faultCrash:
 				f.dur = ms(200, 1500)
-			case k == faultDrop:
+			case k == faultDrop, k == faultRedirect:
 				f.dur, f.rate = ms(1000, 3000), 0.3+0.4*rng.Float64()
 			case len(k) > len(faultLatency) && k[:len(faultLatency)] == faultLatency:
 				f.dur, f.amount = ms(1000, 2500), ms(20, 300)

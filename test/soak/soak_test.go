@@ -394,13 +394,17 @@ func (r *run) inject(ctx context.Context, f fault) {
 			fail(err)
 		}
 		r.pgMu.Unlock()
-	case f.kind == faultDrop:
+	case f.kind == faultDrop, f.kind == faultRedirect:
+		knob := "drop_after_effect_rate"
+		if f.kind == faultRedirect {
+			knob = "redirect_after_effect_rate"
+		}
 		r.sbMu.Lock()
-		if err := sandboxFaults(r.sbURL, fmt.Sprintf(`{"drop_after_effect_rate":%.3f}`, f.rate)); err != nil {
+		if err := sandboxFaults(r.sbURL, fmt.Sprintf(`{%q:%.3f}`, knob, f.rate)); err != nil {
 			fail(err)
 		}
 		ctxSleep(ctx, f.dur)
-		if err := sandboxFaults(r.sbURL, `{"drop_after_effect_rate":0}`); err != nil {
+		if err := sandboxFaults(r.sbURL, fmt.Sprintf(`{%q:0}`, knob)); err != nil {
 			fail(err)
 		}
 		r.sbMu.Unlock()
