@@ -59,9 +59,9 @@ func TestMain(m *testing.M) {
 // span is what the receiver keeps of a span.
 type span struct {
 	service, serviceVersion, traceID, spanID, parentID, name string
-	attrs                                    map[string]string
-	events                                   map[string]map[string]string // name → attributes
-	links                                    []string                     // linked span ids
+	attrs                                                    map[string]string
+	events                                                   map[string]map[string]string // name → attributes
+	links                                                    []string                     // linked span ids
 }
 
 // receiver is an OTLP endpoint over gRPC and HTTP.
