@@ -824,7 +824,7 @@ func (r *phaseRecorder) OnEnd(s sdktrace.ReadOnlySpan) {
 				ps.toolUseID = kv.Value.AsString()
 			}
 		}
-	case strings.HasPrefix(name, "tool "):
+	case strings.HasPrefix(name, "execute_tool "):
 		ps.phase = "tool call"
 	case name == "toolq.claim":
 		ps.phase = "claim (ledger)"

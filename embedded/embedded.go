@@ -63,10 +63,25 @@ type Config struct {
 	SandboxListen string
 	// SandboxFaults make the sandbox misbehave from the start.
 	SandboxFaults sandbox.Faults
-	// Logger receives the demo registry's breaker state changes (nil:
-	// slog.Default()).
+	// Logger receives the demo registry's breaker state changes and what
+	// the start waits for (nil: slog.Default()).
 	Logger *slog.Logger
+
+	// StartupWait is how long Start waits for a NATS server (NATSURL) and a
+	// ledger database that cannot be reached yet, trying again with backoff
+	// and logging what it waits for; 0: it does not wait. A refusal that
+	// waiting cannot change (bad credentials, a malformed URL) ends the
+	// wait at once. When the wait ends unanswered the error wraps
+	// ErrUnavailable.
+	StartupWait time.Duration
+	// Waiting, when not nil, is told what Start waits for ("" once it is
+	// done), so that a readiness probe can say it.
+	Waiting func(what string)
 }
+
+// ErrUnavailable wraps the error of a dependency (NATS, the ledger) that
+// could not be reached within Config.StartupWait.
+var ErrUnavailable = errors.New("unavailable")
 
 // Part names what a ListenError is about.
 type Part string
@@ -142,8 +157,13 @@ func Start(ctx context.Context, cfg Config) (st *Stack, err error) {
 		}
 		st.NATSURL = st.Server.ClientURL()
 	}
-	if st.Conn, err = nats.Connect(st.NATSURL, cfg.NATSOptions...); err != nil {
-		return st, fmt.Errorf("connect to NATS at %s: %w", st.NATSURL, err)
+	what := "NATS at " + st.NATSURL
+	err = cfg.wait(ctx, what, func() (err error) {
+		st.Conn, err = nats.Connect(st.NATSURL, cfg.NATSOptions...)
+		return err
+	}, natsUnreachable)
+	if err != nil {
+		return st, fmt.Errorf("connect to %s: %w", what, err)
 	}
 	if st.JS, err = jetstream.New(st.Conn); err != nil {
 		return st, fmt.Errorf("embedded: %w", err)
@@ -152,8 +172,12 @@ func Start(ctx context.Context, cfg Config) (st *Stack, err error) {
 	if st.Store, err = ledger.Open(ctx, cfg.DatabaseURL, st.Dir); err != nil {
 		return st, err
 	}
-	if err := st.Store.Migrate(ctx); err != nil {
+	if err := cfg.wait(ctx, "the ledger database", func() error { return st.Store.Migrate(ctx) },
+		func(err error) bool { return errors.Is(err, ledger.ErrUnavailable) }); err != nil {
 		return st, err
+	}
+	if cfg.Waiting != nil {
+		cfg.Waiting("")
 	}
 
 	if st.Tools == nil {
@@ -179,6 +203,54 @@ func Start(ctx context.Context, cfg Config) (st *Stack, err error) {
 		}
 	}
 	return st, nil
+}
+
+// wait runs try until it succeeds, fails in a way unreachable does not
+// call an outage, or StartupWait ends (then the error wraps
+// ErrUnavailable), backing off from 250 ms to 10 s and logging each wait.
+func (cfg *Config) wait(ctx context.Context, what string, try func() error, unreachable func(error) bool) error {
+	deadline := time.Now().Add(cfg.StartupWait)
+	delay := 250 * time.Millisecond
+	for attempt := 1; ; attempt++ {
+		err := try()
+		if err == nil || !unreachable(err) {
+			return err
+		}
+		if cfg.StartupWait <= 0 {
+			return fmt.Errorf("%w: %w", ErrUnavailable, err)
+		}
+		if time.Now().Add(delay).After(deadline) {
+			return fmt.Errorf("%w: gave up after %v: %w", ErrUnavailable, cfg.StartupWait, err)
+		}
+		if cfg.Waiting != nil {
+			cfg.Waiting(what)
+		}
+		cfg.logger().Warn("waiting for "+what, "attempt", attempt, "retry_in", delay, "error", err)
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+		delay = min(delay*2, 10*time.Second)
+	}
+}
+
+func (cfg *Config) logger() *slog.Logger {
+	if cfg.Logger != nil {
+		return cfg.Logger
+	}
+	return slog.Default()
+}
+
+// natsUnreachable reports a connection to NATS that failed for want of a
+// server (refused, no route, a name not resolved, a timeout), as opposed
+// to one refused by the server (credentials, TLS).
+func natsUnreachable(err error) bool {
+	var ne net.Error
+	var op *net.OpError
+	return errors.Is(err, nats.ErrNoServers) || errors.Is(err, nats.ErrTimeout) || errors.As(err, &op) || (errors.As(err, &ne) && ne.Timeout())
 }
 
 // startNATS starts a server with JetStream on addr, storing under dir; with

@@ -94,7 +94,7 @@ func ledgerLs(ctx context.Context, args []string, stdio cli.IO, getenv func(stri
 		return err
 	}
 	if *state != "" && !ledger.State(*state).Valid() {
-		return fmt.Errorf("--state %q: want in_flight, completed, failed or indeterminate", *state)
+		return cli.Usagef("--state %q: want in_flight, completed, failed or indeterminate", *state)
 	}
 	f := ledger.Filter{State: ledger.State(*state), Stale: *stale, Tool: *tool, ConversationID: *conversation, Limit: *limit}
 	for _, a := range []struct {
@@ -106,12 +106,12 @@ func ledgerLs(ctx context.Context, args []string, stdio cli.IO, getenv func(stri
 		}
 		d, err := cli.ParseDuration(a.v)
 		if err != nil || d <= 0 {
-			return fmt.Errorf("--%s %q: want a positive duration (90m, 36h, 30d)", a.name, a.v)
+			return cli.Usagef("--%s %q: want a positive duration (90m, 36h, 30d)", a.name, a.v)
 		}
 		*a.d = d
 	}
 	if *limit <= 0 {
-		return fmt.Errorf("--limit %d: want a positive number", *limit)
+		return cli.Usagef("--limit %d: want a positive number", *limit)
 	}
 	st, err := sf.open(ctx)
 	if err != nil {
@@ -174,7 +174,7 @@ func (c *callFlags) key(fs *flag.FlagSet, pos []string) (string, error) {
 		return "", errors.New("give KEY or the call's fields (--conversation --turn --tool [--ordinal] --args), not both")
 	case given:
 		if c.args == "" {
-			return "", errors.New("--args is required with the call's fields")
+			return "", cli.Usagef("--args is required with the call's fields")
 		}
 		c.call.Args = []byte(c.args)
 		key, err := c.call.Key()
@@ -183,7 +183,7 @@ func (c *callFlags) key(fs *flag.FlagSet, pos []string) (string, error) {
 		}
 		return key, nil
 	case len(pos) != 1:
-		return "", fmt.Errorf("want exactly one KEY (or the call's fields), got %d arguments", len(pos))
+		return "", cli.Usagef("want exactly one KEY (or the call's fields), got %d arguments", len(pos))
 	}
 	return pos[0], nil
 }
@@ -299,14 +299,14 @@ func ledgerResolve(ctx context.Context, args []string, stdio cli.IO, getenv func
 	case (*output != "") == *notRun:
 		return errors.New("give exactly one of --output JSON and --not-run")
 	case strings.TrimSpace(*reason) == "":
-		return errors.New("--reason is required: say what you checked, it is recorded with the decision")
+		return cli.Usagef("--reason is required: say what you checked, it is recorded with the decision")
 	case strings.TrimSpace(*by) == "":
-		return errors.New("--by is required: no OS user to record as who decided")
+		return cli.Usagef("--by is required: no OS user to record as who decided")
 	case *notRun:
 		res.NotRun = true
 	default:
 		if !json.Valid([]byte(*output)) {
-			return errors.New("--output is not valid JSON")
+			return cli.Usagef("--output is not valid JSON")
 		}
 		res.Output = json.RawMessage(*output)
 	}
@@ -382,7 +382,7 @@ func ledgerPurge(ctx context.Context, args []string, stdio cli.IO, getenv func(s
 		return err
 	}
 	if *batch <= 0 {
-		return fmt.Errorf("--batch %d: want a positive number", *batch)
+		return cli.Usagef("--batch %d: want a positive number", *batch)
 	}
 	var retention tools.Retention
 	if *toolsFile != "" {
@@ -477,10 +477,10 @@ func purgePasses(olderThan, file string, r tools.Retention) ([]purgePass, error)
 	if olderThan != "" {
 		var err error
 		if d, err = cli.ParseDuration(olderThan); err != nil {
-			return nil, fmt.Errorf("--older-than: %w", err)
+			return nil, cli.Usagef("--older-than: %w", err)
 		}
 		if d <= 0 {
-			return nil, errors.New("--older-than must be positive")
+			return nil, cli.Usagef("--older-than must be positive")
 		}
 		for _, tool := range sortedTools(r) {
 			if r.Tools[tool] > d {
@@ -495,10 +495,10 @@ func purgePasses(olderThan, file string, r tools.Retention) ([]purgePass, error)
 		return []purgePass{{label: "--older-than " + olderThan, rows: "every tool", age: d}}, nil
 	}
 	if file == "" {
-		return nil, errors.New("--older-than is required (e.g. --older-than 31d), or --tools with retentions")
+		return nil, cli.Usagef("--older-than is required (e.g. --older-than 31d), or --tools with retentions")
 	}
 	if r.Default == 0 {
-		return nil, fmt.Errorf("--older-than is required: %s states no top-level retention for the tools without their own", file)
+		return nil, cli.Usagef("--older-than is required: %s states no top-level retention for the tools without their own", file)
 	}
 	var passes []purgePass
 	var own []string
@@ -543,7 +543,7 @@ func purgeComebacks(ctx context.Context, nf *cli.NATSFlags, horizonFlag string) 
 	if horizonFlag != "" {
 		h, err := cli.ParseDuration(horizonFlag)
 		if err != nil {
-			return nil, fmt.Errorf("--horizon: %w", err)
+			return nil, cli.Usagef("--horizon: %w", err)
 		}
 		for _, def := range operate.DefaultComebacks() {
 			if h < def.Age {

@@ -59,12 +59,13 @@ func runWorker(ctx context.Context, args []string, stdio cli.IO, getenv func(str
 	replicas := fs.Int("replicas", 1, "stream replicas when creating the streams (3 on a cluster)")
 	logFormat := fs.String("log-format", cli.Env(getenv, "TOOLQ_LOG_FORMAT", "text"), "text or json (env TOOLQ_LOG_FORMAT)")
 	logLevel := fs.String("log-level", cli.Env(getenv, "TOOLQ_LOG_LEVEL", "info"), "debug, info, warn or error (env TOOLQ_LOG_LEVEL)")
+	startupWait := fs.Duration("startup-wait", 5*time.Minute, "how long to wait at start for a NATS server (--nats-url) and a ledger database (--database-url) that cannot be reached yet, retrying with backoff; 0: do not wait")
 	if err := cli.ParseNone(fs, args); err != nil {
 		return err
 	}
 	backoffs, err := parseDurations(*backoff)
 	if err != nil {
-		return fmt.Errorf("--backoff: %w", err)
+		return cli.Usagef("--backoff: %w", err)
 	}
 
 	var cleanups []func()
@@ -110,11 +111,34 @@ func runWorker(ctx context.Context, args []string, stdio cli.IO, getenv func(str
 			return err
 		}
 	}
+	meters, metricsHandler, err := tracing.MeterProvider(ctx, "toolq-consumer")
+	if err != nil {
+		return err
+	}
+	flushes = append(flushes, meters.Shutdown)
+	// The binary's meter provider is the global one, which libraries use
+	// (otelhttp's http.client.* metrics of the HTTP tools).
+	otel.SetMeterProvider(meters)
+	// Health first: while the start waits for NATS and the ledger, /healthz
+	// answers and /readyz says what it waits for.
+	var probe readiness
+	probe.waiting("NATS and the ledger")
+	var healthURL string
+	if *healthAddr != "" {
+		addr, stop, err := serveHealth(*healthAddr, &probe, metricsHandler, *debugPprof)
+		if err != nil {
+			return err
+		}
+		cleanups = append(cleanups, stop)
+		healthURL = "http://" + addr
+	}
+	ec.StartupWait, ec.Waiting = *startupWait, probe.waiting
 	st, err := embedded.Start(ctx, ec)
 	if err != nil {
 		return flagHint(err)
 	}
 	cleanups = append(cleanups, st.Close)
+	probe.started(st.Conn, st.Store)
 	nf.URL = st.NATSURL
 	natsDesc := nf.URL
 	if st.Server != nil {
@@ -133,14 +157,6 @@ func runWorker(ctx context.Context, args []string, stdio cli.IO, getenv func(str
 		banner = append(banner, "  tools    "+*toolsFile+": "+strings.Join(names, ", "))
 	}
 
-	meters, metricsHandler, err := tracing.MeterProvider(ctx, "toolq-consumer")
-	if err != nil {
-		return err
-	}
-	flushes = append(flushes, meters.Shutdown)
-	// The binary's meter provider is the global one, which libraries use
-	// (otelhttp's http.client.* metrics of the HTTP tools).
-	otel.SetMeterProvider(meters)
 	w, err := st.NewWorker(ctx, worker.Config{
 		MeterProvider: meters,
 		Streams:       jobs.Streams{Replicas: *replicas},
@@ -151,13 +167,8 @@ func runWorker(ctx context.Context, args []string, stdio cli.IO, getenv func(str
 	if err != nil {
 		return err
 	}
-	if *healthAddr != "" {
-		addr, stop, err := serveHealth(*healthAddr, st.Conn, st.Store, metricsHandler, *debugPprof)
-		if err != nil {
-			return err
-		}
-		cleanups = append(cleanups, stop)
-		banner = append(banner, "  health   http://"+addr+"/healthz, /readyz, /metrics")
+	if healthURL != "" {
+		banner = append(banner, "  health   "+healthURL+"/healthz, /readyz, /metrics")
 	}
 	banner = append(banner, "", "Try, in another shell:")
 	if *toolsFile == "" {
@@ -166,7 +177,20 @@ func runWorker(ctx context.Context, args []string, stdio cli.IO, getenv func(str
 	} else {
 		banner = append(banner, fmt.Sprintf("  go run ./cmd/publisher publish --nats-url %s --conversation C --turn 1 --tool T --args '{…}' --wait", nf.URL))
 	}
-	fmt.Fprintln(stdio.Out, strings.Join(banner, "\n"))
+	if *logFormat == "json" {
+		// Nothing but JSON on standard output: what runs where is a record
+		// of the log instead.
+		attrs := []any{"version", version.Get().Version, "nats", natsDesc, "ledger", ledgerDesc(st.Store, sf), "tools", strings.Join(names, ", ")}
+		if st.SandboxURL != "" {
+			attrs = append(attrs, "sandbox", st.SandboxURL)
+		}
+		if healthURL != "" {
+			attrs = append(attrs, "health", healthURL)
+		}
+		logger.Info("toolq consumer", attrs...)
+	} else {
+		fmt.Fprintln(stdio.Out, strings.Join(banner, "\n"))
+	}
 	logger.Info("consumer started", "durable", *durable)
 	err = w.Run(ctx)
 	logger.Info("consumer stopped", "stats", w.Stats().Snapshot())
@@ -196,21 +220,55 @@ func flagHint(err error) error {
 	return err
 }
 
+// readiness is what /readyz reports: what the start still waits for, then
+// whether NATS and the ledger answer.
+type readiness struct {
+	mu    sync.Mutex
+	wait  string
+	nc    *nats.Conn
+	store *ledger.Store
+}
+
+func (p *readiness) waiting(what string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.wait = what
+}
+
+func (p *readiness) started(nc *nats.Conn, store *ledger.Store) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.nc, p.store, p.wait = nc, store, ""
+}
+
+func (p *readiness) problems(ctx context.Context) []string {
+	p.mu.Lock()
+	wait, nc, store := p.wait, p.nc, p.store
+	p.mu.Unlock()
+	switch {
+	case wait != "":
+		return []string{"starting: waiting for " + wait}
+	case nc == nil:
+		return []string{"starting"}
+	}
+	var problems []string
+	if nc.Status() != nats.CONNECTED {
+		problems = append(problems, "nats: "+nc.Status().String())
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if err := store.Ping(ctx); err != nil {
+		problems = append(problems, err.Error())
+	}
+	return problems
+}
+
 // serveHealth serves liveness, readiness and metrics.
-func serveHealth(addr string, nc *nats.Conn, store *ledger.Store, metrics http.Handler, debugPprof bool) (string, func(), error) {
+func serveHealth(addr string, probe *readiness, metrics http.Handler, debugPprof bool) (string, func(), error) {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(rw http.ResponseWriter, r *http.Request) { fmt.Fprintln(rw, "ok "+version.Get().String()) })
 	mux.HandleFunc("GET /readyz", func(rw http.ResponseWriter, r *http.Request) {
-		var problems []string
-		if nc.Status() != nats.CONNECTED {
-			problems = append(problems, "nats: "+nc.Status().String())
-		}
-		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
-		defer cancel()
-		if err := store.Ping(ctx); err != nil {
-			problems = append(problems, err.Error())
-		}
-		if len(problems) > 0 {
+		if problems := probe.problems(r.Context()); len(problems) > 0 {
 			http.Error(rw, strings.Join(problems, "; "), http.StatusServiceUnavailable)
 			return
 		}
@@ -238,7 +296,7 @@ func serveHealth(addr string, nc *nats.Conn, store *ledger.Store, metrics http.H
 func newLogger(out io.Writer, format, level string, logs *sdklog.LoggerProvider) (*slog.Logger, error) {
 	var lvl slog.Level
 	if err := lvl.UnmarshalText([]byte(level)); err != nil {
-		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", level)
+		return nil, cli.Usagef("--log-level %q: want debug, info, warn or error", level)
 	}
 	opts := &slog.HandlerOptions{Level: lvl}
 	const name = "github.com/toolq/toolq/cmd/consumer"
@@ -248,7 +306,7 @@ func newLogger(out io.Writer, format, level string, logs *sdklog.LoggerProvider)
 	case "json":
 		return tracing.NewLogger(slog.NewJSONHandler(out, opts), logs, name), nil
 	}
-	return nil, errors.New("--log-format: want text or json")
+	return nil, cli.Usagef("--log-format: want text or json")
 }
 
 func parseDurations(list string) ([]time.Duration, error) {

@@ -182,7 +182,7 @@ func TestUntilEmpty(t *testing.T) {
 // endpoints, for an operator chasing memory or CPU in a running consumer.
 func TestDebugPprof(t *testing.T) {
 	t.Parallel()
-	addr, stop, err := serveHealth("127.0.0.1:0", nil, nil, http.NotFoundHandler(), true)
+	addr, stop, err := serveHealth("127.0.0.1:0", &readiness{}, http.NotFoundHandler(), true)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -62,7 +62,7 @@ func runBench(ctx context.Context, args []string, stdio cli.IO, getenv func(stri
 	}
 	cfg.Logger = slog.New(slog.NewTextHandler(stdio.Err, nil))
 	if cfg.Processes, err = parseCounts(*processes); err != nil {
-		return fmt.Errorf("--processes: %w", err)
+		return cli.Usagef("--processes: %w", err)
 	}
 	cfg.ConsumerBin = *consumer
 	if cfg.ConsumerBin == "" {

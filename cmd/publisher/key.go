@@ -35,7 +35,7 @@ func runKey(_ context.Context, args []string, stdio cli.IO, _ func(string) strin
 		call.Args = []byte(argsJSON)
 		line, err := keyLine(call, *material)
 		if err != nil {
-			return err
+			return cli.WithCode(cli.ExitRejected, err)
 		}
 		fmt.Fprintln(stdio.Out, line)
 		return nil
@@ -76,7 +76,7 @@ func keysFromJSONLines(in io.Reader, out io.Writer, material bool) error {
 	}
 	if rejected > 0 {
 		w.Flush()
-		return fmt.Errorf("%d line(s) rejected", rejected)
+		return cli.WithCode(cli.ExitRejected, fmt.Errorf("%d line(s) rejected", rejected))
 	}
 	return nil
 }

@@ -69,7 +69,7 @@ func dlq(ctx context.Context, sub string, args []string, stdio cli.IO, getenv fu
 		}
 	case "show":
 		if len(seqs) != 1 {
-			return errors.New("dlq show: want exactly one SEQ")
+			return cli.Usagef("dlq show: want exactly one SEQ")
 		}
 	case "requeue":
 		if (len(seqs) > 0) == *all {
@@ -266,16 +266,16 @@ func runReplay(ctx context.Context, args []string, stdio cli.IO, getenv func(str
 	r := operate.ReplayRange{Subject: *subject, FromSeq: *fromSeq, ToSeq: *toSeq}
 	var err error
 	if r.Since, err = parseTime(*since); err != nil {
-		return fmt.Errorf("--since: %w", err)
+		return cli.Usagef("--since: %w", err)
 	}
 	if r.Until, err = parseTime(*until); err != nil {
-		return fmt.Errorf("--until: %w", err)
+		return cli.Usagef("--until: %w", err)
 	}
 	if (*since != "" || *until != "") && (*fromSeq > 0 || *toSeq > 0) {
 		return errors.New("give a time range (--since/--until) or a sequence range (--from-seq/--to-seq), not both")
 	}
 	if *until != "" && *since == "" {
-		return errors.New("--until needs --since")
+		return cli.Usagef("--until needs --since")
 	}
 	if err := r.Validate(); err != nil {
 		return err

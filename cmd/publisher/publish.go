@@ -15,7 +15,7 @@ import (
 func runPublish(ctx context.Context, args []string, stdio cli.IO, getenv func(string) string) error {
 	fs := cli.NewFlagSet("publish", "publisher publish --conversation C --turn N [--ordinal K] --tool T [--tool-use-id ID] --args JSON [--wait] [--timeout D]\n\n"+
 		"Publishes one job. Without --wait it prints where JetStream stored it; with --wait it\n"+
-		"prints the result (Result v1 JSON) and exits 0 only when its status is ok.", stdio)
+		"prints the result (Result v1 JSON) and exits 0 only when its status is ok: 1 for error, 4 rejected, 5 indeterminate.", stdio)
 	var nf cli.NATSFlags
 	nf.Register(fs, getenv, "nats://127.0.0.1:4222", "NATS server URL")
 	var job jobs.Job
@@ -32,7 +32,7 @@ func runPublish(ctx context.Context, args []string, stdio cli.IO, getenv func(st
 		return err
 	}
 	if argsJSON == "" {
-		return errors.New("--args is required (a JSON object)")
+		return cli.Usagef("--args is required (a JSON object)")
 	}
 	job.Args = json.RawMessage(argsJSON)
 	if job.ToolUseID == "" {
@@ -68,10 +68,15 @@ func runPublish(ctx context.Context, args []string, stdio cli.IO, getenv func(st
 	if err := cli.PrintJSON(stdio.Out, r); err != nil {
 		return err
 	}
-	if r.Status != jobs.StatusOK {
-		return fmt.Errorf("result status %s", r.Status)
+	switch r.Status {
+	case jobs.StatusOK:
+		return nil
+	case jobs.StatusRejected:
+		return cli.WithCode(cli.ExitRejected, fmt.Errorf("result status %s", r.Status))
+	case jobs.StatusIndeterminate:
+		return cli.WithCode(cli.ExitIndeterminate, fmt.Errorf("result status %s", r.Status))
 	}
-	return nil
+	return fmt.Errorf("result status %s", r.Status)
 }
 
 // newToolUseID returns a toolu_-style id: 24 random base-62 characters.

@@ -71,14 +71,14 @@ func runSimulate(ctx context.Context, args []string, stdio cli.IO, getenv func(s
 		v    float64
 	}{{"failure-rate", cfg.FailureRate}, {"after-dispatch", cfg.AfterDispatch}, {"resend-rate", cfg.ResendRate}} {
 		if p.v < 0 || p.v > 1 {
-			return fmt.Errorf("--%s %v: want a probability from 0 to 1", p.name, p.v)
+			return cli.Usagef("--%s %v: want a probability from 0 to 1", p.name, p.v)
 		}
 	}
 	if arithmetic {
 		return printArithmetic(stdio.Out, *asJSON, *toolLatency, *providerGap, *turnsPerMonth, cfg)
 	}
 	if cfg.Turns <= 0 || cfg.Turns > 1_000_000 {
-		return fmt.Errorf("--turns %d: want 1 to 1000000", cfg.Turns)
+		return cli.Usagef("--turns %d: want 1 to 1000000", cfg.Turns)
 	}
 	natsOpts, err := nf.Options("toolq simulate")
 	if err != nil {
@@ -214,7 +214,7 @@ func printSimTable(out io.Writer, r simReport) {
 // duplicates a month of turns brings without toolq.
 func printArithmetic(out io.Writer, asJSON bool, toolLatency, providerGap time.Duration, turnsPerMonth int, cfg simulate.Config) error {
 	if toolLatency < 0 || providerGap < 0 || turnsPerMonth < 0 {
-		return errors.New("--tool-latency, --provider-gap and --turns-per-month must not be negative")
+		return cli.Usagef("--tool-latency, --provider-gap and --turns-per-month must not be negative")
 	}
 	window := toolLatency + providerGap
 	perMonth := float64(turnsPerMonth) * cfg.FailureRate * cfg.AfterDispatch

@@ -54,7 +54,7 @@ func Parse(fs *flag.FlagSet, args []string) (positional []string, help bool, err
 				usage()
 				return nil, true, nil
 			}
-			return nil, false, err
+			return nil, false, WithCode(ExitUsage, err)
 		}
 		args = fs.Args()
 		if len(args) == 0 {
@@ -120,9 +120,9 @@ func ParseN(fs *flag.FlagSet, args []string, n int, what string) ([]string, erro
 	case err != nil:
 		return nil, err
 	case n == 0 && len(pos) > 0:
-		return nil, fmt.Errorf("unexpected argument %q", pos[0])
+		return nil, WithCode(ExitUsage, fmt.Errorf("unexpected argument %q", pos[0]))
 	case len(pos) != n:
-		return nil, fmt.Errorf("want exactly %d %s, got %d arguments", n, what, len(pos))
+		return nil, WithCode(ExitUsage, fmt.Errorf("want exactly %d %s, got %d arguments", n, what, len(pos)))
 	}
 	return pos, nil
 }

@@ -11,7 +11,12 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolq/toolq/embedded"
 	"github.com/toolq/toolq/internal/version"
+	"github.com/toolq/toolq/ledger"
 	"github.com/toolq/toolq/tracing"
 )
 
@@ -22,7 +27,8 @@ type Func func(ctx context.Context, args []string, stdio IO, getenv func(string)
 // Main is the whole of a binary's main: it runs run with the process's
 // arguments, streams and environment until SIGINT or SIGTERM cancels ctx,
 // then prints an error as one line "<name>: <error>" on standard error and
-// exits 1. It exits 0 when run returns nil or ErrHelp.
+// exits with its code (see Exit). It exits 0 when run returns nil or
+// ErrHelp.
 func Main(name string, run Func) {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := run(ctx, os.Args[1:], IO{In: os.Stdin, Out: os.Stdout, Err: os.Stderr}, os.Getenv)
@@ -30,14 +36,63 @@ func Main(name string, run Func) {
 	os.Exit(Exit(os.Stderr, name, err))
 }
 
+// The exit codes of toolq's commands, for scripts to branch on.
+const (
+	ExitOK            = 0
+	ExitFailure       = 1 // any other failure (a tool's own error result included)
+	ExitUsage         = 2 // a flag, argument or command the command does not take
+	ExitUnavailable   = 3 // NATS or the ledger could not be reached
+	ExitRejected      = 4 // the call was rejected (an unknown tool, invalid args, a key mismatch): nothing ran
+	ExitIndeterminate = 5 // the call's outcome is indeterminate: an operator must resolve it
+)
+
+// ExitError is an error with the exit code Main exits with.
+type ExitError struct {
+	Code int
+	Err  error
+}
+
+func (e *ExitError) Error() string { return e.Err.Error() }
+func (e *ExitError) Unwrap() error { return e.Err }
+
+// WithCode gives err the exit code code (nil stays nil).
+func WithCode(code int, err error) error {
+	if err == nil {
+		return nil
+	}
+	return &ExitError{Code: code, Err: err}
+}
+
+// Usagef is a usage error (ExitUsage): a flag or argument the command
+// cannot take, said as fmt.Errorf would.
+func Usagef(format string, args ...any) error {
+	return WithCode(ExitUsage, fmt.Errorf(format, args...))
+}
+
 // Exit reports err on w as Main does and returns the exit code: 0 for nil
-// and ErrHelp, 1 for any other error.
+// and ErrHelp; an ExitError's code; ExitUnavailable for an error of NATS
+// or the ledger that says it could not be reached; else ExitFailure.
 func Exit(w io.Writer, name string, err error) int {
 	if err == nil || errors.Is(err, ErrHelp) {
-		return 0
+		return ExitOK
 	}
 	fmt.Fprintf(w, "%s: %v\n", name, err)
-	return 1
+	var ee *ExitError
+	switch {
+	case errors.As(err, &ee):
+		return ee.Code
+	case unavailable(err):
+		return ExitUnavailable
+	}
+	return ExitFailure
+}
+
+// unavailable reports an error that says NATS or the ledger could not be
+// reached.
+func unavailable(err error) bool {
+	return errors.Is(err, ledger.ErrUnavailable) || errors.Is(err, embedded.ErrUnavailable) || errors.Is(err, nats.ErrNoServers) ||
+		errors.Is(err, nats.ErrTimeout) || errors.Is(err, nats.ErrConnectionClosed) || errors.Is(err, jetstream.ErrNoHeartbeat) ||
+		errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrJetStreamNotEnabled)
 }
 
 // FlushTimeout bounds how long a command waits, on its way out, for its
@@ -98,7 +153,7 @@ func (c *Commands) Run(ctx context.Context, args []string, stdio IO, getenv func
 	case c.Default != "" && (name == "" || strings.HasPrefix(name, "-")):
 		name = c.Default
 	case name == "":
-		return fmt.Errorf("%swant a command: %s", c.prefix(), c.names())
+		return WithCode(ExitUsage, fmt.Errorf("%swant a command: %s", c.prefix(), c.names()))
 	default:
 		args = args[1:]
 	}
@@ -110,7 +165,7 @@ func (c *Commands) Run(ctx context.Context, args []string, stdio IO, getenv func
 			return nil
 		}
 	}
-	return fmt.Errorf("%sunknown command %q (want %s)", c.prefix(), name, c.names())
+	return WithCode(ExitUsage, fmt.Errorf("%sunknown command %q (want %s)", c.prefix(), name, c.names()))
 }
 
 // prefix names a group in its errors ("ledger: "); a binary's own errors

@@ -1,0 +1,225 @@
+// Package cli_test runs the built binaries as a script or an orchestrator
+// would: their exit codes, and a consumer started before NATS and Postgres.
+package cli_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/toolq/toolq/demo/sandbox"
+	"github.com/toolq/toolq/embedded"
+	"github.com/toolq/toolq/internal/cli"
+	"github.com/toolq/toolq/internal/testenv"
+	"github.com/toolq/toolq/worker"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+var bin string // the directory of the built consumer and publisher
+
+// binaries builds consumer and publisher once for the package's tests.
+func binaries(t *testing.T) string {
+	t.Helper()
+	if bin != "" {
+		return bin
+	}
+	dir, err := os.MkdirTemp("", "toolq-cli-bin-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command("go", "build", "-o", dir+"/", "github.com/toolq/toolq/cmd/consumer", "github.com/toolq/toolq/cmd/publisher").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	bin = dir
+	return dir
+}
+
+// run runs a binary and returns its exit code, standard output and error.
+func run(t *testing.T, name string, args ...string) (int, string, string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, filepath.Join(binaries(t), name), args...)
+	cmd.Env = append(os.Environ(), "OTEL_SDK_DISABLED=true")
+	var out, errOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	err := cmd.Run()
+	var ee *exec.ExitError
+	switch {
+	case err == nil:
+		return 0, out.String(), errOut.String()
+	case errors.As(err, &ee):
+		return ee.ExitCode(), out.String(), errOut.String()
+	}
+	t.Fatalf("%s %v: %v", name, args, err)
+	return 0, "", ""
+}
+
+// TestExitCodes: every exit code a script can branch on, from the binaries
+// themselves.
+func TestExitCodes(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	stack, err := embedded.Start(ctx, embedded.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stack.Close()
+	if _, err := stack.StartWorker(ctx, worker.Config{RetryDelay: 10 * time.Millisecond, Consumer: worker.Consumer{MaxDeliver: 2}}); err != nil {
+		t.Fatal(err)
+	}
+	refused, err := testenv.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	nowhere := fmt.Sprintf("127.0.0.1:%d", refused)
+	publish := func(tool, id, args string) []string {
+		return []string{"publish", "--nats-url", stack.NATSURL, "--conversation", "exit", "--turn", "1", "--tool", tool, "--tool-use-id", id, "--args", args, "--wait", "--timeout", "30s"}
+	}
+	payment := `{"invoice_id":"inv_exit","amount_cents":100,"currency":"EUR"}`
+	for _, c := range []struct {
+		name   string
+		faults sandbox.Faults
+		binary string
+		args   []string
+		want   int
+	}{
+		{"a call that completed", sandbox.Faults{}, "publisher", publish("send_payment", "toolu_ok", payment), cli.ExitOK},
+		{"--version", sandbox.Faults{}, "consumer", []string{"--version"}, cli.ExitOK},
+		{"a tool's own error result", sandbox.Faults{ErrorRate: 1}, "publisher", publish("send_payment", "toolu_declined", `{"invoice_id":"inv_exit_2","amount_cents":100,"currency":"EUR"}`), cli.ExitFailure},
+		{"an unknown flag", sandbox.Faults{}, "publisher", []string{"publish", "--no-such-flag"}, cli.ExitUsage},
+		{"an unknown command", sandbox.Faults{}, "publisher", []string{"frobnicate"}, cli.ExitUsage},
+		{"no command", sandbox.Faults{}, "publisher", nil, cli.ExitUsage},
+		{"a missing argument", sandbox.Faults{}, "consumer", []string{"ledger", "resolve"}, cli.ExitUsage},
+		{"NATS unreachable", sandbox.Faults{}, "publisher", []string{"status", "--nats-url", "nats://" + nowhere}, cli.ExitUnavailable},
+		{"NATS unreachable at the consumer's start", sandbox.Faults{}, "consumer", []string{"--nats-url", "nats://" + nowhere, "--startup-wait", "0", "--data-dir", t.TempDir()}, cli.ExitUnavailable},
+		{"the ledger unreachable", sandbox.Faults{}, "consumer", []string{"ledger", "ls", "--database-url", "postgres://toolq@" + nowhere + "/toolq?connect_timeout=2"}, cli.ExitUnavailable},
+		{"a rejected call", sandbox.Faults{}, "publisher", publish("no_such_tool", "toolu_rejected", `{}`), cli.ExitRejected},
+		{"a call whose key cannot be derived", sandbox.Faults{}, "publisher", []string{"key", "--conversation", "c", "--turn", "1", "--tool", "t", "--args", `{"a":1,"a":2}`}, cli.ExitRejected},
+		{"an indeterminate call", sandbox.Faults{DropAfterEffectRate: 1}, "publisher", publish("create_ticket", "toolu_unknown", `{"title":"exit codes","body":"b"}`), cli.ExitIndeterminate},
+	} {
+		if err := stack.Sandbox.SetFaults(c.faults); err != nil {
+			t.Fatal(err)
+		}
+		code, out, errOut := run(t, c.binary, c.args...)
+		if code != c.want {
+			t.Errorf("%s: %s %v exited %d, want %d\nstdout: %s\nstderr: %s", c.name, c.binary, c.args, code, c.want, out, errOut)
+		}
+	}
+}
+
+// TestConsumerStartedBeforeNATSAndPostgresComesUpWhenTheyDo: started with
+// neither reachable, the consumer waits (its /readyz says for what), and
+// once both come up it connects, migrates the ledger and answers a call.
+func TestConsumerStartedBeforeNATSAndPostgresComesUpWhenTheyDo(t *testing.T) {
+	pg := testenv.OwnCluster(t)
+	dbURL := pg.Database(t)
+	if err := pg.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	natsPort, err := testenv.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	healthPort, err := testenv.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	health := fmt.Sprintf("http://127.0.0.1:%d", healthPort)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var logs testenv.Buffer
+	cmd := exec.CommandContext(ctx, filepath.Join(binaries(t), "consumer"), "--nats-url", fmt.Sprintf("nats://127.0.0.1:%d", natsPort),
+		"--database-url", dbURL, "--health-addr", fmt.Sprintf("127.0.0.1:%d", healthPort), "--sandbox-listen", "127.0.0.1:0",
+		"--data-dir", t.TempDir(), "--startup-wait", "2m")
+	cmd.Env = append(os.Environ(), "OTEL_SDK_DISABLED=true")
+	cmd.Stdout, cmd.Stderr = io.Discard, &logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	defer func() {
+		cmd.Process.Signal(os.Interrupt)
+		<-exited
+	}()
+	get := func(path string) (int, string) {
+		resp, err := http.Get(health + path)
+		if err != nil {
+			return 0, err.Error()
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body)
+	}
+	testenv.Eventually(t, 30*time.Second, "/readyz to say what the consumer waits for", func() bool {
+		code, body := get("/readyz")
+		return code == http.StatusServiceUnavailable && strings.Contains(body, "waiting for NATS")
+	})
+	if code, _ := get("/healthz"); code != http.StatusOK {
+		t.Fatalf("/healthz while waiting: %d", code)
+	}
+	testenv.StartNATS(t, func(o *server.Options) { o.Port = natsPort })
+	testenv.Eventually(t, 30*time.Second, "/readyz to wait for the ledger", func() bool {
+		code, body := get("/readyz")
+		return code == http.StatusServiceUnavailable && strings.Contains(body, "waiting for the ledger")
+	})
+	if err := pg.Start(); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 60*time.Second, "the consumer to be ready", func() bool {
+		code, _ := get("/readyz")
+		return code == http.StatusOK
+	})
+	select {
+	case err := <-exited:
+		t.Fatalf("the consumer exited: %v\n%s", err, logs.String())
+	default:
+	}
+	if !strings.Contains(logs.String(), "waiting for NATS") || !strings.Contains(logs.String(), "waiting for the ledger") {
+		t.Errorf("the log does not say what it waited for:\n%s", logs.String())
+	}
+	code, out, errOut := run(t, "publisher", "publish", "--nats-url", fmt.Sprintf("nats://127.0.0.1:%d", natsPort), "--conversation", "late", "--turn", "1",
+		"--tool", "send_payment", "--args", `{"invoice_id":"inv_late","amount_cents":100,"currency":"EUR"}`, "--wait", "--timeout", "30s")
+	if code != 0 || !strings.Contains(out, `"status": "ok"`) {
+		t.Fatalf("publish: %d\n%s\n%s\nconsumer:\n%s", code, out, errOut, logs.String())
+	}
+}
+
+// TestJSONModePrintsOnlyJSON: with --log-format json the consumer prints
+// nothing but JSON (what runs where is a log record), so a log pipeline can
+// take its output whole.
+func TestJSONModePrintsOnlyJSON(t *testing.T) {
+	code, out, errOut := run(t, "consumer", "--log-format", "json", "--until-empty", "--data-dir", t.TempDir(),
+		"--nats-listen", "127.0.0.1:0", "--sandbox-listen", "127.0.0.1:0")
+	if code != 0 {
+		t.Fatalf("exit %d\n%s", code, errOut)
+	}
+	banner := false
+	for _, stream := range []string{out, errOut} {
+		for line := range strings.Lines(stream) {
+			var rec map[string]any
+			if err := json.Unmarshal([]byte(line), &rec); err != nil {
+				t.Fatalf("a line that is not JSON: %q", line)
+			}
+			banner = banner || (rec["msg"] == "toolq consumer" && rec["nats"] != nil && rec["ledger"] != nil)
+		}
+	}
+	if !banner {
+		t.Fatalf("no record of what runs where:\n%s", errOut)
+	}
+}
