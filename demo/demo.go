@@ -18,11 +18,11 @@ import (
 var ToolsYAML []byte
 
 // Registry loads the demo registry with its tools pointed at sandboxURL.
-// cfg's Getenv is not used: ${SANDBOX_URL} is sandboxURL and every other
+// cfg's Getenv is not used: ${TOOLQ_SANDBOX_URL} is sandboxURL and every other
 // variable is unset. Errors are those of tools.Parse.
 func Registry(sandboxURL string, cfg tools.Config) (*tools.Registry, error) {
 	cfg.Getenv = func(name string) string {
-		if name == "SANDBOX_URL" {
+		if name == "TOOLQ_SANDBOX_URL" {
 			return sandboxURL
 		}
 		return ""

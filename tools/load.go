@@ -27,7 +27,7 @@ import (
 //	    schema: {type: object, …}   # JSON Schema of the args, written in YAML
 //	    http:
 //	      method: POST
-//	      url: ${SANDBOX_URL:-http://127.0.0.1:8089}/v1/payments
+//	      url: ${TOOLQ_SANDBOX_URL:-http://127.0.0.1:8089}/v1/payments
 //	      headers: {Authorization: "Bearer ${PAYMENTS_TOKEN}"}
 //	      idempotency_header: Idempotency-Key   # "-": do not send the key
 //	      max_response_bytes: 1048576

@@ -42,14 +42,14 @@ func TestDemoRegistry(t *testing.T) {
 			t.Errorf("%s: %+v", tool.Name, tool)
 		}
 	}
-	// The file also loads on its own, reading SANDBOX_URL.
+	// The file also loads on its own, reading TOOLQ_SANDBOX_URL.
 	path := filepath.Join("..", "demo", "tools.yaml")
 	reg, err = tools.Load(path, tools.Config{Getenv: func(string) string { return "" }})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if tool, _ := reg.Lookup("send_payment"); tool.Downstream != "http://127.0.0.1:8089" {
-		t.Fatalf("default SANDBOX_URL: %s", tool.Downstream)
+		t.Fatalf("default TOOLQ_SANDBOX_URL: %s", tool.Downstream)
 	}
 }
 

@@ -75,7 +75,7 @@ func TestAuthorization(t *testing.T) {
 	toolsFile := t.TempDir() + "/tools.yaml"
 	os.WriteFile(toolsFile, demo.ToolsYAML, 0o600)
 	env := map[string]string{"NATS_URL": n.URL, "NATS_USER": "toolq", "NATS_PASSWORD": "consumer-secret",
-		"DATABASE_URL": testenv.Postgres(t), "SANDBOX_URL": srv.URL}
+		"DATABASE_URL": testenv.Postgres(t), "TOOLQ_SANDBOX_URL": srv.URL}
 	if _, err := runConsumer(t, env, "--tools", toolsFile, "--until-empty"); err != nil {
 		t.Fatal(err)
 	}

@@ -64,7 +64,7 @@ func TestComposeFileIsValid(t *testing.T) {
 	if addr := c.Command[slices.Index(c.Command, "--health-addr")+1]; !strings.Contains(string(prom), `"consumer:`+addr[strings.LastIndex(addr, ":")+1:]+`"`) {
 		t.Fatalf("prometheus.yml does not scrape the consumer's --health-addr %s", addr)
 	}
-	for _, k := range []string{"NATS_URL", "DATABASE_URL", "SANDBOX_URL"} {
+	for _, k := range []string{"NATS_URL", "DATABASE_URL", "TOOLQ_SANDBOX_URL"} {
 		if c.Environment[k] == "" {
 			t.Fatalf("consumer without %s", k)
 		}

@@ -40,13 +40,13 @@ func runWorker(ctx context.Context, args []string, stdio cli.IO, getenv func(str
 	nf.Register(fs, getenv, "", "NATS server URL; empty: start an embedded server")
 	var sf storeFlags
 	sf.register(fs, getenv)
-	natsListen := fs.String("nats-listen", cli.Env(getenv, "TOOLQ_NATS_LISTEN", "127.0.0.1:4222"), "address of the embedded NATS server (env TOOLQ_NATS_LISTEN)")
-	toolsFile := fs.String("tools", cli.Env(getenv, "TOOLQ_TOOLS", ""), "tool registry file (env TOOLQ_TOOLS); empty: the demo registry and an in-process sandbox")
-	sandboxListen := fs.String("sandbox-listen", cli.Env(getenv, "TOOLQ_SANDBOX_LISTEN", "127.0.0.1:8089"), "address of the in-process sandbox API (demo registry only)")
+	natsListen := fs.String("nats-listen", "127.0.0.1:4222", "address of the embedded NATS server")
+	toolsFile := fs.String("tools", "", "tool registry file; empty: the demo registry and an in-process sandbox")
+	sandboxListen := fs.String("sandbox-listen", "127.0.0.1:8089", "address of the in-process sandbox API (demo registry only)")
 	workers := fs.Int("workers", 64, "jobs processed at once")
 	batch := fs.Int("batch", 32, "jobs fetched per pull (their keys are claimed in one round trip)")
 	untilEmpty := fs.Bool("until-empty", false, "exit once nothing is pending and nothing is in flight")
-	healthAddr := fs.String("health-addr", cli.Env(getenv, "TOOLQ_HEALTH_ADDR", ""), "serve /healthz, /readyz and /metrics here (env TOOLQ_HEALTH_ADDR)")
+	healthAddr := fs.String("health-addr", "", "serve /healthz, /readyz and /metrics here")
 	debugPprof := fs.Bool("debug-pprof", false, "also serve Go's profiles under /debug/pprof/ on --health-addr (heap, goroutine, profile)")
 	shutdownTimeout := fs.Duration("shutdown-timeout", 30*time.Second, "on SIGTERM, how long running tools may finish")
 	durable := fs.String("durable", "toolq", "name of the durable consumer the workers share")
@@ -57,9 +57,12 @@ func runWorker(ctx context.Context, args []string, stdio cli.IO, getenv func(str
 	backoff := fs.String("backoff", "", "redelivery delays after an unacknowledged delivery, e.g. 30s,1m,5m (JetStream BackOff; empty: --ack-wait each time)")
 	maxBody := fs.Int("max-body-size", 256<<10, "larger jobs go to the dead-letter stream (keep below the server's max payload)")
 	replicas := fs.Int("replicas", 1, "stream replicas when creating the streams (3 on a cluster)")
-	logFormat := fs.String("log-format", cli.Env(getenv, "TOOLQ_LOG_FORMAT", "text"), "text or json (env TOOLQ_LOG_FORMAT)")
-	logLevel := fs.String("log-level", cli.Env(getenv, "TOOLQ_LOG_LEVEL", "info"), "debug, info, warn or error (env TOOLQ_LOG_LEVEL)")
+	logFormat := fs.String("log-format", "text", "text or json")
+	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	startupWait := fs.Duration("startup-wait", 5*time.Minute, "how long to wait at start for a NATS server (--nats-url) and a ledger database (--database-url) that cannot be reached yet, retrying with backoff; 0: do not wait")
+	if err := cli.BindEnv(fs, getenv, "TOOLQ_"); err != nil {
+		return err
+	}
 	if err := cli.ParseNone(fs, args); err != nil {
 		return err
 	}

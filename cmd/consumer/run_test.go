@@ -161,7 +161,7 @@ func TestUntilEmpty(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	env := map[string]string{"DATABASE_URL": testenv.Postgres(t), "NATS_URL": n.URL, "SANDBOX_URL": srv.URL}
+	env := map[string]string{"DATABASE_URL": testenv.Postgres(t), "NATS_URL": n.URL, "TOOLQ_SANDBOX_URL": srv.URL}
 	if _, err := runConsumer(t, env, "--tools", toolsFile, "--until-empty"); err != nil {
 		t.Fatal(err)
 	}

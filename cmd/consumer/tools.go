@@ -26,7 +26,7 @@ func runToolsAudit(ctx context.Context, args []string, stdio cli.IO, getenv func
 	if err := cli.ParseNone(fs, args); err != nil {
 		return err
 	}
-	reg, err := loadRegistry(*file, cli.Env(getenv, "SANDBOX_URL", "http://127.0.0.1:8089"), getenv)
+	reg, err := loadRegistry(*file, cli.Env(getenv, "TOOLQ_SANDBOX_URL", "http://127.0.0.1:8089"), getenv)
 	if err != nil {
 		return err
 	}

@@ -19,13 +19,16 @@ func run(ctx context.Context, args []string, stdio cli.IO, getenv func(string) s
 	fs := cli.NewFlagSet("sandbox", "sandbox [--listen ADDR] [--state FILE] [fault flags]\n\n"+
 		"Fault knobs can also be changed while it runs:\n"+
 		"  curl -X POST localhost:8089/v1/_faults -d '{\"drop_after_effect_rate\":0.2}'", stdio)
-	listen := fs.String("listen", cli.Env(getenv, "SANDBOX_LISTEN", "127.0.0.1:8089"), "address to listen on (env SANDBOX_LISTEN)")
+	listen := fs.String("listen", "127.0.0.1:8089", "address to listen on")
 	statePath := fs.String("state", "", "persist effects to this JSON file and reload them at start")
 	latency := fs.Duration("latency", 0, "time every write takes")
 	errorRate := fs.Float64("error-rate", 0, "probability of a definite failure (402/400), no effect")
 	serverErrorRate := fs.Float64("server-error-rate", 0, "probability of a 500, no effect")
 	dropRate := fs.Float64("drop-after-effect-rate", 0, "probability of applying the effect, then resetting the connection")
 	redirectRate := fs.Float64("redirect-after-effect-rate", 0, "probability of applying the effect, then answering 302 Found (Post/Redirect/Get)")
+	if err := cli.BindEnv(fs, getenv, "TOOLQ_SANDBOX_"); err != nil {
+		return err
+	}
 	if err := cli.ParseNone(fs, args); errors.Is(err, cli.ErrHelp) {
 		return nil
 	} else if err != nil {

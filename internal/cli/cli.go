@@ -68,6 +68,41 @@ func Parse(fs *flag.FlagSet, args []string) (positional []string, help bool, err
 	}
 }
 
+// EnvName is the environment variable of a flag: the ecosystem's own for
+// the NATS connection (NATS_URL, NATS_CREDS, …) and the ledger
+// (DATABASE_URL); else prefix and the flag's name in upper case, '-' as
+// '_' (TOOLQ_ and --max-deliver: TOOLQ_MAX_DELIVER).
+func EnvName(prefix, flagName string) string {
+	name := strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+	if strings.HasPrefix(name, "NATS_") || name == "DATABASE_URL" {
+		return name
+	}
+	return prefix + name
+}
+
+// BindEnv gives every flag of fs its environment variable (EnvName): a
+// variable that is set and not empty becomes the flag's value, which the
+// command line still overrides, and the flag's help names it. Call it
+// after defining the flags and before parsing. A value the flag refuses
+// is a usage error that names the variable.
+func BindEnv(fs *flag.FlagSet, getenv func(string) string, prefix string) error {
+	var err error
+	fs.VisitAll(func(f *flag.Flag) {
+		name := EnvName(prefix, f.Name)
+		if tag := "(env " + name + ")"; !strings.Contains(f.Usage, tag) {
+			f.Usage += " " + tag
+		}
+		v := getenv(name)
+		if v == "" || err != nil {
+			return
+		}
+		if serr := f.Value.Set(v); serr != nil {
+			err = Usagef("%s=%q: %v", name, v, serr)
+		}
+	})
+	return err
+}
+
 // Env returns the value of the environment variable name, or def when it is
 // unset or empty.
 func Env(getenv func(string) string, name, def string) string {

@@ -143,3 +143,39 @@ func TestVersionIsACommandAndAFlag(t *testing.T) {
 		t.Fatalf("version --json: %q (%v)", out.String(), err)
 	}
 }
+
+func TestEveryFlagHasItsEnvironmentVariable(t *testing.T) {
+	t.Parallel()
+	newFlags := func(out io.Writer) (*flag.FlagSet, *int, *string, *string) {
+		fs := cli.NewFlagSet("run", "run [flags]", cli.IO{Out: out})
+		return fs, fs.Int("max-deliver", 10, "deliveries"), fs.String("nats-url", "", "NATS"), fs.String("database-url", "", "ledger")
+	}
+	env := map[string]string{"TOOLQ_MAX_DELIVER": "3", "NATS_URL": "nats://n:4222", "DATABASE_URL": "postgres://d"}
+	fs, maxDeliver, natsURL, dbURL := newFlags(io.Discard)
+	if err := cli.BindEnv(fs, func(k string) string { return env[k] }, "TOOLQ_"); err != nil {
+		t.Fatal(err)
+	}
+	if err := cli.ParseNone(fs, []string{"--max-deliver", "5"}); err != nil {
+		t.Fatal(err)
+	}
+	if *maxDeliver != 5 || *natsURL != "nats://n:4222" || *dbURL != "postgres://d" {
+		t.Fatalf("max-deliver %d (the command line wins), nats-url %q, database-url %q (from the environment)", *maxDeliver, *natsURL, *dbURL)
+	}
+	fs, _, _, _ = newFlags(io.Discard)
+	err := cli.BindEnv(fs, func(k string) string { return map[string]string{"TOOLQ_MAX_DELIVER": "many"}[k] }, "TOOLQ_")
+	var ee *cli.ExitError
+	if !errors.As(err, &ee) || ee.Code != cli.ExitUsage || !strings.Contains(err.Error(), `TOOLQ_MAX_DELIVER="many"`) {
+		t.Fatalf("a value the flag refuses: %v", err)
+	}
+	var help strings.Builder
+	fs, _, _, _ = newFlags(&help)
+	cli.BindEnv(fs, func(string) string { return "" }, "TOOLQ_")
+	if _, _, err := cli.Parse(fs, []string{"--help"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"TOOLQ_MAX_DELIVER", "NATS_URL", "DATABASE_URL"} {
+		if strings.Count(help.String(), "(env "+name+")") != 1 {
+			t.Errorf("--help names %s %d times:\n%s", name, strings.Count(help.String(), name), help.String())
+		}
+	}
+}

@@ -28,9 +28,9 @@ import (
 
 func TestMain(m *testing.M) { testenv.Main(m) }
 
-var bin string // the directory of the built consumer and publisher
+var bin string // the directory of the built consumer, publisher and sandbox
 
-// binaries builds consumer and publisher once for the package's tests.
+// binaries builds consumer, publisher and sandbox once for the package's tests.
 func binaries(t *testing.T) string {
 	t.Helper()
 	if bin != "" {
@@ -40,7 +40,7 @@ func binaries(t *testing.T) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, err := exec.Command("go", "build", "-o", dir+"/", "github.com/toolq/toolq/cmd/consumer", "github.com/toolq/toolq/cmd/publisher").CombinedOutput()
+	out, err := exec.Command("go", "build", "-o", dir+"/", "github.com/toolq/toolq/cmd/consumer", "github.com/toolq/toolq/cmd/publisher", "github.com/toolq/toolq/cmd/sandbox").CombinedOutput()
 	if err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
@@ -221,5 +221,27 @@ func TestJSONModePrintsOnlyJSON(t *testing.T) {
 	}
 	if !banner {
 		t.Fatalf("no record of what runs where:\n%s", errOut)
+	}
+}
+
+// TestEveryFlagOfALongRunningCommandNamesItsVariable: every flag of the
+// consumer and of the sandbox can be set from the environment, and --help
+// says how.
+func TestEveryFlagOfALongRunningCommandNamesItsVariable(t *testing.T) {
+	for _, c := range [][]string{{"consumer", "run", "--help"}, {"sandbox", "--help"}} {
+		code, out, errOut := run(t, c[0], c[1:]...)
+		if code != 0 {
+			t.Fatalf("%v: %d %s", c, code, errOut)
+		}
+		flags := 0
+		for _, entry := range strings.Split(out, "\n  -")[1:] {
+			flags++
+			if !strings.Contains(entry, "(env ") {
+				t.Errorf("%s: flag -%s names no environment variable", c[0], entry)
+			}
+		}
+		if flags < 5 {
+			t.Fatalf("%v: %d flags in\n%s", c, flags, out)
+		}
 	}
 }

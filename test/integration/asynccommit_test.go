@@ -25,7 +25,7 @@ const noKeyRegistryYAML = `tools:
     lease: 2s
     breaker: {failures: 1000}
     schema: {type: object}
-    http: {method: POST, url: "${SANDBOX_URL}/v1/payments", idempotency_header: "-"}
+    http: {method: POST, url: "${TOOLQ_SANDBOX_URL}/v1/payments", idempotency_header: "-"}
 `
 
 // TestCrashAfterTheClaimOfAKeyedWriteThatSendsNoKey: the claim of a keyed
@@ -41,7 +41,7 @@ func TestCrashAfterTheClaimOfAKeyedWriteThatSendsNoKey(t *testing.T) {
 	e := setup(t, o)
 	reg, err := tools.Parse([]byte(noKeyRegistryYAML), "no-key registry", tools.Config{
 		Logger: slog.New(slog.NewTextHandler(e.logs, nil)),
-		Getenv: func(k string) string { return map[string]string{"SANDBOX_URL": e.sbURL}[k] },
+		Getenv: func(k string) string { return map[string]string{"TOOLQ_SANDBOX_URL": e.sbURL}[k] },
 	})
 	if err != nil {
 		t.Fatal(err)

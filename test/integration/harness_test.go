@@ -52,14 +52,14 @@ const registryYAML = `tools:
         invoice_id: {type: string, maxLength: 64}
         amount_cents: {type: integer, minimum: 1}
         currency: {type: string, pattern: "^[A-Z]{3}$"}
-    http: {method: POST, url: "${SANDBOX_URL}/v1/payments"}
+    http: {method: POST, url: "${TOOLQ_SANDBOX_URL}/v1/payments"}
   - name: send_payment_unledgered
     class: keyed_write
     ledger: false
     timeout: 1500ms
     breaker: {failures: 1000}
     schema: {type: object}
-    http: {method: POST, url: "${SANDBOX_URL}/v1/payments"}
+    http: {method: POST, url: "${TOOLQ_SANDBOX_URL}/v1/payments"}
   - name: gated_write
     class: keyed_write
     timeout: 20s
@@ -78,7 +78,7 @@ const registryYAML = `tools:
       properties:
         title: {type: string}
         body: {type: string}
-    http: {method: POST, url: "${SANDBOX_URL}/v1/tickets"}
+    http: {method: POST, url: "${TOOLQ_SANDBOX_URL}/v1/tickets"}
   - name: search_orders
     class: read
     timeout: 1500ms
@@ -89,7 +89,7 @@ const registryYAML = `tools:
       required: [query]
       properties:
         query: {type: string}
-    http: {method: GET, url: "${SANDBOX_URL}/v1/orders"}
+    http: {method: GET, url: "${TOOLQ_SANDBOX_URL}/v1/orders"}
   - name: refused_payment
     class: keyed_write
     timeout: 1s
@@ -194,8 +194,10 @@ func testRegistry(sandboxURL string, logger *slog.Logger, gate chan struct{}) (*
 		return json.RawMessage(`{"ran":true}`), nil
 	})
 	return tools.Parse([]byte(registryYAML), "test registry", tools.Config{
-		Logger:   logger,
-		Getenv:   func(k string) string { return map[string]string{"SANDBOX_URL": sandboxURL, "REFUSED_URL": refused}[k] },
+		Logger: logger,
+		Getenv: func(k string) string {
+			return map[string]string{"TOOLQ_SANDBOX_URL": sandboxURL, "REFUSED_URL": refused}[k]
+		},
 		Builtins: map[string]tools.Executor{"gated": gated},
 	})
 }

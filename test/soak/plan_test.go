@@ -49,7 +49,7 @@ const registryYAML = `tools:
         invoice_id: {type: string, maxLength: 64}
         amount_cents: {type: integer, minimum: 1}
         currency: {type: string, pattern: "^[A-Z]{3}$"}
-    http: {method: POST, url: "${SANDBOX_URL}/v1/payments"}
+    http: {method: POST, url: "${TOOLQ_SANDBOX_URL}/v1/payments"}
   - name: create_ticket
     class: unkeyed_write
     timeout: 1s
@@ -62,7 +62,7 @@ const registryYAML = `tools:
       properties:
         title: {type: string}
         body: {type: string}
-    http: {method: POST, url: "${SANDBOX_URL}/v1/tickets"}
+    http: {method: POST, url: "${TOOLQ_SANDBOX_URL}/v1/tickets"}
   - name: search_orders
     class: read
     timeout: 1s
@@ -73,7 +73,7 @@ const registryYAML = `tools:
       required: [query]
       properties:
         query: {type: string}
-    http: {method: GET, url: "${SANDBOX_URL}/v1/orders"}
+    http: {method: GET, url: "${TOOLQ_SANDBOX_URL}/v1/orders"}
   - name: file_report
     class: unkeyed_write
     timeout: 2s
@@ -87,7 +87,7 @@ const registryYAML = `tools:
       properties:
         title: {type: string}
         body: {type: string}
-    http: {method: POST, url: "${SANDBOX_URL}/v1/tickets", headers: {Sandbox-Latency-Ms: "1500"}}
+    http: {method: POST, url: "${TOOLQ_SANDBOX_URL}/v1/tickets", headers: {Sandbox-Latency-Ms: "1500"}}
 `
 
 // The routes by which a job is published.

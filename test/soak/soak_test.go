@@ -253,7 +253,7 @@ func (r *run) setup() {
 		c := &consumerProc{idx: i, bin: filepath.Join(bin, "consumer"), log: filepath.Join(r.dir, fmt.Sprintf("consumer-%d.log", i)),
 			args: []string{"run", "--nats-url", "nats://" + r.proxies["nats"].Addr(), "--database-url", u.String(), "--tools", registry,
 				"--health-addr", "127.0.0.1:0", "--ack-wait", ackWait.String(), "--shutdown-timeout", "5s", "--workers", "16", "--batch", "8"},
-			env: []string{"SANDBOX_URL=http://" + r.proxies["sandbox"].Addr()}}
+			env: []string{"TOOLQ_SANDBOX_URL=http://" + r.proxies["sandbox"].Addr()}}
 		if err := c.startRetrying(time.Now().Add(30 * time.Second)); err != nil {
 			t.Fatal(err)
 		}
