@@ -3,6 +3,7 @@ package jobs
 import (
 	"context"
 	"encoding/json"
+	"errors"
 
 	"fmt"
 	"time"
@@ -102,6 +103,9 @@ func (c *Client) Publish(ctx context.Context, j *Job) (Published, error) {
 	if err != nil {
 		span.RecordError(err)
 		span.SetStatus(codes.Error, "publish failed")
+		if errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders) {
+			return Published{Key: key}, fmt.Errorf("jobs: publish %s: no stream takes %s (%w): the streams are created by the first consumer that starts: start one (`consumer`) against this NATS server, or check the NATS URL", j.ToolUseID, msg.Subject, err)
+		}
 		return Published{Key: key}, fmt.Errorf("jobs: publish %s: %w", j.ToolUseID, err)
 	}
 	return Published{Key: key, Stream: ack.Stream, Sequence: ack.Sequence, Duplicate: ack.Duplicate}, nil

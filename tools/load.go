@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"reflect"
 	"regexp"
 	"strings"
 	"time"
@@ -45,22 +46,24 @@ type fileSpec struct {
 }
 
 type toolSpec struct {
-	Name        string `yaml:"name"`
-	Description string `yaml:"description"`
-	Class       string `yaml:"class"`
-	Ledger      *bool  `yaml:"ledger"`
-	Timeout     string `yaml:"timeout"`
-	Lease       string `yaml:"lease"`
-	Concurrency int    `yaml:"concurrency"`
-	Retention   string `yaml:"retention"`
-	Breaker     *struct {
-		Failures uint32 `yaml:"failures"`
-		OpenFor  string `yaml:"open_for"`
-		HalfOpen uint32 `yaml:"half_open"`
-	} `yaml:"breaker"`
-	Schema  yaml.Node `yaml:"schema"`
-	HTTP    *httpSpec `yaml:"http"`
-	Builtin string    `yaml:"builtin"`
+	Name        string       `yaml:"name"`
+	Description string       `yaml:"description"`
+	Class       string       `yaml:"class"`
+	Ledger      *bool        `yaml:"ledger"`
+	Timeout     string       `yaml:"timeout"`
+	Lease       string       `yaml:"lease"`
+	Concurrency int          `yaml:"concurrency"`
+	Retention   string       `yaml:"retention"`
+	Breaker     *breakerSpec `yaml:"breaker"`
+	Schema      yaml.Node    `yaml:"schema"`
+	HTTP        *httpSpec    `yaml:"http"`
+	Builtin     string       `yaml:"builtin"`
+}
+
+type breakerSpec struct {
+	Failures uint32 `yaml:"failures"`
+	OpenFor  string `yaml:"open_for"`
+	HalfOpen uint32 `yaml:"half_open"`
 }
 
 type httpSpec struct {
@@ -93,7 +96,7 @@ func Parse(data []byte, name string, cfg Config) (*Registry, error) {
 	dec.KnownFields(true)
 	var f fileSpec
 	if err := dec.Decode(&f); err != nil {
-		return nil, &DefinitionError{File: name, Msg: oneLine(err.Error())}
+		return nil, &DefinitionError{File: name, Msg: explainYAML(err)}
 	}
 	if len(f.Tools) == 0 {
 		return nil, &DefinitionError{File: name, Field: "tools", Msg: "no tools defined"}
@@ -229,4 +232,93 @@ func expandEnv(s string, getenv func(string) string) (string, error) {
 		return "", fmt.Errorf("environment variable %s is not set", strings.Join(missing, ", "))
 	}
 	return out, nil
+}
+
+// unknownField is how yaml.v3 reports a field a struct does not have.
+var unknownField = regexp.MustCompile(`line (\d+): field (\S+) not found in type tools\.(\w+)`)
+
+// specFields are the fields of each part of a registry file, for "did you
+// mean".
+var specFields = map[string][]string{}
+
+func init() {
+	var collect func(t reflect.Type)
+	collect = func(t reflect.Type) {
+		for t.Kind() == reflect.Pointer || t.Kind() == reflect.Slice {
+			t = t.Elem()
+		}
+		if t.Kind() != reflect.Struct || t.Name() == "" && t.NumField() == 0 {
+			return
+		}
+		var names []string
+		for f := range t.Fields() {
+			if tag, _, _ := strings.Cut(f.Tag.Get("yaml"), ","); tag != "" && tag != "-" {
+				names = append(names, tag)
+				if f.Type.Kind() == reflect.Struct && f.Type.Name() == "" {
+					// an anonymous struct: yaml.v3 names it by its shape;
+					// its fields count under the parent's name too
+					for g := range f.Type.Fields() {
+						if tag, _, _ := strings.Cut(g.Tag.Get("yaml"), ","); tag != "" {
+							specFields[t.Name()+"."+tag] = nil
+						}
+					}
+				}
+				collect(f.Type)
+			}
+		}
+		if t.Name() != "" {
+			specFields[t.Name()] = names
+		}
+	}
+	collect(reflect.TypeFor[fileSpec]())
+}
+
+// explainYAML turns the YAML decoder's errors into one line, an unknown
+// field with the field it most likely meant.
+func explainYAML(err error) string {
+	msg := oneLine(err.Error())
+	return unknownField.ReplaceAllStringFunc(msg, func(m string) string {
+		sub := unknownField.FindStringSubmatch(m)
+		line, field, typ := sub[1], sub[2], sub[3]
+		out := fmt.Sprintf("line %s: unknown field %q", line, field)
+		if best := closest(field, specFields[typ]); best != "" {
+			out += fmt.Sprintf(" (did you mean %q?)", best)
+		} else if names := specFields[typ]; len(names) > 0 {
+			out += " (known: " + strings.Join(names, ", ") + ")"
+		}
+		return out
+	})
+}
+
+// closest is the name within edit distance 2 of s (a third of it for
+// long names), or "".
+func closest(s string, names []string) string {
+	best, bestD := "", max(2, len(s)/3)+1
+	for _, n := range names {
+		if d := editDistance(s, n); d < bestD {
+			best, bestD = n, d
+		}
+	}
+	return best
+}
+
+// editDistance is the Levenshtein distance between a and b.
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur := make([]int, len(b)+1)
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev = cur
+	}
+	return prev[len(b)]
 }

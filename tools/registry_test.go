@@ -390,3 +390,21 @@ func TestRunGivesValidUTF8(t *testing.T) {
 		t.Fatalf("error %v %+v", outcome, te)
 	}
 }
+
+// TestUnknownFieldSaysWhatItMeant: a misspelled field of a registry file
+// is refused with its line and the field it most likely meant.
+func TestUnknownFieldSaysWhatItMeant(t *testing.T) {
+	t.Parallel()
+	for data, want := range map[string]string{
+		"tools:\n  - name: x\n    class: read\n    timout: 5s\n    http: {method: GET, url: \"http://a/b\"}\n": `line 4: unknown field "timout" (did you mean "timeout"?)`,
+		"tools:\n  - name: x\n    class: keyed_write\n    breaker: {failure: 3}\n    http: {method: POST, url: \"http://a/b\"}\n": `line 4: unknown field "failure" (did you mean "failures"?)`,
+		"tools:\n  - name: x\n    class: read\n    http: {method: GET, url: \"http://a/b\", idempotency_headr: X}\n": `unknown field "idempotency_headr" (did you mean "idempotency_header"?)`,
+		"tool:\n  - name: x\n": `line 1: unknown field "tool" (did you mean "tools"?)`,
+		"tools:\n  - name: x\n    zzzzzzzz: 1\n": `unknown field "zzzzzzzz" (known: name, description, class`,
+	} {
+		_, err := tools.Parse([]byte(data), "reg.yaml", tools.Config{})
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: %v, want %s", data, err, want)
+		}
+	}
+}

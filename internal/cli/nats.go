@@ -1,9 +1,9 @@
 package cli
 
 import (
-	"errors"
 	"flag"
 	"fmt"
+	"strings"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -39,6 +39,9 @@ func (f *NATSFlags) Register(fs *flag.FlagSet, getenv func(string) string, defau
 
 // Options turns the flags into connection options.
 func (f *NATSFlags) Options(name string) ([]nats.Option, error) {
+	if err := checkNATSURL(f.URL); err != nil {
+		return nil, err
+	}
 	opts := []nats.Option{nats.Name(name), nats.MaxReconnects(-1)}
 	if f.Creds != "" {
 		opts = append(opts, nats.UserCredentials(f.Creds))
@@ -60,12 +63,31 @@ func (f *NATSFlags) Options(name string) ([]nats.Option, error) {
 		opts = append(opts, nats.RootCAs(f.CA))
 	}
 	if (f.Cert == "") != (f.Key == "") {
-		return nil, errors.New("--nats-cert and --nats-key go together")
+		return nil, Usagef("--nats-cert and --nats-key go together")
 	}
 	if f.Cert != "" {
 		opts = append(opts, nats.ClientCert(f.Cert, f.Key))
 	}
 	return opts, nil
+}
+
+// checkNATSURL refuses a URL NATS cannot connect to, saying why: NATS
+// speaks its own protocol, not HTTP.
+func checkNATSURL(urls string) error {
+	for _, u := range strings.Split(urls, ",") {
+		scheme, _, ok := strings.Cut(strings.TrimSpace(u), "://")
+		if !ok {
+			continue // host:port: nats.go assumes nats://
+		}
+		switch strings.ToLower(scheme) {
+		case "nats", "tls", "ws", "wss":
+		case "http", "https":
+			return Usagef("--nats-url %s: NATS speaks its own protocol, not HTTP: use nats://HOST:4222 (or tls://); 8222 is the monitoring port", u)
+		default:
+			return Usagef("--nats-url %s: unknown scheme %q (want nats://, tls://, ws:// or wss://)", u, scheme)
+		}
+	}
+	return nil
 }
 
 // Connect connects with the flags' options; the error names the URL.

@@ -245,3 +245,23 @@ func TestEveryFlagOfALongRunningCommandNamesItsVariable(t *testing.T) {
 		}
 	}
 }
+
+// TestMistakesAreExplained: the usual first mistakes get a message that
+// names the fix, not a library's error.
+func TestMistakesAreExplained(t *testing.T) {
+	n := testenv.StartNATS(t) // a server on which no consumer created the streams
+	for _, c := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"status", "--nats-url", "http://127.0.0.1:8222"}, cli.ExitUsage, "NATS speaks its own protocol, not HTTP: use nats://"},
+		{[]string{"publish", "--nats-url", n.URL, "--conversation", "c", "--turn", "1", "--tool", "send_payment", "--args", "{}"}, cli.ExitUnavailable,
+			"the streams are created by the first consumer that starts: start one (`consumer`)"},
+	} {
+		code, _, errOut := run(t, "publisher", c.args...)
+		if code != c.code || !strings.Contains(errOut, c.want) {
+			t.Errorf("publisher %v: exit %d, %q; want %d and %q", c.args, code, errOut, c.code, c.want)
+		}
+	}
+}
