@@ -396,10 +396,10 @@ func TestRunGivesValidUTF8(t *testing.T) {
 func TestUnknownFieldSaysWhatItMeant(t *testing.T) {
 	t.Parallel()
 	for data, want := range map[string]string{
-		"tools:\n  - name: x\n    class: read\n    timout: 5s\n    http: {method: GET, url: \"http://a/b\"}\n": `line 4: unknown field "timout" (did you mean "timeout"?)`,
+		"tools:\n  - name: x\n    class: read\n    timout: 5s\n    http: {method: GET, url: \"http://a/b\"}\n":                    `line 4: unknown field "timout" (did you mean "timeout"?)`,
 		"tools:\n  - name: x\n    class: keyed_write\n    breaker: {failure: 3}\n    http: {method: POST, url: \"http://a/b\"}\n": `line 4: unknown field "failure" (did you mean "failures"?)`,
-		"tools:\n  - name: x\n    class: read\n    http: {method: GET, url: \"http://a/b\", idempotency_headr: X}\n": `unknown field "idempotency_headr" (did you mean "idempotency_header"?)`,
-		"tool:\n  - name: x\n": `line 1: unknown field "tool" (did you mean "tools"?)`,
+		"tools:\n  - name: x\n    class: read\n    http: {method: GET, url: \"http://a/b\", idempotency_headr: X}\n":              `unknown field "idempotency_headr" (did you mean "idempotency_header"?)`,
+		"tool:\n  - name: x\n":                   `line 1: unknown field "tool" (did you mean "tools"?)`,
 		"tools:\n  - name: x\n    zzzzzzzz: 1\n": `unknown field "zzzzzzzz" (known: name, description, class`,
 	} {
 		_, err := tools.Parse([]byte(data), "reg.yaml", tools.Config{})
