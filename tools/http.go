@@ -1,6 +1,7 @@
 package tools
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"encoding/json"
@@ -36,7 +37,16 @@ type HTTP struct {
 	// IdempotencyHeader names the header the key is sent in for write tools
 	// ("Idempotency-Key" when empty; "-" sends no key).
 	IdempotencyHeader string
-	MaxResponseBytes  int64 // default 1 MiB
+	// IdempotencyForm is how the key is written in its header: "structured"
+	// (the default: an RFC 8941 string, quoted, as the IETF draft says) or
+	// "raw" (the bare key, as Stripe-style APIs expect: they keep the
+	// quotes as part of the key).
+	IdempotencyForm string
+	// IdempotencyBodyField, when set, sends the key in this member of the
+	// JSON body (a query parameter for GET and DELETE) instead of a header,
+	// as a plain string, for APIs that take it there.
+	IdempotencyBodyField string
+	MaxResponseBytes     int64 // default 1 MiB
 	// Client sends the calls (default: net/http's transport keeping
 	// IdleConnsPerHost idle connections). HTTPExecutor uses a copy whose
 	// transport never re-sends a call by itself and records each request as
@@ -70,7 +80,19 @@ func HTTPExecutor(h HTTP) (*HTTP, error) {
 	if u.RawQuery != "" || u.Fragment != "" {
 		return nil, fmt.Errorf("url %q: no query or fragment: the args make the query", h.URL)
 	}
-	if h.IdempotencyHeader == "" {
+	switch h.IdempotencyForm {
+	case "":
+		h.IdempotencyForm = KeyStructured
+	case KeyStructured, KeyRaw:
+	default:
+		return nil, fmt.Errorf("idempotency_form %q: want structured (an RFC 8941 string) or raw (the bare key)", h.IdempotencyForm)
+	}
+	switch {
+	case h.IdempotencyBodyField != "" && h.IdempotencyHeader != "" && h.IdempotencyHeader != "-":
+		return nil, fmt.Errorf("idempotency_body_field %q and idempotency_header %q: the key goes in one place", h.IdempotencyBodyField, h.IdempotencyHeader)
+	case h.IdempotencyBodyField != "":
+		h.IdempotencyHeader = "-"
+	case h.IdempotencyHeader == "":
 		h.IdempotencyHeader = "Idempotency-Key"
 	}
 	if h.MaxResponseBytes <= 0 {
@@ -197,7 +219,13 @@ func (h *HTTP) Downstream() string {
 }
 
 // ForwardsKey reports whether the key is sent downstream.
-func (h *HTTP) ForwardsKey() bool { return h.IdempotencyHeader != "-" }
+func (h *HTTP) ForwardsKey() bool { return h.IdempotencyHeader != "-" || h.IdempotencyBodyField != "" }
+
+// The forms of the key in its header (HTTP.IdempotencyForm).
+const (
+	KeyStructured = "structured" // an RFC 8941 string: "<key>"
+	KeyRaw        = "raw"        // the bare key
+)
 
 // maxRedirects is how many redirects one call follows.
 const maxRedirects = 3
@@ -262,8 +290,16 @@ type progressKey struct{}
 func (h *HTTP) Execute(ctx context.Context, req Request) (json.RawMessage, error) {
 	target := h.URL
 	var body io.Reader
+	keySent := req.Key != "" && h.ForwardsKey()
+	args := req.Args
+	if keySent && h.IdempotencyBodyField != "" {
+		var err error
+		if args, err = withMember(args, h.IdempotencyBodyField, req.Key); err != nil {
+			return nil, DefiniteError("invalid_args", err.Error())
+		}
+	}
 	if h.Method == http.MethodGet || h.Method == http.MethodDelete {
-		q, err := queryFromArgs(req.Args)
+		q, err := queryFromArgs(args)
 		if err != nil {
 			return nil, DefiniteError("invalid_args", err.Error())
 		}
@@ -271,7 +307,7 @@ func (h *HTTP) Execute(ctx context.Context, req Request) (json.RawMessage, error
 			target += "?" + q
 		}
 	} else {
-		body = strings.NewReader(string(req.Args))
+		body = strings.NewReader(string(args))
 	}
 	hreq, err := http.NewRequestWithContext(context.WithValue(ctx, callKey{}, Request{Tool: req.Tool, Key: req.Key}), h.Method, target, body)
 	if err != nil {
@@ -289,10 +325,12 @@ func (h *HTTP) Execute(ctx context.Context, req Request) (json.RawMessage, error
 		hreq.Header.Set(k, v)
 	}
 	// The trace continues downstream: otelhttp sends W3C traceparent.
-	keySent := req.Key != "" && h.ForwardsKey()
-	if keySent {
-		// draft-ietf-httpapi-idempotency-key-header: an sf-string.
-		hreq.Header.Set(h.IdempotencyHeader, strconv.Quote(req.Key))
+	if keySent && h.IdempotencyBodyField == "" {
+		v := req.Key
+		if h.IdempotencyForm == KeyStructured {
+			v = strconv.Quote(v) // draft-ietf-httpapi-idempotency-key-header: an sf-string
+		}
+		hreq.Header.Set(h.IdempotencyHeader, v)
 	}
 	p := new(progress)
 	hreq = hreq.WithContext(httptrace.WithClientTrace(context.WithValue(hreq.Context(), progressKey{}, p), &httptrace.ClientTrace{
@@ -445,6 +483,28 @@ func snippet(body []byte) string {
 
 // queryFromArgs turns the args object into a query string, members in
 // sorted order: strings as they are, other values as canonical JSON.
+// withMember is the args object with the member name set to the string
+// value, first; args that already have such a member are refused (the
+// key's field would overwrite the call's, or the call's the key).
+func withMember(args json.RawMessage, name, value string) (json.RawMessage, error) {
+	var members map[string]json.RawMessage
+	if err := json.Unmarshal(args, &members); err != nil {
+		return nil, errors.New("args must be an object")
+	}
+	if _, ok := members[name]; ok {
+		return nil, fmt.Errorf("the args have a member %q, where the tool sends its idempotency key (idempotency_body_field)", name)
+	}
+	n, _ := json.Marshal(name)
+	v, _ := json.Marshal(value)
+	out := append(append(append([]byte{'{'}, n...), ':'), v...)
+	if rest := bytes.TrimSpace(args)[1:]; len(members) > 0 {
+		out = append(append(out, ','), rest...)
+	} else {
+		out = append(out, '}')
+	}
+	return out, nil
+}
+
 func queryFromArgs(args json.RawMessage) (string, error) {
 	var members map[string]json.RawMessage
 	if err := json.Unmarshal(args, &members); err != nil {

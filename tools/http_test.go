@@ -681,3 +681,62 @@ func TestHTTPCallAnsweredSeeOtherIsNeverNotSent(t *testing.T) {
 		t.Fatalf("a processed call came back %s (%v)", outcome, te)
 	}
 }
+
+// TestTheKeyGoesWhereAndAsTheAPIWantsIt: the key is an RFC 8941 string in
+// Idempotency-Key by default, the bare key with idempotency_form raw (as
+// Stripe-style APIs want: they keep quotes as part of the key), or a
+// member of the body (a query parameter of a GET) with
+// idempotency_body_field; args that already have that member are refused,
+// and a registry that puts the key in two places does not load.
+func TestTheKeyGoesWhereAndAsTheAPIWantsIt(t *testing.T) {
+	t.Parallel()
+	type seen struct{ header, custom, body, query string }
+	got := make(chan seen, 1)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		got <- seen{r.Header.Get("Idempotency-Key"), r.Header.Get("X-Request-Key"), string(body), r.URL.RawQuery}
+		w.Write([]byte(`{}`))
+	}))
+	defer srv.Close()
+	for _, c := range []struct {
+		name string
+		spec string
+		args string
+		want seen
+	}{
+		{"structured by default", `{method: POST, url: "URL"}`, `{"a":1}`, seen{header: `"k123"`, body: `{"a":1}`}},
+		{"raw", `{method: POST, url: "URL", idempotency_form: raw}`, `{"a":1}`, seen{header: `k123`, body: `{"a":1}`}},
+		{"raw in another header", `{method: POST, url: "URL", idempotency_header: X-Request-Key, idempotency_form: raw}`, `{"a":1}`, seen{custom: `k123`, body: `{"a":1}`}},
+		{"in the body", `{method: POST, url: "URL", idempotency_body_field: idempotency_key}`, `{"a":1}`, seen{body: `{"idempotency_key":"k123","a":1}`}},
+		{"in an empty body", `{method: PUT, url: "URL", idempotency_body_field: idempotency_key}`, `{}`, seen{body: `{"idempotency_key":"k123"}`}},
+		{"in the query of a GET", `{method: GET, url: "URL", idempotency_body_field: request_id}`, `{"q":"x"}`, seen{query: `q=x&request_id=k123`}},
+	} {
+		reg, err := tools.Parse([]byte("tools:\n  - name: t\n    class: keyed_write\n    schema: {type: object}\n    http: "+strings.ReplaceAll(c.spec, "URL", srv.URL)+"\n"), "reg.yaml", tools.Config{})
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		tool, _ := reg.Lookup("t")
+		if _, outcome, te := call(t, tool, c.args); outcome != tools.Success {
+			t.Fatalf("%s: %s %v", c.name, outcome, te)
+		}
+		if s := <-got; s != c.want {
+			t.Errorf("%s: the downstream saw %+v, want %+v", c.name, s, c.want)
+		}
+	}
+	reg, err := tools.Parse([]byte("tools:\n  - name: t\n    class: keyed_write\n    schema: {type: object}\n    http: {method: POST, url: \""+srv.URL+"\", idempotency_body_field: a}\n"), "reg.yaml", tools.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tool, _ := reg.Lookup("t")
+	if _, outcome, te := call(t, tool, `{"a":1}`); outcome != tools.Definite || te.Code != "invalid_args" || len(got) != 0 {
+		t.Fatalf("args with the key's member: %s %v, want definite invalid_args and nothing sent", outcome, te)
+	}
+	for spec, want := range map[string]string{
+		`{method: POST, url: "http://a/b", idempotency_form: quoted}`:                                        "idempotency_form",
+		`{method: POST, url: "http://a/b", idempotency_body_field: k, idempotency_header: Idempotency-Key}`: "the key goes in one place",
+	} {
+		if _, err := tools.Parse([]byte("tools:\n  - name: t\n    class: keyed_write\n    schema: {type: object}\n    http: "+spec+"\n"), "reg.yaml", tools.Config{}); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %v, want %q", spec, err, want)
+		}
+	}
+}

@@ -67,11 +67,13 @@ type breakerSpec struct {
 }
 
 type httpSpec struct {
-	Method            string            `yaml:"method"`
-	URL               string            `yaml:"url"`
-	Headers           map[string]string `yaml:"headers"`
-	IdempotencyHeader string            `yaml:"idempotency_header"`
-	MaxResponseBytes  int64             `yaml:"max_response_bytes"`
+	Method               string            `yaml:"method"`
+	URL                  string            `yaml:"url"`
+	Headers              map[string]string `yaml:"headers"`
+	IdempotencyHeader    string            `yaml:"idempotency_header"`
+	IdempotencyForm      string            `yaml:"idempotency_form"`
+	IdempotencyBodyField string            `yaml:"idempotency_body_field"`
+	MaxResponseBytes     int64             `yaml:"max_response_bytes"`
 }
 
 // Load reads the registry file at path with cfg (see Parse). Errors name
@@ -172,7 +174,8 @@ func (s *toolSpec) definition(cfg Config) (Definition, error) {
 	case s.HTTP != nil && s.Builtin != "":
 		return d, bad("http", "a tool has one executor: http or builtin, not both")
 	case s.HTTP != nil:
-		h := HTTP{Method: s.HTTP.Method, IdempotencyHeader: s.HTTP.IdempotencyHeader, MaxResponseBytes: s.HTTP.MaxResponseBytes}
+		h := HTTP{Method: s.HTTP.Method, IdempotencyHeader: s.HTTP.IdempotencyHeader, IdempotencyForm: s.HTTP.IdempotencyForm,
+			IdempotencyBodyField: s.HTTP.IdempotencyBodyField, MaxResponseBytes: s.HTTP.MaxResponseBytes}
 		if h.URL, err = expandEnv(s.HTTP.URL, cfg.Getenv); err != nil {
 			return d, bad("http.url", "%v", err)
 		}
