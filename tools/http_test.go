@@ -732,7 +732,7 @@ func TestTheKeyGoesWhereAndAsTheAPIWantsIt(t *testing.T) {
 		t.Fatalf("args with the key's member: %s %v, want definite invalid_args and nothing sent", outcome, te)
 	}
 	for spec, want := range map[string]string{
-		`{method: POST, url: "http://a/b", idempotency_form: quoted}`:                                        "idempotency_form",
+		`{method: POST, url: "http://a/b", idempotency_form: quoted}`:                                       "idempotency_form",
 		`{method: POST, url: "http://a/b", idempotency_body_field: k, idempotency_header: Idempotency-Key}`: "the key goes in one place",
 	} {
 		if _, err := tools.Parse([]byte("tools:\n  - name: t\n    class: keyed_write\n    schema: {type: object}\n    http: "+spec+"\n"), "reg.yaml", tools.Config{}); err == nil || !strings.Contains(err.Error(), want) {
