@@ -74,11 +74,15 @@ func Parse(fs *flag.FlagSet, args []string) (positional []string, help bool, err
 // '_' (TOOLQ_ and --max-deliver: TOOLQ_MAX_DELIVER).
 func EnvName(prefix, flagName string) string {
 	name := strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
-	if strings.HasPrefix(name, "NATS_") || name == "DATABASE_URL" {
+	if ecosystemEnv[name] {
 		return name
 	}
 	return prefix + name
 }
+
+// ecosystemEnv are the variables NATS's and Postgres's own tools read.
+var ecosystemEnv = map[string]bool{"NATS_URL": true, "NATS_CREDS": true, "NATS_NKEY": true, "NATS_USER": true, "NATS_PASSWORD": true,
+	"NATS_TOKEN": true, "NATS_CA": true, "NATS_CERT": true, "NATS_KEY": true, "DATABASE_URL": true}
 
 // BindEnv gives every flag of fs its environment variable (EnvName): a
 // variable that is set and not empty becomes the flag's value, which the

@@ -173,6 +173,9 @@ func TestEveryFlagHasItsEnvironmentVariable(t *testing.T) {
 	if _, _, err := cli.Parse(fs, []string{"--help"}); err != nil {
 		t.Fatal(err)
 	}
+	if cli.EnvName("TOOLQ_", "nats-listen") != "TOOLQ_NATS_LISTEN" {
+		t.Errorf("--nats-listen (toolq's embedded server) is %s", cli.EnvName("TOOLQ_", "nats-listen"))
+	}
 	for _, name := range []string{"TOOLQ_MAX_DELIVER", "NATS_URL", "DATABASE_URL"} {
 		if strings.Count(help.String(), "(env "+name+")") != 1 {
 			t.Errorf("--help names %s %d times:\n%s", name, strings.Count(help.String(), name), help.String())
