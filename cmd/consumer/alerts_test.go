@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"os/exec"
 	"regexp"
 	"strings"
 	"testing"
@@ -103,8 +104,8 @@ func TestAlertRules(t *testing.T) {
 					t.Errorf("%s: %s is not a metric the consumer exports", r.Alert, ref)
 				}
 			}
-			if metrics == 0 {
-				t.Errorf("%s: names no toolq metric", r.Alert)
+			if metrics == 0 && !strings.Contains(r.Expr, `up{job="toolq-consumer"}`) {
+				t.Errorf("%s: names no toolq metric, nor the consumers' scrape job", r.Alert)
 			}
 			for _, m := range outcomeRef.FindAllStringSubmatch(r.Expr, -1) {
 				for _, v := range strings.Split(m[2], "|") {
@@ -115,7 +116,23 @@ func TestAlertRules(t *testing.T) {
 			}
 		}
 	}
-	for _, want := range []string{"ToolqDeadLettersGrowing", "ToolqDeadLettersRefused", "ToolqIndeterminateCalls", "ToolqBreakerOpen", "ToolqPendingGrowing",
+	prom, err := os.ReadFile("../../deploy/prometheus/prometheus.yml")
+	if err != nil || !strings.Contains(string(prom), "job_name: toolq-consumer") || !strings.Contains(string(prom), `rule_files: ["alerts.yaml"]`) {
+		t.Errorf("deploy/prometheus/prometheus.yml does not load alerts.yaml or scrape the job toolq-consumer (%v)", err)
+	}
+	// promtool checks what Prometheus would load: the rules, and the
+	// configuration that loads them.
+	if promtool, err := exec.LookPath("promtool"); err != nil {
+		testenv.Missing(t, "promtool not found (Debian: apt-get install prometheus): the rules are not checked as Prometheus reads them")
+	} else {
+		for _, args := range [][]string{{"check", "rules", "../../docs/alerts.yaml"}, {"check", "config", "../../deploy/prometheus/prometheus.yml"},
+			{"test", "rules", "../../deploy/prometheus/alerts_test.yml"}} {
+			if out, err := exec.Command(promtool, args...).CombinedOutput(); err != nil {
+				t.Errorf("promtool %v: %v\n%s", args, err, out)
+			}
+		}
+	}
+	for _, want := range []string{"ToolqNoConsumerUp", "ToolqDeadLettersGrowing", "ToolqDeadLettersRefused", "ToolqIndeterminateCalls", "ToolqBreakerOpen", "ToolqPendingGrowing",
 		"ToolqLeasesExpiring", "ToolqLedgerUnreachable", "ToolqResultPublishesFailing"} {
 		if !seen[want] {
 			t.Errorf("no rule %s", want)

@@ -111,9 +111,9 @@ func (n *NATS) Connect(opts ...nats.Option) *nats.Conn {
 	return nc
 }
 
-// missing ends a test that lacks a service: a skip that names what is
-// missing, or a failure in CI, where nothing may be skipped.
-func missing(t testing.TB, format string, args ...any) {
+// Missing ends a test that lacks a service or a tool: a skip that names
+// what is missing, or a failure in CI, where nothing may be skipped.
+func Missing(t testing.TB, format string, args ...any) {
 	t.Helper()
 	msg := fmt.Sprintf(format, args...)
 	if os.Getenv("CI") != "" {

@@ -52,7 +52,7 @@ func Postgres(t testing.TB) string {
 	if base == "" {
 		sharedOnce.Do(func() { sharedCluster, sharedErr = StartCluster() })
 		if sharedErr != nil {
-			missing(t, "no Postgres: %v; set %s or install the PostgreSQL server binaries (initdb, pg_ctl)", sharedErr, EnvDatabaseURL)
+			Missing(t, "no Postgres: %v; set %s or install the PostgreSQL server binaries (initdb, pg_ctl)", sharedErr, EnvDatabaseURL)
 		}
 		base = sharedCluster.URL("postgres")
 	}
@@ -68,7 +68,7 @@ func OwnCluster(t testing.TB, settings ...string) *Cluster {
 	t.Helper()
 	c, err := startCluster(false, settings...)
 	if err != nil {
-		missing(t, "cannot start a Postgres cluster: %v", err)
+		Missing(t, "cannot start a Postgres cluster: %v", err)
 	}
 	t.Cleanup(func() {
 		c.Stop()
@@ -87,7 +87,7 @@ func createDatabase(t testing.TB, base string) string {
 	}
 	admin, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
-		missing(t, "cannot connect to Postgres at %s:%d: %v", cfg.Host, cfg.Port, err)
+		Missing(t, "cannot connect to Postgres at %s:%d: %v", cfg.Host, cfg.Port, err)
 	}
 	defer admin.Close(context.Background())
 	name := fmt.Sprintf("toolq_test_%d_%d_%d", os.Getpid(), time.Now().UnixNano()%1e6, dbCounter.Add(1))

@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -262,6 +263,67 @@ func TestMistakesAreExplained(t *testing.T) {
 		code, _, errOut := run(t, "publisher", c.args...)
 		if code != c.code || !strings.Contains(errOut, c.want) {
 			t.Errorf("publisher %v: exit %d, %q; want %d and %q", c.args, code, errOut, c.code, c.want)
+		}
+	}
+}
+
+// TestConfigurationReferenceIsWhatHelpSays: the flag tables of
+// docs/configuration.md are what --help prints, flag for flag, and no
+// other page of the documentation defines a flag of those commands again.
+func TestConfigurationReferenceIsWhatHelpSays(t *testing.T) {
+	doc, err := os.ReadFile("../../docs/configuration.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	entry := regexp.MustCompile(`(?s)\n  -(\S+)[^\n]*\n\s+(.*?)(?:\n  -|$)`)
+	for _, c := range []struct{ marker, binary string }{{"consumer flags", "consumer"}, {"sandbox flags", "sandbox"}} {
+		args := []string{"--help"}
+		if c.binary == "consumer" {
+			args = []string{"run", "--help"}
+		}
+		_, help, _ := run(t, c.binary, args...)
+		_, flags, _ := strings.Cut(help, "flags:\n")
+		var want []string
+		for rest := "\n" + strings.TrimRight(flags, "\n"); ; {
+			m := entry.FindStringSubmatchIndex(rest)
+			if m == nil {
+				break
+			}
+			name, usage := rest[m[2]:m[3]], strings.Join(strings.Fields(rest[m[4]:m[5]]), " ")
+			env := regexp.MustCompile(` \(env (\w+)\)`).FindStringSubmatch(usage)
+			usage = strings.Replace(usage, env[0], "", 1)
+			def := ""
+			if d := regexp.MustCompile(` \(default (.*)\)$`).FindStringSubmatch(usage); d != nil {
+				def = "`" + strings.Trim(d[1], `"`) + "`"
+				usage = strings.TrimSuffix(usage, d[0])
+			}
+			want = append(want, fmt.Sprintf("| `--%s` | `%s` | %s | %s |", name, env[1], def, usage))
+			rest = rest[m[5]:]
+		}
+		_, section, _ := strings.Cut(string(doc), "<!-- "+c.marker)
+		section, _, _ = strings.Cut(section, "<!-- end -->")
+		var got []string
+		for line := range strings.Lines(section) {
+			if strings.HasPrefix(line, "| `--") {
+				got = append(got, strings.TrimRight(line, "\n"))
+			}
+		}
+		if strings.Join(got, "\n") != strings.Join(want, "\n") {
+			t.Errorf("docs/configuration.md's %s are not what %s --help says; the table should read:\n%s", c.marker, c.binary, strings.Join(want, "\n"))
+		}
+		// Defined once: no other page has a table row for these flags.
+		pages, _ := filepath.Glob("../../docs/*.md")
+		for _, page := range append(pages, "../../README.md") {
+			if filepath.Base(page) == "configuration.md" {
+				continue
+			}
+			text, _ := os.ReadFile(page)
+			for _, row := range want {
+				flag, _, _ := strings.Cut(strings.TrimPrefix(row, "| "), " |")
+				if strings.Contains(string(text), "| "+flag+" |") {
+					t.Errorf("%s defines %s again", page, flag)
+				}
+			}
 		}
 	}
 }
