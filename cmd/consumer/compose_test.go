@@ -31,6 +31,10 @@ func TestComposeFileIsValid(t *testing.T) {
 			Environment map[string]string `yaml:"environment"`
 			DependsOn   map[string]any    `yaml:"depends_on"`
 			Volumes     []string          `yaml:"volumes"`
+			Restart     string            `yaml:"restart"`
+			Healthcheck struct {
+				Test []string `yaml:"test"`
+			} `yaml:"healthcheck"`
 		} `yaml:"services"`
 	}
 	dec := yaml.NewDecoder(bytes.NewReader(data))
@@ -49,6 +53,23 @@ func TestComposeFileIsValid(t *testing.T) {
 				}
 			}
 		}
+		// Pinned, restarted, and probed where the image can run a probe.
+		if _, tag, ok := strings.Cut(s.Image, ":"); s.Image != "" && (!ok || tag == "latest" || !strings.ContainsAny(tag, "0123456789")) {
+			t.Errorf("%s: image %q is not pinned to a version", name, s.Image)
+		}
+		if s.Restart != "unless-stopped" {
+			t.Errorf("%s: restart %q, want unless-stopped", name, s.Restart)
+		}
+		if name != "jaeger" && len(s.Healthcheck.Test) == 0 {
+			t.Errorf("%s: no healthcheck", name)
+		}
+		if h := s.Healthcheck.Test; len(h) > 2 && h[1] == "/usr/local/bin/consumer" {
+			// the image's own binary: the command must exist
+			var out strings.Builder
+			if err := run(context.Background(), append(append([]string{}, h[2:3]...), "--help"), cli.IO{Out: &out, Err: &out}, func(string) string { return "" }); err != nil {
+				t.Errorf("%s: healthcheck %v: %v", name, h, err)
+			}
+		}
 		for dep := range s.DependsOn {
 			if _, ok := compose.Services[dep]; !ok {
 				t.Fatalf("%s depends on unknown service %s", name, dep)
@@ -59,6 +80,10 @@ func TestComposeFileIsValid(t *testing.T) {
 	prom, err := os.ReadFile("../../deploy/prometheus/prometheus.yml")
 	if err != nil {
 		t.Fatal(err)
+	}
+	// …and loads the alerts from where its rule_files says (beside its configuration).
+	if p := compose.Services["prometheus"]; !slices.Contains(p.Volumes, "./docs/alerts.yaml:/etc/prometheus/alerts.yaml:ro") {
+		t.Errorf("prometheus does not mount docs/alerts.yaml beside its configuration: %v", p.Volumes)
 	}
 	c := compose.Services["consumer"]
 	if addr := c.Command[slices.Index(c.Command, "--health-addr")+1]; !strings.Contains(string(prom), `"consumer:`+addr[strings.LastIndex(addr, ":")+1:]+`"`) {

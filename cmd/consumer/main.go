@@ -16,6 +16,7 @@ var commands = &cli.Commands{Name: "consumer", Default: "run", List: []cli.Comma
 	{Name: "migrate", Summary: "apply the ledger schema", Run: runMigrate},
 	{Name: "tools", Summary: "audit: which tools can take effect twice, and why", Run: toolsCommands.Run},
 	{Name: "ledger", Summary: "ls, show KEY, resolve KEY, purge: inspect and settle ledger rows", Run: ledgerCommands.Run},
+	{Name: "healthcheck", Summary: "exit 0 when a URL answers 2xx (default: this host's /readyz): for container healthchecks", Run: runHealthcheck},
 	cli.Version("consumer"),
 }}
 

@@ -174,6 +174,10 @@ func TestConsumerStartedBeforeNATSAndPostgresComesUpWhenTheyDo(t *testing.T) {
 	if code, _ := get("/healthz"); code != http.StatusOK {
 		t.Fatalf("/healthz while waiting: %d", code)
 	}
+	// A container's healthcheck (the image has no shell) says not yet.
+	if code, _, errOut := run(t, "consumer", "healthcheck", health+"/readyz"); code != cli.ExitUnavailable || !strings.Contains(errOut, "waiting for") {
+		t.Fatalf("healthcheck while waiting: %d %s", code, errOut)
+	}
 	testenv.StartNATS(t, func(o *server.Options) { o.Port = natsPort })
 	testenv.Eventually(t, 30*time.Second, "/readyz to wait for the ledger", func() bool {
 		code, body := get("/readyz")
@@ -190,6 +194,9 @@ func TestConsumerStartedBeforeNATSAndPostgresComesUpWhenTheyDo(t *testing.T) {
 	case err := <-exited:
 		t.Fatalf("the consumer exited: %v\n%s", err, logs.String())
 	default:
+	}
+	if code, _, errOut := run(t, "consumer", "healthcheck", health+"/readyz"); code != 0 {
+		t.Fatalf("healthcheck once ready: %d %s", code, errOut)
 	}
 	if !strings.Contains(logs.String(), "waiting for NATS") || !strings.Contains(logs.String(), "waiting for the ledger") {
 		t.Errorf("the log does not say what it waited for:\n%s", logs.String())
