@@ -302,11 +302,15 @@ func TestSpansAndMetricsArriveOverOTLP(t *testing.T) {
 			go func() { exited <- consumer.Wait() }()
 			t.Cleanup(func() { consumer.Process.Kill() })
 			var natsURL, healthURL string
-			testenv.Eventually(t, 60*time.Second, "the consumer's banner", func() bool {
-				banner := out.String()
-				natsURL, healthURL = find(banner, `embedded, (nats://\S+)`), find(banner, `health\s+(http://[^/\s]+)`)
+			// With --log-format json, what runs where is a log record.
+			testenv.Eventually(t, 60*time.Second, "the consumer's start-up record", func() bool {
+				record := logs.String()
+				natsURL, healthURL = find(record, `"nats":"embedded, (nats://[^ "]+)`), find(record, `"health":"(http://[^"]+)"`)
 				return natsURL != "" && healthURL != ""
 			})
+			if out.String() != "" {
+				t.Errorf("with --log-format json the consumer printed %q on standard output", out.String())
+			}
 
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 			defer cancel()
