@@ -2,8 +2,8 @@
 // await the result addressed to its tool_use_id, with the subjects, headers
 // and bodies of the Go client (jobs.Client).
 
-import { randomBytes } from "node:crypto";
-import { headers, type NatsConnection } from "@nats-io/transport-node";
+import { headers, type MsgHdrs, type NatsConnection } from "@nats-io/nats-core";
+import type * as OTel from "@opentelemetry/api";
 import { DeliverPolicy, jetstream, jetstreamManager, type JetStreamClient } from "@nats-io/jetstream";
 import { canonicalizeArgs, callMaterial, keyOf, KeyError, TOOL_USE_ID_PATTERN, type Args } from "./key.js";
 
@@ -34,8 +34,12 @@ export interface Job {
 
 export interface PublishOptions {
   /**
-   * The W3C traceparent of the caller's span; the job's send span is its
-   * child. Without it the job starts a new trace.
+   * The W3C traceparent of the caller's span, for an application without
+   * OpenTelemetry: the job carries it, so the consumer's spans join the
+   * caller's trace. With `@opentelemetry/api` installed and an SDK
+   * registered, the client starts a real `send toolq.jobs.<tool>` producer
+   * span instead, under the active context (or under this traceparent when
+   * given), and the job carries that span's context.
    */
   traceparent?: string;
 }
@@ -125,14 +129,12 @@ export class Client {
       `{"version":${VERSION},"conversation_id":${JSON.stringify(job.conversationId)},"turn_index":${job.turnIndex},` +
       `"ordinal":${job.ordinal ?? 0},"tool":${JSON.stringify(job.tool)},"tool_use_id":${JSON.stringify(job.toolUseId)},` +
       `"args":${m.canonical},"created_at":${JSON.stringify(new Date().toISOString())}}`;
+    const subject = jobSubject(job.tool);
     const h = headers();
     h.set(HEADER_KEY, key);
-    h.set(HEADER_TRACEPARENT, childTraceparent(opts.traceparent));
-    const ack = await this.js.publish(jobSubject(job.tool), body, {
-      msgID: jobMsgId(key, job.toolUseId),
-      headers: h,
-      expect: { streamName: JOBS_STREAM },
-    });
+    const send = () =>
+      this.js.publish(subject, body, { msgID: jobMsgId(key, job.toolUseId), headers: h, expect: { streamName: JOBS_STREAM } });
+    const ack = await traced(subject, key, job.toolUseId, h, opts.traceparent, send);
     return { key, stream: ack.stream, seq: ack.seq, duplicate: ack.duplicate };
   }
 
@@ -332,12 +334,51 @@ export function toToolResult(r: Result): ToolResult {
   return { type: "tool_result", tool_use_id: r.tool_use_id, content: JSON.stringify({ status: r.status, error }), is_error: true };
 }
 
-const TRACEPARENT = /^00-([0-9a-f]{32})-[0-9a-f]{16}-([0-9a-f]{2})$/;
+const TRACEPARENT = /^00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}$/;
 
-/** A traceparent for a new span: a child of parent when it is valid, else the root of a new trace. */
-export function childTraceparent(parent?: string): string {
-  const span = randomBytes(8).toString("hex");
-  const m = parent ? TRACEPARENT.exec(parent) : null;
-  if (m && !/^0+$/.test(m[1])) return `00-${m[1]}-${span}-${m[2]}`;
-  return `00-${randomBytes(16).toString("hex")}-${span}-01`;
+// The application's OpenTelemetry API, when it has one (an optional peer
+// dependency): undefined when it is not installed.
+let otelAPI: Promise<typeof OTel | undefined> | undefined;
+const otel = () => (otelAPI ??= import("@opentelemetry/api").catch(() => undefined));
+
+/**
+ * Runs send with the job's trace context in h. With OpenTelemetry, under a
+ * producer span of its own, a child of the active context (or of
+ * traceparent); without, the caller's traceparent as given, when valid. No
+ * span is invented that no backend would receive.
+ */
+async function traced<T>(subject: string, key: string, toolUseId: string, h: MsgHdrs, traceparent: string | undefined, send: () => Promise<T>): Promise<T> {
+  const given = traceparent !== undefined && TRACEPARENT.test(traceparent) ? traceparent : undefined;
+  const api = await otel();
+  if (!api) {
+    if (given) h.set(HEADER_TRACEPARENT, given);
+    return send();
+  }
+  const setter = { set: (carrier: MsgHdrs, k: string, v: string) => carrier.set(k, v) };
+  const parent = given ? api.propagation.extract(api.context.active(), { traceparent: given }) : api.context.active();
+  const span = api.trace.getTracer("@toolq/client").startSpan(
+    `send ${subject}`,
+    {
+      kind: api.SpanKind.PRODUCER,
+      attributes: {
+        "messaging.system": "nats",
+        "messaging.destination.name": subject,
+        "messaging.operation.type": "send",
+        "toolq.key": key,
+        "toolq.tool_use_id": toolUseId,
+      },
+    },
+    parent,
+  );
+  api.propagation.inject(api.trace.setSpan(parent, span), h, setter);
+  if (given && !h.has(HEADER_TRACEPARENT)) h.set(HEADER_TRACEPARENT, given); // no propagator registered
+  try {
+    return await send();
+  } catch (err) {
+    span.recordException(err as Error);
+    span.setStatus({ code: api.SpanStatusCode.ERROR, message: "publish failed" });
+    throw err;
+  } finally {
+    span.end();
+  }
 }

@@ -106,7 +106,42 @@ test("a call published twice with different tool_use_ids pays once and answers b
   assert.equal(stored.subject, "toolq.jobs.send_payment");
   assert.equal(stored.header.get("Toolq-Key"), first.key);
   assert.equal(stored.header.get("Nats-Msg-Id"), `job:${first.key}:toolu_ts_a`);
-  assert.match(stored.header.get("traceparent"), /^00-0af7651916cd43dd8448eb211c80319c-[0-9a-f]{16}-01$/);
+  // Without an OpenTelemetry SDK, the caller's context as given: no span is invented.
+  assert.equal(stored.header.get("traceparent"), "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01");
+  const unparented = await jsm.streams.getMessage(JOBS_STREAM, { seq: second.seq });
+  assert.equal(unparented.header.get("traceparent"), "", "a job published outside any trace carries none");
+});
+
+test("with an OpenTelemetry SDK, the job carries the context of a real send span under the active one", async () => {
+  const api = await import("@opentelemetry/api");
+  const { BasicTracerProvider, InMemorySpanExporter, SimpleSpanProcessor } = await import("@opentelemetry/sdk-trace-base");
+  const { W3CTraceContextPropagator } = await import("@opentelemetry/core");
+  const { AsyncLocalStorageContextManager } = await import("@opentelemetry/context-async-hooks");
+  const exporter = new InMemorySpanExporter();
+  const provider = new BasicTracerProvider({ spanProcessors: [new SimpleSpanProcessor(exporter)] });
+  api.trace.setGlobalTracerProvider(provider);
+  api.propagation.setGlobalPropagator(new W3CTraceContextPropagator());
+  api.context.setGlobalContextManager(new AsyncLocalStorageContextManager().enable());
+  try {
+    const agent = api.trace.getTracer("agent").startSpan("agent turn");
+    const pub = await api.context.with(api.trace.setSpan(api.context.active(), agent), () =>
+      client.publish({ conversationId: "conv_ts_otel", turnIndex: 1, tool: "send_payment", toolUseId: "toolu_otel",
+        args: '{"invoice_id":"inv_otel","amount_cents":1,"currency":"EUR"}' }),
+    );
+    agent.end();
+    const [send] = exporter.getFinishedSpans().filter((s) => s.name === "send toolq.jobs.send_payment");
+    assert.ok(send, "no send span was exported");
+    assert.equal(send.kind, api.SpanKind.PRODUCER);
+    assert.equal(send.parentSpanContext?.spanId ?? send.parentSpanId, agent.spanContext().spanId);
+    const jsm = await jetstreamManager(nc);
+    const stored = await jsm.streams.getMessage(JOBS_STREAM, { seq: pub.seq });
+    assert.equal(stored.header.get("traceparent"), `00-${agent.spanContext().traceId}-${send.spanContext().spanId}-01`);
+    await client.awaitResult("conv_ts_otel", "toolu_otel", { signal: withTimeout(30_000) });
+  } finally {
+    api.trace.disable();
+    api.propagation.disable();
+    api.context.disable();
+  }
 });
 
 test("runTurn numbers identical calls and returns their results in order", async () => {
