@@ -51,7 +51,7 @@ type delivery struct {
 // run processes one delivery: the state machine of docs/design.md, top to
 // bottom. It returns the one outcome that settle turns into a JetStream
 // verb; nothing in it acknowledges the message.
-func (d *delivery) run() outcome {
+func (d *delivery) run() verdict {
 	// 1–2. Decode and validate. What is not a valid job is never run: it
 	// goes to the DLQ. A valid job that cannot run (unknown tool, bad args,
 	// a forged key) gets a rejected result.
@@ -145,7 +145,7 @@ func (d *delivery) decode() *refusal {
 
 // refuse dead-letters what is not a job, and answers a job that cannot run
 // with a rejected result: nothing ran, and the agent learns why.
-func (d *delivery) refuse(r *refusal) outcome {
+func (d *delivery) refuse(r *refusal) verdict {
 	if r.reason != "" {
 		return deadLettered(r.reason, r.err)
 	}
@@ -225,16 +225,16 @@ func (d *delivery) ownClaim(row ledger.Row) bool {
 
 // collision refuses a job whose key is held by a row with other material: a
 // key collision or tampering.
-func (d *delivery) collision(err error) outcome {
-	d.ledgerOutcome(ledgerCollision, nil)
+func (d *delivery) collision(err error) verdict {
+	d.noteFinding(ledgerCollision, nil)
 	d.explainDuplicate(ledgerCollision, nil)
 	d.w.log.WarnContext(d.ctx, "key collision: the ledger row has other material", d.attrs("error", err)...)
 	return d.refuse(&refusal{code: "key_collision", message: err.Error()})
 }
 
 // claimed runs a call this delivery claimed first.
-func (d *delivery) claimed(row ledger.Row) outcome {
-	d.ledgerOutcome(ledgerClaimed, nil)
+func (d *delivery) claimed(row ledger.Row) verdict {
+	d.noteFinding(ledgerClaimed, nil)
 	d.hook(AfterClaim)
 	d.warnIdenticalCall()
 	return d.execute(row)
@@ -242,8 +242,8 @@ func (d *delivery) claimed(row ledger.Row) outcome {
 
 // duplicate answers from the ledger a call another delivery settled, with
 // the stored result addressed to this job's tool_use_id.
-func (d *delivery) duplicate(row ledger.Row, found ledgerOutcome) outcome {
-	d.ledgerOutcome(found, &row)
+func (d *delivery) duplicate(row ledger.Row, found finding) verdict {
+	d.noteFinding(found, &row)
 	d.explainDuplicate(found, &row)
 	d.w.log.InfoContext(d.ctx, "duplicate answered from the ledger", d.attrs("state", row.State, "original_tool_use_id", row.FirstToolUseID)...)
 	return d.publish(d.resultOf(row), OutcomeDuplicate)
@@ -253,19 +253,19 @@ func (d *delivery) duplicate(row ledger.Row, found ledgerOutcome) outcome {
 // (a retried turn usually arrives while its first attempt finishes), then
 // hands the job back. Waiting is not this job failing: it does not count
 // toward the delivery limit.
-func (d *delivery) awaitOther(row ledger.Row) outcome {
+func (d *delivery) awaitOther(row ledger.Row) verdict {
 	if settled, ok := d.awaitSettled(row); ok {
 		return d.duplicate(settled, ledgerInFlight)
 	}
-	d.ledgerOutcome(ledgerInFlight, &row)
+	d.noteFinding(ledgerInFlight, &row)
 	return retryUncounted(min(max(row.LeaseRemaining, 100*time.Millisecond), d.w.backoff(d)),
 		fmt.Errorf("attempt %d holds the lease", row.Attempt))
 }
 
 // takeOver runs a keyed write again with the same key after its holder's
 // lease ran out: the downstream collapses a second effect.
-func (d *delivery) takeOver(row ledger.Row) outcome {
-	d.ledgerOutcome(ledgerTakeover, &row)
+func (d *delivery) takeOver(row ledger.Row) verdict {
+	d.noteFinding(ledgerTakeover, &row)
 	taken, err := d.takeoverOf(row)
 	if err != nil {
 		return d.lostRace(err)
@@ -281,7 +281,7 @@ func (d *delivery) takeOver(row ledger.Row) outcome {
 		if err != nil {
 			return d.lostClaim(err)
 		}
-		if tries >= int64(d.w.limit) {
+		if d.w.limit.exhausts(tries) {
 			info := ledger.ErrorInfo{Code: "holder_lost", Message: fmt.Sprintf("%s stopped during attempt %d, the call's try %d", row.Owner, row.Attempt, tries)}
 			if err := d.durably(d.runCtx, "end lease", func() error { return d.w.cfg.Ledger.EndLease(d.runCtx, taken.Fence(), info) }); err != nil {
 				return d.lostClaim(err)
@@ -296,8 +296,8 @@ func (d *delivery) takeOver(row ledger.Row) outcome {
 
 // holderLost settles an unkeyed write whose holder stopped mid-call: it is
 // never run again. The row becomes indeterminate, for an operator.
-func (d *delivery) holderLost(row ledger.Row) outcome {
-	d.ledgerOutcome(ledgerHolderLost, &row)
+func (d *delivery) holderLost(row ledger.Row) verdict {
+	d.noteFinding(ledgerHolderLost, &row)
 	taken, err := d.takeoverOf(row)
 	if err != nil {
 		return d.lostRace(err)
@@ -317,7 +317,7 @@ func (d *delivery) holderLost(row ledger.Row) outcome {
 // execute is step 5: run the tool under the claim, keeping the claim and
 // the delivery alive while it runs, record the outcome fenced by the
 // attempt, and publish the result.
-func (d *delivery) execute(row ledger.Row) outcome {
+func (d *delivery) execute(row ledger.Row) verdict {
 	fence := row.Fence()
 	keep := d.heartbeat(fence, d.leaseSince)
 	out, result, te := d.runTool(fence.Attempt, keep)
@@ -390,7 +390,7 @@ func (d *delivery) execute(row ledger.Row) outcome {
 // claim is another's now (it lapsed while the call waited for its slot, and
 // another delivery took it): the job comes back and is answered by whatever
 // the ledger holds. Nothing failed: the try is not counted.
-func (d *delivery) unsentOnLostClaim(err error) outcome {
+func (d *delivery) unsentOnLostClaim(err error) verdict {
 	d.w.log.WarnContext(d.ctx, "the claim lapsed before the call was sent; not sending it", d.attrs("error", err)...)
 	o := retryUncounted(d.w.cfg.RetryDelay, err)
 	o.label = OutcomeFenced
@@ -399,9 +399,9 @@ func (d *delivery) unsentOnLostClaim(err error) outcome {
 
 // runUnclaimed runs a tool without a ledger row. An uncertain outcome is
 // retried: the call has no effect, or its downstream collapses a repeat.
-func (d *delivery) runUnclaimed() outcome {
-	d.ledgerOutcome(ledgerNone, nil)
-	if o, stop := d.crashGuard(); stop {
+func (d *delivery) runUnclaimed() verdict {
+	d.noteFinding(ledgerNone, nil)
+	if o, stop := d.stopCrashLoop(); stop {
 		return o
 	}
 	keep := d.heartbeat(ledger.Fence{}, time.Now())
@@ -487,7 +487,7 @@ func (d *delivery) resultOf(row ledger.Row) *jobs.Result {
 // held back by an open circuit breaker (which other calls' failures
 // opened), or by the drain, did not fail. An open breaker's wait is what
 // remains of its open period.
-func (d *delivery) notSent(te *tools.Error, tries int64) outcome {
+func (d *delivery) notSent(te *tools.Error, tries int64) verdict {
 	if d.heldBack(te) {
 		return retryUncounted(d.delay(te), te)
 	}
@@ -508,19 +508,15 @@ func (d *delivery) heldBack(te *tools.Error) bool {
 // (settle), and the count starts again, so that an operator's requeue gets
 // the call a full set of tries.
 func (d *delivery) failedTry(ctx context.Context, row ledger.Row) (int64, error) {
-	tries := row.Failures + 1
-	record := tries
-	if tries >= int64(d.w.limit) {
-		record = 0
-	}
+	try, record := d.w.limit.failure(row.Failures)
 	err := d.durably(ctx, "count the failure", func() error { return d.w.cfg.Ledger.CountFailures(ctx, row.Fence(), record) })
-	return tries, err
+	return try, err
 }
 
 // breakerOpen answers a call whose downstream's breaker is open without
 // claiming it: from the ledger when another delivery settled it, else by
 // handing it back, uncounted, for when the open period ends.
-func (d *delivery) breakerOpen(wait time.Duration) outcome {
+func (d *delivery) breakerOpen(wait time.Duration) verdict {
 	row, err := d.w.cfg.Ledger.Get(d.runCtx, d.key)
 	if err == nil && (row.State == ledger.Completed || row.State == ledger.Failed || row.State == ledger.Indeterminate) {
 		if claim := d.w.claimOf(d); !claim.SameCall(&row) {
@@ -536,33 +532,32 @@ func (d *delivery) breakerOpen(wait time.Duration) outcome {
 	return retryUncounted(wait, fmt.Errorf("the circuit breaker for %s is open", d.tool.Downstream))
 }
 
-// crashGuard stops a job of a tool without a ledger row that keeps stopping
-// its worker, before it runs again: a process that dies never reaches
-// settle, so nothing else counts these deliveries. Deliveries this process
-// handed back uncounted (behind an open breaker, say) are not counted.
-// (Calls with a row count their tries on it instead: see takeOver.)
-func (d *delivery) crashGuard() (outcome, bool) {
-	n := d.counted()
-	if n <= crashGuard*d.w.limit {
-		return outcome{}, false
+// stopCrashLoop stops a job of a tool without a ledger row that keeps
+// stopping its worker, before it runs again: a process that dies never
+// reaches settle, so nothing else counts these deliveries (see
+// deliveryLimit). Calls with a row count their tries on it instead: see
+// takeOver.
+func (d *delivery) stopCrashLoop() (verdict, bool) {
+	if why := d.w.limit.crashLooping(d.countedDeliveries()); why != nil {
+		return deadLettered(jobs.DLQMaxDeliver, why), true
 	}
-	return deadLettered(jobs.DLQMaxDeliver, fmt.Errorf("delivered %d times (more than %d × the limit of %d) without settling: a job that keeps stopping its worker", n, crashGuard, d.w.limit)), true
+	return verdict{}, false
 }
 
-// counted is JetStream's delivery count less the deliveries of this
-// message that this process handed back uncounted.
-func (d *delivery) counted() int {
+// countedDeliveries is how many deliveries of this message count toward the
+// limit (deliveryLimit.deliveries).
+func (d *delivery) countedDeliveries() int {
 	if d.meta == nil {
 		return d.deliveries
 	}
-	return d.deliveries - d.w.uncounted.get(d.meta.Sequence.Stream)
+	return d.w.limit.deliveries(d.meta.Sequence.Stream, d.deliveries)
 }
 
 // lostClaim handles a refused write after the tool ran: another attempt
 // owns the key now (this delivery's lease expired and was taken over). This
 // zombie publishes nothing; the job comes back and is answered from the
 // ledger.
-func (d *delivery) lostClaim(err error) outcome {
+func (d *delivery) lostClaim(err error) verdict {
 	if isFenced(err) {
 		d.w.log.WarnContext(d.ctx, "lost the claim while the tool ran; publishing nothing", d.attrs("error", err)...)
 		o := retryAfter(d.w.cfg.RetryDelay, err)
@@ -574,7 +569,7 @@ func (d *delivery) lostClaim(err error) outcome {
 
 // lostRace handles a takeover that another worker won, or a lease renewed
 // meanwhile: look again soon.
-func (d *delivery) lostRace(err error) outcome {
+func (d *delivery) lostRace(err error) verdict {
 	if isFenced(err) || errors.Is(err, ledger.ErrLeaseHeld) { // not this job failing
 		return retryUncounted(200*time.Millisecond, err)
 	}

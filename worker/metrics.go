@@ -126,7 +126,7 @@ func newInstruments(mp metric.MeterProvider, reg *tools.Registry) (*instruments,
 // and ends its span. The tool label is the registered tool's name, or
 // "unknown" for a name the registry lacks, so that a sender cannot grow
 // the label set.
-func (w *Worker) record(d *delivery, o outcome) {
+func (w *Worker) record(d *delivery, o verdict) {
 	w.stats.add(o.label)
 	tool := d.toolLabel()
 	ctx := context.Background()

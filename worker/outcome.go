@@ -42,41 +42,42 @@ func (v verb) String() string {
 	return [...]string{"ack", "nak", "dead_letter"}[v]
 }
 
-// outcome is the verdict of one delivery: what to tell JetStream and how to
-// count it. settle is the one place that acts on it.
-type outcome struct {
+// verdict is how one delivery ends: what to tell JetStream and how to
+// count it (see deliveryLimit). settle is the one place that acts on it.
+type verdict struct {
 	label Outcome
 	verb  verb
 	delay time.Duration // verbNak: when to deliver again
-	// counted (verbNak): this delivery failed and counts toward
-	// MaxDeliver. Waits on another attempt and outages do not.
-	counted bool
-	// tries (verbNak, counted): how many times the call has been tried,
-	// from its ledger row's attempt; 0 for a tool without a row, whose
-	// deliveries count instead.
+	// spends (verbNak): this delivery failed for a fault of its own and
+	// spends a try of the delivery limit. Waits on another attempt and
+	// outages do not.
+	spends bool
+	// tries (verbNak, spends): how many times the call has failed, from its
+	// ledger row; 0 for a tool without a row, whose deliveries count
+	// instead.
 	tries  int64
 	reason string // verbDeadLetter: the DLQ reason (jobs.DLQ*)
 	err    error  // verbNak and verbDeadLetter: why
 }
 
 // answered acks a delivery whose result is published.
-func answered(label Outcome) outcome { return outcome{label: label, verb: verbAck} }
+func answered(label Outcome) verdict { return verdict{label: label, verb: verbAck} }
 
 // retryAfter hands the job back after delay; the delivery counts toward
 // MaxDeliver.
-func retryAfter(delay time.Duration, err error) outcome {
-	return outcome{label: OutcomeRetry, verb: verbNak, delay: delay, counted: true, err: orRetry(err)}
+func retryAfter(delay time.Duration, err error) verdict {
+	return verdict{label: OutcomeRetry, verb: verbNak, delay: delay, spends: true, err: orRetry(err)}
 }
 
 // retryUncounted hands the job back without spending a delivery: the ledger
 // or the broker was out, or the job waits on another attempt of its call.
-func retryUncounted(delay time.Duration, err error) outcome {
-	return outcome{label: OutcomeRetry, verb: verbNak, delay: delay, err: orRetry(err)}
+func retryUncounted(delay time.Duration, err error) verdict {
+	return verdict{label: OutcomeRetry, verb: verbNak, delay: delay, err: orRetry(err)}
 }
 
 // deadLettered sends the message to the DLQ with reason.
-func deadLettered(reason string, err error) outcome {
-	return outcome{label: OutcomeDeadLetter, verb: verbDeadLetter, reason: reason, err: err}
+func deadLettered(reason string, err error) verdict {
+	return verdict{label: OutcomeDeadLetter, verb: verbDeadLetter, reason: reason, err: err}
 }
 
 func orRetry(err error) error {
@@ -94,12 +95,9 @@ func orRetry(err error) error {
 // Term for a dead letter, or NakWithDelay when the dead letter cannot be
 // published (never dropped). It then counts the outcome and ends the
 // delivery's span, once.
-func (w *Worker) settle(ctx context.Context, d *delivery, o outcome) {
-	if o.verb == verbNak && o.counted && o.tries > 0 && o.tries >= int64(w.limit) {
-		o = deadLettered(jobs.DLQMaxDeliver, fmt.Errorf("still unsettled after %d tries: %w", o.tries, o.err))
-	}
-	if o.verb == verbNak && o.counted && o.tries == 0 && d.counted() >= w.limit {
-		o = deadLettered(jobs.DLQMaxDeliver, fmt.Errorf("still unsettled after %d deliveries: %w", d.counted(), o.err))
+func (w *Worker) settle(ctx context.Context, d *delivery, o verdict) {
+	if why := w.limit.reached(o, d.countedDeliveries()); why != nil {
+		o = deadLettered(jobs.DLQMaxDeliver, why)
 	}
 	if o.verb == verbDeadLetter {
 		if err := w.publishDeadLetter(ctx, d, o); err != nil {
@@ -128,11 +126,7 @@ func (w *Worker) settle(ctx context.Context, d *delivery, o outcome) {
 		err = d.msg.TermWithReason(o.reason)
 	}
 	if d.meta != nil {
-		if o.verb == verbNak && !o.counted {
-			w.uncounted.add(d.meta.Sequence.Stream)
-		} else if o.verb != verbNak {
-			w.uncounted.forget(d.meta.Sequence.Stream)
-		}
+		w.limit.ended(d.meta.Sequence.Stream, o)
 	}
 	if err != nil {
 		// Not fatal: without an answer JetStream delivers the job again
@@ -170,35 +164,3 @@ func (s *Stats) Snapshot() map[string]int64 {
 
 // Stats returns the worker's counters.
 func (w *Worker) Stats() *Stats { return &w.stats }
-
-// handBacks counts, per stream sequence, the deliveries this process handed
-// back without counting them, for the tools whose deliveries are their count
-// (no ledger row). Bounded: past maxHandBacks sequences it starts again,
-// which only ever counts more, never less.
-type handBacks struct {
-	mu sync.Mutex
-	n  map[uint64]int
-}
-
-const maxHandBacks = 1 << 16
-
-func (h *handBacks) add(seq uint64) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.n == nil || len(h.n) >= maxHandBacks {
-		h.n = map[uint64]int{}
-	}
-	h.n[seq]++
-}
-
-func (h *handBacks) get(seq uint64) int {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.n[seq]
-}
-
-func (h *handBacks) forget(seq uint64) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	delete(h.n, seq)
-}

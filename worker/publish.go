@@ -31,7 +31,7 @@ import (
 // broker cannot carry is published in a smaller form (the call took effect:
 // its job must still be answered); any other refusal is a counted retry, so
 // the job ends in the DLQ rather than looping.
-func (d *delivery) publish(r *jobs.Result, label Outcome) outcome {
+func (d *delivery) publish(r *jobs.Result, label Outcome) verdict {
 	subject, msgID := jobs.ResultSubject(d.job.ConversationID), jobs.ResultMsgID(d.key, d.job.ToolUseID, answerID(r, d.tool != nil && d.tool.UsesLedger, d.jobSeq()))
 	ctx, span := d.child(d.runCtx, "publish toolq.results", trace.SpanKindProducer,
 		tracing.MessagingSystem.String("nats"), tracing.MessagingDestination.String(subject),
@@ -189,7 +189,7 @@ func refused(err error) bool {
 // alone, is published instead: whatever a message carried, it can be
 // dead-lettered. The error comes back when the smallest one is refused too
 // (see deadLetterRefused), or the broker did not answer.
-func (w *Worker) publishDeadLetter(ctx context.Context, d *delivery, o outcome) error {
+func (w *Worker) publishDeadLetter(ctx context.Context, d *delivery, o verdict) error {
 	own := w.deadLetterHeaders(ctx, d, o)
 	msg := nats.NewMsg(jobs.DLQSubject(o.reason))
 	msg.Header = maps.Clone(own)
@@ -210,7 +210,7 @@ func (w *Worker) publishDeadLetter(ctx context.Context, d *delivery, o outcome) 
 }
 
 // deadLetterHeaders are toolq's own headers of the dead letter of d.
-func (w *Worker) deadLetterHeaders(ctx context.Context, d *delivery, o outcome) nats.Header {
+func (w *Worker) deadLetterHeaders(ctx context.Context, d *delivery, o verdict) nats.Header {
 	var seq uint64
 	if d.meta != nil {
 		seq = d.meta.Sequence.Stream

@@ -16,18 +16,18 @@ import (
 
 const tracerName = "github.com/toolq/toolq/worker"
 
-// ledgerOutcome is what the claim found, recorded on the process span as
+// finding is what the claim found, recorded on the process span as
 // toolq.ledger.outcome.
-type ledgerOutcome string
+type finding string
 
 const (
-	ledgerNone       ledgerOutcome = "none"        // the tool runs without a claim
-	ledgerClaimed    ledgerOutcome = "claimed"     // this delivery claimed the key first
-	ledgerDuplicate  ledgerOutcome = "duplicate"   // another delivery settled the call
-	ledgerInFlight   ledgerOutcome = "in_flight"   // another attempt holds the lease
-	ledgerTakeover   ledgerOutcome = "takeover"    // a keyed write's holder died: run again with the same key
-	ledgerHolderLost ledgerOutcome = "holder_lost" // an unkeyed write's holder died: indeterminate
-	ledgerCollision  ledgerOutcome = "collision"   // the row holds another call's material
+	ledgerNone       finding = "none"        // the tool runs without a claim
+	ledgerClaimed    finding = "claimed"     // this delivery claimed the key first
+	ledgerDuplicate  finding = "duplicate"   // another delivery settled the call
+	ledgerInFlight   finding = "in_flight"   // another attempt holds the lease
+	ledgerTakeover   finding = "takeover"    // a keyed write's holder died: run again with the same key
+	ledgerHolderLost finding = "holder_lost" // an unkeyed write's holder died: indeterminate
+	ledgerCollision  finding = "collision"   // the row holds another call's material
 )
 
 // startSpan starts the consumer span of the delivery, a child of the
@@ -64,9 +64,9 @@ const (
 )
 
 // explainDuplicate records on the process span why nothing ran, with the
-// original's tool_use_id (beside the link ledgerOutcome adds), and the
+// original's tool_use_id (beside the link noteFinding adds), and the
 // route the duplicate came by for the metrics. row is nil for a collision.
-func (d *delivery) explainDuplicate(found ledgerOutcome, row *ledger.Row) {
+func (d *delivery) explainDuplicate(found finding, row *ledger.Row) {
 	reason := reasonCompletedBefore
 	attrs := []attribute.KeyValue{}
 	switch {
@@ -97,10 +97,10 @@ func (d *delivery) child(ctx context.Context, name string, kind trace.SpanKind, 
 	return d.w.tracer.Start(trace.ContextWithSpan(ctx, d.span), name, trace.WithSpanKind(kind), trace.WithAttributes(attrs...))
 }
 
-// ledgerOutcome records what the claim found on the process span; for a
+// noteFinding records what the claim found on the process span; for a
 // row another delivery claimed it links to that delivery's span, so a trace
 // viewer goes from the duplicate to the original execution.
-func (d *delivery) ledgerOutcome(found ledgerOutcome, row *ledger.Row) {
+func (d *delivery) noteFinding(found finding, row *ledger.Row) {
 	d.span.SetAttributes(tracing.KeyLedgerOutcome.String(string(found)))
 	if row == nil || row.TraceID == "" {
 		return
@@ -114,7 +114,7 @@ func (d *delivery) ledgerOutcome(found ledgerOutcome, row *ledger.Row) {
 }
 
 // endSpan ends the process span with the delivery's verdict.
-func (d *delivery) endSpan(o outcome) {
+func (d *delivery) endSpan(o verdict) {
 	if d.span == nil {
 		return
 	}

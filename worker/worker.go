@@ -132,15 +132,12 @@ func (c *Config) fill() error {
 	return nil
 }
 
-// crashGuard × MaxDeliver deliveries dead-letter a job on arrival.
-const crashGuard = 3
-
 // Worker processes jobs. Create it with New, run it with Run.
 type Worker struct {
 	cfg      Config
 	log      *slog.Logger
 	consumer jetstream.Consumer
-	limit    int // deliveries before a job is dead-lettered
+	limit    deliveryLimit
 	ackWait  time.Duration
 
 	slots      chan struct{} // one per job in flight
@@ -155,8 +152,6 @@ type Worker struct {
 	// claim, so that a claim whose answer was lost is recognised as this
 	// delivery's own, and never as another's.
 	held sync.Map
-	// uncounted counts the uncounted hand-backs of each message.
-	uncounted handBacks
 }
 
 // claimFunc is the ledger's batch claim, with the test knob that loses its
@@ -209,7 +204,7 @@ func New(ctx context.Context, cfg Config) (*Worker, error) {
 		cfg:        cfg,
 		log:        cfg.Logger,
 		consumer:   cons,
-		limit:      cfg.Consumer.withDefaults().MaxDeliver,
+		limit:      deliveryLimit{max: cfg.Consumer.withDefaults().MaxDeliver},
 		ackWait:    ackWait,
 		slots:      make(chan struct{}, cfg.MaxInFlight),
 		tracer:     cfg.TracerProvider.Tracer(tracerName),
