@@ -1,0 +1,101 @@
+package ledger
+
+// The ledger: errors, timeouts and the translation of driver errors.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"time"
+)
+
+// Errors of the ledger. They are returned wrapped with the operation's name;
+// test them with errors.Is.
+var (
+	ErrNotFound         = errors.New("ledger: key not found")
+	ErrFenced           = errors.New("ledger: fenced out (the claim was taken over, settled or released)")
+	ErrLeaseHeld        = errors.New("ledger: lease still held by another attempt")
+	ErrMaterialMismatch = errors.New("ledger: key exists with different material (collision or tampering)")
+	ErrNotIndeterminate = errors.New("ledger: row is not indeterminate")
+	ErrUnavailable      = errors.New("ledger: database unavailable")
+	ErrInvalidOutput    = errors.New("ledger: output is not valid JSON in UTF-8")
+	ErrResolved         = errors.New("ledger: row was resolved otherwise")
+)
+
+// DefaultTimeout bounds every call whose context has no deadline.
+const DefaultTimeout = 15 * time.Second
+
+func withDefaultTimeout(ctx context.Context) (context.Context, context.CancelFunc) {
+	if _, ok := ctx.Deadline(); ok {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, DefaultTimeout)
+}
+
+// redact hides a password in a URL for error messages.
+func redact(u string) string {
+	at := strings.LastIndex(u, "@")
+	scheme := strings.Index(u, "://")
+	if at < 0 || scheme < 0 || at < scheme {
+		return u
+	}
+	creds := u[scheme+3 : at]
+	if user, _, ok := strings.Cut(creds, ":"); ok {
+		return u[:scheme+3] + user + ":xxxxx" + u[at:]
+	}
+	return u
+}
+
+// translate turns a driver error into a ledger error, so that no driver type
+// leaves the package: one that wraps ErrUnavailable when the database could
+// not be reached, or else one that carries only the driver's message.
+func (s *Store) translate(op string, err error) error {
+	switch {
+	case err == nil || isLedgerError(err):
+		return err
+	case errors.Is(err, context.Canceled):
+		return fmt.Errorf("ledger: %s: %w", op, context.Canceled)
+	case errors.Is(err, context.DeadlineExceeded):
+		return fmt.Errorf("ledger: %s: %w: %w", op, ErrUnavailable, context.DeadlineExceeded)
+	}
+	msg, unavailable := s.db.describe(err)
+	if unavailable {
+		return fmt.Errorf("ledger: %s: %w: %s", op, ErrUnavailable, msg)
+	}
+	return fmt.Errorf("ledger: %s: %s", op, msg)
+}
+
+// conflictTries bounds how often a batch aborted by a deadlock or a
+// serialization conflict is run again before the error is returned (as
+// ErrUnavailable: the caller retries it later).
+const conflictTries = 5
+
+// retryConflicts runs f until it succeeds, fails otherwise than by a
+// conflict (see database.conflicted), or has been tried conflictTries times,
+// with a short random pause between tries.
+func (s *Store) retryConflicts(ctx context.Context, f func() error) error {
+	for try := 1; ; try++ {
+		err := f()
+		if err == nil || try == conflictTries || !s.db.conflicted(err) {
+			return err
+		}
+		pause := time.NewTimer(time.Duration(rand.Int64N(int64(time.Duration(try) * 10 * time.Millisecond))))
+		select {
+		case <-ctx.Done():
+			pause.Stop()
+			return err
+		case <-pause.C:
+		}
+	}
+}
+
+func isLedgerError(err error) bool {
+	for _, e := range []error{ErrNotFound, ErrFenced, ErrLeaseHeld, ErrMaterialMismatch, ErrNotIndeterminate, ErrUnavailable, ErrInvalidOutput, ErrResolved} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
+}

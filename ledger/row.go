@@ -1,0 +1,171 @@
+package ledger
+
+// The ledger: rows and their states.
+
+import (
+	"encoding/json"
+	"time"
+)
+
+// State is the state of a ledger row.
+type State string
+
+// The states of a row (docs/design.md, "The ledger row").
+const (
+	InFlight      State = "in_flight"     // claimed; the holder's lease says until when
+	Completed     State = "completed"     // the tool succeeded; Result is its output
+	Failed        State = "failed"        // the tool failed definitely; Error says why
+	Indeterminate State = "indeterminate" // the outcome is unknown; an operator resolves it
+)
+
+// Valid reports whether s is one of the four states.
+func (s State) Valid() bool {
+	switch s {
+	case InFlight, Completed, Failed, Indeterminate:
+		return true
+	}
+	return false
+}
+
+// Fence identifies one claim of a key: a write whose attempt or token is not
+// the row's fails with ErrFenced. The token is what makes it one claim: a
+// claim lost in a crash of the database (Claim.AsyncCommit) is made again
+// at the same attempt, and the token tells the two holders apart.
+type Fence struct {
+	Key     string
+	Attempt int64
+	Token   string
+}
+
+// Row is one ledger row.
+type Row struct {
+	Key            string          `json:"key"`
+	ConversationID string          `json:"conversation_id"`
+	TurnIndex      int64           `json:"turn_index"`
+	Tool           string          `json:"tool"`
+	Ordinal        int64           `json:"ordinal"`
+	ArgsDigest     string          `json:"args_digest"`
+	State          State           `json:"state"`
+	Attempt        int64           `json:"attempt"`
+	Owner          string          `json:"owner"`
+	LeaseUntil     time.Time       `json:"lease_until"`
+	FirstToolUseID string          `json:"first_tool_use_id"`
+	TraceID        string          `json:"trace_id,omitempty"`
+	SpanID         string          `json:"span_id,omitempty"`
+	Result         json.RawMessage `json:"result,omitempty"`
+	Error          *ErrorInfo      `json:"error,omitempty"`
+	CreatedAt      time.Time       `json:"created_at"`
+	UpdatedAt      time.Time       `json:"updated_at"`
+	// LeaseRemaining is how long the lease still runs by the database's
+	// clock when the row was read; zero once it has expired.
+	LeaseRemaining time.Duration `json:"lease_remaining_ms"`
+	// Failures counts the call's tries that ended unsettled for a reason of
+	// their own (see Store.CountFailures); ClaimToken is the Token of the
+	// claim or takeover that took the row.
+	Failures   int64  `json:"failures"`
+	ClaimToken string `json:"-"`
+	// History is the operators' decisions on the row, oldest first.
+	History []Event `json:"history,omitempty"`
+	// AnsweredAt is when a claim last found the row settled and answered
+	// a duplicate from it, to within answeredEvery (zero: never). A purge
+	// counts the retention from the later of it and UpdatedAt.
+	AnsweredAt time.Time `json:"answered_at,omitzero"`
+}
+
+// answeredEvery is how stale Row.AnsweredAt may be. A claim that answers a
+// duplicate from a settled row writes the time only when the stored one is
+// older, so that duplicates of a key cost a write an hour at most (a
+// duplicate's claim otherwise writes nothing: on Postgres it takes no
+// transaction id and no WAL flush), and a purge keeps such a row up to this
+// much longer than its retention, which is days.
+const answeredEvery = time.Hour
+
+// Event is one operator decision recorded in a row's history.
+type Event struct {
+	At       time.Time       `json:"at"`
+	By       string          `json:"by"`
+	Action   string          `json:"action"`   // "resolve"
+	Decision string          `json:"decision"` // "completed" or "not_run"
+	Reason   string          `json:"reason"`
+	From     State           `json:"from"`            // the row's state before
+	Error    *ErrorInfo      `json:"error,omitempty"` // the error it recorded then
+	Output   json.RawMessage `json:"output,omitempty"`
+}
+
+// The decisions of a resolution, as recorded in Event.Decision.
+const (
+	DecisionCompleted = "completed"
+	DecisionNotRun    = "not_run"
+)
+
+// LastResolution returns the latest resolve event of the row's history, or
+// nil when it was never resolved.
+func (r *Row) LastResolution() *Event {
+	for i := len(r.History) - 1; i >= 0; i-- {
+		if r.History[i].Action == "resolve" {
+			return &r.History[i]
+		}
+	}
+	return nil
+}
+
+// Fence returns the fence of the row's current attempt.
+func (r *Row) Fence() Fence { return Fence{Key: r.Key, Attempt: r.Attempt, Token: r.ClaimToken} }
+
+// LeaseExpired reports whether the row is in flight with its lease run out.
+func (r *Row) LeaseExpired() bool { return r.State == InFlight && r.LeaseRemaining <= 0 }
+
+// ErrorInfo is the error recorded with a failed, ambiguous or indeterminate
+// attempt.
+type ErrorInfo struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+func encodeError(e ErrorInfo) string {
+	b, _ := json.Marshal(e)
+	return string(b)
+}
+
+// scanRow reads the columns of dialect.cols, after the leading ones if any.
+func scanRow(sc scanner, r *Row, leading ...any) error {
+	var state, result, errText, history string
+	var leaseMS, remainingMS, createdMS, updatedMS, answeredMS int64
+	dest := append(leading, &r.Key, &r.ConversationID, &r.TurnIndex, &r.Tool, &r.Ordinal, &r.ArgsDigest, &state,
+		&r.Attempt, &r.Owner, &leaseMS, &remainingMS, &r.FirstToolUseID, &r.TraceID, &r.SpanID, &result,
+		&errText, &createdMS, &updatedMS, &history, &r.Failures, &r.ClaimToken, &answeredMS)
+	if err := sc.Scan(dest...); err != nil {
+		return err
+	}
+	r.History = nil
+	if history != "" && history != "[]" {
+		if err := json.Unmarshal([]byte(history), &r.History); err != nil {
+			r.History = []Event{{Action: "unreadable", Reason: history}}
+		}
+	}
+	r.State = State(state)
+	r.LeaseUntil = time.UnixMilli(leaseMS).UTC()
+	r.LeaseRemaining = time.Duration(max(remainingMS, 0)) * time.Millisecond
+	r.CreatedAt = time.UnixMilli(createdMS).UTC()
+	r.UpdatedAt = time.UnixMilli(updatedMS).UTC()
+	r.AnsweredAt = time.Time{}
+	if answeredMS > 0 {
+		r.AnsweredAt = time.UnixMilli(answeredMS).UTC()
+	}
+	r.Result = nil
+	if result != "" {
+		r.Result = json.RawMessage(result)
+	}
+	r.Error = nil
+	if errText != "" {
+		r.Error = new(ErrorInfo)
+		if json.Unmarshal([]byte(errText), r.Error) != nil {
+			r.Error = &ErrorInfo{Code: "unknown", Message: errText}
+		}
+	}
+	return nil
+}
+
+// stateReleased is the state of a row whose claim was given up; to every
+// reader but Resolve the key has no row.
+const stateReleased State = "released"
