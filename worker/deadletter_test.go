@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
@@ -41,27 +40,6 @@ func largeHeaders() map[string]nats.Header {
 		many.Set(fmt.Sprintf("X-H-%04d", i), strings.Repeat("v", 20))
 	}
 	return map[string]nats.Header{"one large header": one, "many headers": many}
-}
-
-// deadLetters returns the messages of TOOLQ_DLQ.
-func deadLetters(t *testing.T, js jetstream.JetStream) []*jetstream.RawStreamMsg {
-	t.Helper()
-	ctx := context.Background()
-	s, err := js.Stream(ctx, jobs.DLQStream)
-	if err != nil {
-		t.Fatal(err)
-	}
-	info, err := s.Info(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []*jetstream.RawStreamMsg
-	for seq := info.State.FirstSeq; info.State.Msgs > 0 && seq <= info.State.LastSeq; seq++ {
-		if m, err := s.GetMsg(ctx, seq); err == nil {
-			out = append(out, m)
-		}
-	}
-	return out
 }
 
 // TestJobWithHeadersAtJetStreamsLimitIsAnswered: a job whose headers fill

@@ -94,57 +94,6 @@ func TestRunLeavesNoGoroutines(t *testing.T) {
 
 func TestMain(m *testing.M) { testenv.Main(m) }
 
-// startWorker starts an in-process JetStream server, a SQLite ledger and a
-// worker with cfg (JS, Ledger and Tools filled in) for the test, and stops
-// them when it ends.
-func startWorker(t *testing.T, reg *tools.Registry, cfg worker.Config) (jetstream.JetStream, *ledger.Store) {
-	t.Helper()
-	dir := t.TempDir()
-	srv, err := server.NewServer(&server.Options{Port: -1, JetStream: true, StoreDir: dir, NoLog: true, NoSigs: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Start()
-	if !srv.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats-server not ready")
-	}
-	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
-	nc, err := nats.Connect(srv.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, _ := jetstream.New(nc)
-	ctx := context.Background()
-	store, err := ledger.OpenSQLite(ctx, filepath.Join(dir, "ledger.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(store.Close)
-	if err := store.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	cfg.JS, cfg.Ledger, cfg.Tools = js, store, reg
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	}
-	wctx, stop := context.WithCancel(ctx)
-	w, err := worker.New(wctx, cfg)
-	if err != nil {
-		stop()
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- w.Run(wctx) }()
-	t.Cleanup(func() {
-		stop()
-		if err := <-done; err != nil {
-			t.Errorf("worker: %v", err)
-		}
-	})
-	return js, store
-}
-
 // TestNewProvisionsIdempotently: workers starting one after another create
 // the streams and the durable consumer once and then update them in place.
 func TestNewProvisionsIdempotently(t *testing.T) {

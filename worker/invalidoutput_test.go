@@ -7,35 +7,15 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/toolq/toolq/jobs"
 	"github.com/toolq/toolq/ledger"
 	"github.com/toolq/toolq/tools"
 	"github.com/toolq/toolq/worker"
 )
 
-// dlqCount is how many dead letters TOOLQ_DLQ holds.
-func dlqCount(t *testing.T, js jetstream.JetStream) uint64 {
-	t.Helper()
-	s, err := js.Stream(context.Background(), jobs.DLQStream)
-	if err != nil {
-		t.Fatal(err)
-	}
-	info, err := s.Info(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	for seq := info.State.FirstSeq; info.State.Msgs > 0 && seq <= info.State.LastSeq; seq++ {
-		if m, err := s.GetMsg(context.Background(), seq); err == nil {
-			t.Logf("dead letter %d: %s, %s", seq, m.Subject, m.Header.Get(jobs.HeaderDLQDetail))
-		}
-	}
-	return info.State.Msgs
-}
-
-// TestReviewInvalidUTF8OutputOfKeyedWriteRunsAgainAndIsDeadLettered
-// proves: a keyed write whose executor SUCCEEDS with output that json.Valid
+// TestKeyedWriteWithInvalidUTF8OutputRunsOnceAndIsAnswered: a keyed write that succeeds with output that is not valid UTF-8 runs once and is answered (its output repaired), not run again until dead-lettered.
+//
+// Before the fix: a keyed write whose executor SUCCEEDS with output that json.Valid
 // accepts but that is not valid UTF-8 (a byte 0xff inside a string) is never
 // answered. tools.Run classifies it Success; Complete refuses it with
 // ledger.ErrInvalidOutput; execute treats that as lostClaim's "other write
@@ -44,7 +24,7 @@ func dlqCount(t *testing.T, js jetstream.JetStream) uint64 {
 // delivery limit dead-letters a call that took effect on the first try.
 // Expected: one run and a result (ok, or a definite/indeterminate error
 // saying the output was unusable).
-func TestReviewInvalidUTF8OutputOfKeyedWriteRunsAgainAndIsDeadLettered(t *testing.T) {
+func TestKeyedWriteWithInvalidUTF8OutputRunsOnceAndIsAnswered(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	var runs atomic.Int32
@@ -82,13 +62,15 @@ func TestReviewInvalidUTF8OutputOfKeyedWriteRunsAgainAndIsDeadLettered(t *testin
 	}
 }
 
-// TestReviewInvalidUTF8OutputOfUnkeyedWriteIsReportedHolderLost proves: an
+// TestUnkeyedWriteWithInvalidUTF8OutputIsAnsweredNotHolderLost: an unkeyed write that succeeds with output that is not valid UTF-8 is answered from what it returned, not reported as a holder that stopped.
+//
+// Before the fix: an
 // unkeyed write that SUCCEEDED with non-UTF-8 output is answered, after the
 // lease runs out, as indeterminate "holder_lost: <this worker> stopped during
 // attempt 1" although no worker stopped and the executor said yes: the
 // ErrInvalidOutput refusal is handled as if the worker had died, and the
 // success (and its output) is lost to the agent and the operator.
-func TestReviewInvalidUTF8OutputOfUnkeyedWriteIsReportedHolderLost(t *testing.T) {
+func TestUnkeyedWriteWithInvalidUTF8OutputIsAnsweredNotHolderLost(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	var runs atomic.Int32

@@ -3,69 +3,18 @@ package worker_test
 import (
 	"context"
 	"encoding/json"
-	"io"
-	"log/slog"
-	"path/filepath"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
-	"github.com/toolq/toolq/internal/testenv"
 	"github.com/toolq/toolq/jobs"
-	"github.com/toolq/toolq/ledger"
 	"github.com/toolq/toolq/tools"
 	"github.com/toolq/toolq/worker"
 )
 
-// sharedEnv is one broker and one SQLite ledger for several workers.
-func sharedEnv(t *testing.T) (jetstream.JetStream, *ledger.Store) {
-	t.Helper()
-	js, err := jetstream.New(testenv.StartNATS(t).Connect())
-	if err != nil {
-		t.Fatal(err)
-	}
-	return js, sqliteStore(t)
-}
-
-// sqliteStore is a migrated SQLite ledger in the test's temporary
-// directory, closed when the test ends.
-func sqliteStore(t *testing.T) *ledger.Store {
-	t.Helper()
-	ctx := context.Background()
-	store, err := ledger.OpenSQLite(ctx, filepath.Join(t.TempDir(), "ledger.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(store.Close)
-	if err := store.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	return store
-}
-
-// runWorker starts a worker on js and store; stop ends it (its error is
-// not checked: the tests here stop workers that "died").
-func runWorker(t *testing.T, js jetstream.JetStream, store *ledger.Store, reg *tools.Registry, cfg worker.Config) (stop func()) {
-	t.Helper()
-	cfg.JS, cfg.Ledger, cfg.Tools = js, store, reg
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	w, err := worker.New(ctx, cfg)
-	if err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() { w.Run(ctx); close(done) }()
-	return func() { cancel(); <-done }
-}
-
-// TestReview2OwnClaimRerunsAnUnkeyedWriteOfADeadProcessWithTheSameOwner
-// proves: ownClaim takes any in-flight row with this Owner and this
+// TestARestartedProcessWithTheSameOwnerDoesNotRerunADeadAttempt: a process restarted with the same owner (host:1 in every container restart) never takes a dead process's in-flight row for its own lost claim: the unkeyed write takes effect once and is answered indeterminate once the lease ends.
+//
+// Before the fix: ownClaim takes any in-flight row with this Owner and this
 // tool_use_id for the delivery's own lost claim when tracing is off (the
 // default: OpenTelemetry's no-op provider gives no valid span, so the span
 // check is skipped) and Worker.held of THIS process is empty. A worker that
@@ -76,7 +25,7 @@ func runWorker(t *testing.T, js jetstream.JetStream, store *ledger.Store, reg *t
 // retry reads the dead process's row, and the unkeyed write RUNS AGAIN,
 // under the dead attempt's fence, without a takeover. Expected: the effect
 // once; the job answered indeterminate (holder_lost) once the lease ends.
-func TestReview2OwnClaimRerunsAnUnkeyedWriteOfADeadProcessWithTheSameOwner(t *testing.T) {
+func TestARestartedProcessWithTheSameOwnerDoesNotRerunADeadAttempt(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	var effects atomic.Int32

@@ -46,7 +46,9 @@ func halfOpenHeld(t *testing.T, class tools.Class, gate chan struct{}) (reg *too
 	return reg, trial, victimCalls
 }
 
-// TestReview2HalfOpenRefusalsSpendALedgerCallsTries proves: a keyed write
+// TestCallsHeldBackByAHalfOpenBreakerSpendNoTries: a keyed write held back by a half-open breaker (its trial taken) spends none of its tries: once the downstream answers, it is retried and its second try succeeds.
+//
+// Before the fix: a keyed write
 // that arrives while its downstream's breaker is half-open with the trial
 // taken is claimed (BreakerWait is 0 when half-open), refused by gobreaker
 // (ErrTooManyRequests → NotSent breaker_open), released and handed back
@@ -57,7 +59,7 @@ func halfOpenHeld(t *testing.T, class tools.Class, gate chan struct{}) (reg *too
 // it with "still unsettled after N tries". Expected (docs/design.md, The
 // delivery limit: "a call held back by an open breaker … costs the call
 // none of its tries"): retried, second try succeeds, result ok.
-func TestReview2HalfOpenRefusalsSpendALedgerCallsTries(t *testing.T) {
+func TestCallsHeldBackByAHalfOpenBreakerSpendNoTries(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	gate := make(chan struct{})
@@ -85,7 +87,9 @@ func TestReview2HalfOpenRefusalsSpendALedgerCallsTries(t *testing.T) {
 	}
 }
 
-// TestReview2ReadToolBehindHalfOpenBreakerIsDeadLettered proves: a read
+// TestReadHeldBackByAHalfOpenBreakerIsNotDeadLettered: a read tool (no ledger row) held back by a half-open breaker is handed back uncounted and answered once the breaker closes, never dead-lettered.
+//
+// Before the fix: a read
 // tool (no ledger row) held back by a half-open breaker gets uncounted
 // retries, but each one raises JetStream's delivery count, which is what
 // both the crash guard (> 3 × MaxDeliver before an unclaimed tool runs) and
@@ -93,7 +97,7 @@ func TestReview2HalfOpenRefusalsSpendALedgerCallsTries(t *testing.T) {
 // anything and never reached its downstream, yet it is dead-lettered
 // max_deliver while the breaker's trial is still running. Expected: no dead
 // letter; answered once the breaker closes.
-func TestReview2ReadToolBehindHalfOpenBreakerIsDeadLettered(t *testing.T) {
+func TestReadHeldBackByAHalfOpenBreakerIsNotDeadLettered(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	gate := make(chan struct{})

@@ -12,7 +12,9 @@ import (
 	"github.com/toolq/toolq/worker"
 )
 
-// TestReview2HungExecutorIsKeptAliveForever proves: an executor that does
+// TestHungExecutorIsGivenUpAfterItsTimeout: an executor that ignores its context is kept alive only until its timeout and a grace period; then the job ends (a retry and a result, or a dead letter), never silence.
+//
+// Before the fix: an executor that does
 // not return at its tool's Timeout (it ignores ctx: a blocking syscall, a
 // library without a context) is heartbeated for ever. The heartbeat sends
 // InProgress (and, with a ledger row, extends the lease) every tick with no
@@ -24,7 +26,7 @@ import (
 // 500ms, AckWait 300ms; the test waits 25 × the timeout. Expected: the job
 // ends (a retry then a result, or a dead letter) once the timeout and the
 // lease have passed.
-func TestReview2HungExecutorIsKeptAliveForever(t *testing.T) {
+func TestHungExecutorIsGivenUpAfterItsTimeout(t *testing.T) {
 	for _, class := range []tools.Class{tools.Read, tools.KeyedWrite} {
 		t.Run(string(class), func(t *testing.T) {
 			t.Parallel()

@@ -13,7 +13,9 @@ import (
 	"github.com/toolq/toolq/worker"
 )
 
-// TestReview2DeadLetterWithAHugeDetailLoopsForever proves: publishDeadLetter
+// TestJobWithAHugeErrorDetailIsDeadLetteredAtTheLimit: a job whose executor fails with an error message larger than the max payload is dead-lettered after MaxDeliver tries, its detail cut to fit.
+//
+// Before the fix: publishDeadLetter
 // checks only that the BODY fits (and omits it otherwise), never that the
 // headers do. The Toolq-Dlq-Detail header carries the whole error text, and
 // an executor's error message is unbounded (encodeResult cuts it to 1 KiB
@@ -25,7 +27,7 @@ import (
 // again and calls the downstream again — the claimed path has no crash
 // guard — so the job neither gets a result nor a dead letter and keeps
 // hitting its downstream. Expected: a dead letter after MaxDeliver (2) tries.
-func TestReview2DeadLetterWithAHugeDetailLoopsForever(t *testing.T) {
+func TestJobWithAHugeErrorDetailIsDeadLetteredAtTheLimit(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	huge := strings.Repeat("x", 1200<<10) // a downstream's error page, quoted whole

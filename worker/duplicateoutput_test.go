@@ -16,7 +16,9 @@ import (
 	"github.com/toolq/toolq/worker"
 )
 
-// TestReviewDuplicateGetsAnotherOutputThanTheOriginal proves: shrinking a
+// TestADuplicateGetsTheOriginalsOutput: a duplicate gets the same output as the original, also for an output just under the result limit.
+//
+// Before the fix: shrinking a
 // result changes what a duplicate is told. The limit applies to the whole
 // encoded result, and a duplicate's result is longer than the original's
 // ("duplicate":true,"original_tool_use_id":…). For an output just under the
@@ -26,7 +28,7 @@ import (
 // place: two answers to one call, and the second looks like a successful
 // tool output. (The agent cannot tell the marker from a real output either:
 // the status stays "ok" and nothing else in the result says it was cut.)
-func TestReviewDuplicateGetsAnotherOutputThanTheOriginal(t *testing.T) {
+func TestADuplicateGetsTheOriginalsOutput(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	size := make(chan int, 1)

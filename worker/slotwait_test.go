@@ -3,7 +3,6 @@ package worker_test
 import (
 	"context"
 	"encoding/json"
-	"log/slog"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -14,7 +13,9 @@ import (
 	"github.com/toolq/toolq/worker"
 )
 
-// TestReviewJobWaitingForASlotIsDeadLettered proves: a job that is fetched
+// TestWaitingInTheFetchLoopCostsNoDelivery: a job fetched while every slot is busy waits without spending deliveries, and is answered, never dead-lettered.
+//
+// Before the fix: a job that is fetched
 // while every slot is busy waits in the fetch loop (and the pull buffer)
 // with no InProgress, so JetStream redelivers it every AckWait while it
 // waits, and each redelivery raises NumDelivered. A job that did nothing but
@@ -23,7 +24,7 @@ import (
 // never failed (and, here, was answered too: the first copy runs, the
 // later copies trip the crash guard on arrival). Expected: waiting for a
 // slot costs no delivery, and no dead letter.
-func TestReviewJobWaitingForASlotIsDeadLettered(t *testing.T) {
+func TestWaitingInTheFetchLoopCostsNoDelivery(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	gate := make(chan struct{})
@@ -66,10 +67,6 @@ func TestReviewJobWaitingForASlotIsDeadLettered(t *testing.T) {
 	if n := dlqCount(t, js); n != 0 || errFast != nil {
 		t.Fatalf("a job that only waited for a slot: await error %v, fast ran %d time(s), %d dead letter(s)", errFast, fastRuns.Load(), n)
 	}
-}
-
-func testLogger(t *testing.T) *slog.Logger {
-	return slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
 }
 
 type tWriter struct{ t *testing.T }

@@ -16,7 +16,9 @@ import (
 	"github.com/toolq/toolq/worker"
 )
 
-// TestReview2FitDependsOnTheToolUseIDLength proves: after a5173a3 whether an
+// TestWhetherAnOutputFitsDependsOnTheOutputAlone: whether an output fits a result depends on the output alone, not on the length of the tool_use_id it is addressed to: the original and a duplicate get the same output.
+//
+// Before the fix: after a5173a3 whether an
 // output "fits" is still not decided from the output alone. encodeResult
 // compares len(output) with limit − 4 KiB, and limit (payloadLimit) is the
 // max payload less THIS message's headers, which hold
@@ -25,7 +27,7 @@ import (
 // short tool_use_id whole, and a duplicate with a long one as
 // {"response_too_large":true,…} with status ok: one call, two answers.
 // Expected: the original and the duplicate get the same output.
-func TestReview2FitDependsOnTheToolUseIDLength(t *testing.T) {
+func TestWhetherAnOutputFitsDependsOnTheOutputAlone(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	size := make(chan int, 1)

@@ -13,7 +13,9 @@ import (
 	"github.com/toolq/toolq/worker"
 )
 
-// TestReviewCrashGuardDeadLettersDuplicateOfHealthyAttempt proves: the
+// TestDuplicateOfALongRunningAttemptIsAnsweredNotDeadLettered: the retried turn's duplicate of a call whose first attempt is still running (heartbeating) waits for it and gets the stored result, however long it runs; it is not taken for a crash loop.
+//
+// Before the fix: the
 // retried turn's duplicate of a call whose first attempt is still running
 // (healthy: heartbeating, lease renewed) is dead-lettered max_deliver.
 // awaitOther hands it back "uncounted", but every hand-back raises
@@ -23,7 +25,7 @@ import (
 // 1 s backoff doubling to 1 min, MaxDeliver 10) any call running longer than
 // about 27 minutes loses its duplicate this way; here the knobs are small.
 // The duplicate's tool_use_id then never gets the stored result.
-func TestReviewCrashGuardDeadLettersDuplicateOfHealthyAttempt(t *testing.T) {
+func TestDuplicateOfALongRunningAttemptIsAnsweredNotDeadLettered(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	gate := make(chan struct{})
