@@ -308,7 +308,7 @@ func (b *bench) measureCounted(ctx context.Context, name string, into *Throughpu
 		into.Runs = append(into.Runs, s.perS)
 		b.cfg.Logger.Info("bench run", "scenario", name, "rep", rep+1, "jobs_per_s", int(s.perS), "cpu_s_per_1000", fmt.Sprintf("%.3f", s.cpu))
 	}
-	slices.SortFunc(samples, func(a, b sample) int { return cmpFloat(a.perS, b.perS) })
+	slices.SortFunc(samples, func(a, b sample) int { return cmp.Compare(a.perS, b.perS) })
 	m := samples[len(samples)/2]
 	into.JobsPerS, into.CPUPer1000, into.MachineCPU, into.CommitsPerJob, into.FlushesPerJob, into.PeakRSSMiB = m.perS, m.cpu, m.machine, m.commits, m.flushes, cmp.Or(m.peak, peakRSSMiB())
 	into.Payments = m.payments
@@ -629,16 +629,6 @@ func peakRSSMiB() float64 {
 	var ru syscall.Rusage
 	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
 	return float64(ru.Maxrss) / 1024 // KiB on Linux
-}
-
-func cmpFloat(a, b float64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // resultWatch records when each result arrives, by tool_use_id, from a

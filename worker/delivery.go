@@ -48,11 +48,12 @@ type delivery struct {
 	leaseSince time.Time
 }
 
-// run processes one delivery: the state machine of docs/design.md, top to
-// bottom. It returns the one outcome that settle turns into a JetStream
-// verb; nothing in it acknowledges the message.
+// run processes one delivery: the state machine of docs/design.md ("One
+// delivery"), top to bottom, its steps numbered as there. It returns the
+// one verdict that settle turns into a JetStream verb; nothing in it
+// acknowledges the message.
 func (d *delivery) run() verdict {
-	// 1–2. Decode and validate. What is not a valid job is never run: it
+	// 1. Decode and validate. What is not a valid job is never run: it
 	// goes to the DLQ. A valid job that cannot run (unknown tool, bad args,
 	// a forged key) gets a rejected result.
 	refusal := d.decode()
@@ -67,13 +68,13 @@ func (d *delivery) run() verdict {
 		return retryUncounted(d.w.backoff(d), fmt.Errorf("legacy key: %w", err))
 	}
 
-	// 3. Reads, and keyed writes with the ledger off, run without a claim:
+	// 2. Reads, and keyed writes with the ledger off, run without a claim:
 	// a retry is safe (no effect, or the downstream collapses it).
 	if !d.tool.UsesLedger {
 		return d.runUnclaimed()
 	}
 
-	// 4. Claim the key before running, and act on what the ledger holds.
+	// 3. Claim the key before running, and act on what the ledger holds.
 	// While the downstream's breaker is open a claim would only be given
 	// back: answer a settled call from the ledger, hand the rest back.
 	if wait := d.tool.BreakerWait(); wait > 0 {
@@ -314,7 +315,7 @@ func (d *delivery) holderLost(row ledger.Row) verdict {
 	return d.publish(d.resultOf(taken), OutcomeIndeterminate)
 }
 
-// execute is step 5: run the tool under the claim, keeping the claim and
+// execute is step 4: run the tool under the claim, keeping the claim and
 // the delivery alive while it runs, record the outcome fenced by the
 // attempt, and publish the result.
 func (d *delivery) execute(row ledger.Row) verdict {

@@ -24,7 +24,7 @@ import (
 	"github.com/toolq/toolq/tracing"
 )
 
-// publish is step 6: publish the result and wait for JetStream to have it.
+// publish is step 5: publish the result and wait for JetStream to have it.
 // The message id makes a second publication after a crash a no-op. The
 // delivery is then answered, as label. While the broker is out it waits,
 // and when the drain gives up it hands the job back uncounted; a result the
