@@ -145,7 +145,8 @@ func (s *Store) Takeover(ctx context.Context, f Fence, owner, token string, leas
 	q := s.db.sql()
 	var row Row
 	found := false
-	err := s.db.queryRows(ctx, q.takeover, []any{f.Key, f.Attempt, owner, lease.Milliseconds(), f.Token, token}, func(sc scanner) error {
+	args := fenceArgs(f, namedArgs{"owner": owner, "lease_ms": lease.Milliseconds(), "new_token": token})
+	err := s.db.queryRows(ctx, q.takeover, args, func(sc scanner) error {
 		found = true
 		return scanRow(sc, &row)
 	})

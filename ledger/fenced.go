@@ -16,7 +16,7 @@ import (
 // Extend renews the lease of an in-flight claim to lease from now (by the
 // database's clock). ErrFenced or ErrNotFound: the claim is no longer ours.
 func (s *Store) Extend(ctx context.Context, f Fence, lease time.Duration) error {
-	return s.fenced(ctx, "extend", f, s.db.sql().extend, lease.Milliseconds())
+	return s.fenced(ctx, "extend", f, s.db.sql().extend, namedArgs{"lease_ms": lease.Milliseconds()})
 }
 
 // Complete records the tool's output and settles the row as completed. An
@@ -25,7 +25,7 @@ func (s *Store) Complete(ctx context.Context, f Fence, output json.RawMessage) e
 	if err := checkOutput("complete", f.Key, output); err != nil {
 		return err
 	}
-	return s.fenced(ctx, "complete", f, s.db.sql().complete, string(output))
+	return s.fenced(ctx, "complete", f, s.db.sql().complete, namedArgs{"result": string(output)})
 }
 
 // checkOutput refuses an output that is not valid JSON in UTF-8. json.Valid
@@ -114,20 +114,20 @@ func (s *Store) completeBatch(ctx context.Context, cs []Completion) ([]error, er
 // Fail settles the row as failed: the downstream answered no, and that answer
 // is the call's result from now on.
 func (s *Store) Fail(ctx context.Context, f Fence, e ErrorInfo) error {
-	return s.fenced(ctx, "fail", f, s.db.sql().fail, encodeError(e))
+	return s.fenced(ctx, "fail", f, s.db.sql().fail, namedArgs{"error": encodeError(e)})
 }
 
 // EndLease ends the lease now and records why, leaving the row in flight: a
 // keyed write whose outcome is ambiguous is retried by the next delivery,
 // which takes over with the same key.
 func (s *Store) EndLease(ctx context.Context, f Fence, e ErrorInfo) error {
-	return s.fenced(ctx, "end lease", f, s.db.sql().endLease, encodeError(e))
+	return s.fenced(ctx, "end lease", f, s.db.sql().endLease, namedArgs{"error": encodeError(e)})
 }
 
 // MarkIndeterminate settles the row as indeterminate: an unkeyed write whose
 // outcome is unknown, left for an operator to resolve.
 func (s *Store) MarkIndeterminate(ctx context.Context, f Fence, e ErrorInfo) error {
-	return s.fenced(ctx, "mark indeterminate", f, s.db.sql().indeterminate, encodeError(e))
+	return s.fenced(ctx, "mark indeterminate", f, s.db.sql().indeterminate, namedArgs{"error": encodeError(e)})
 }
 
 // CountFailures records on the claim's row that n tries of the call have
@@ -136,7 +136,7 @@ func (s *Store) MarkIndeterminate(ctx context.Context, f Fence, e ErrorInfo) err
 // that only waited never reach it. Errors: ErrFenced or ErrNotFound when the
 // claim is no longer this fence's.
 func (s *Store) CountFailures(ctx context.Context, f Fence, n int64) error {
-	return s.fenced(ctx, "count failures", f, s.db.sql().failures, n)
+	return s.fenced(ctx, "count failures", f, s.db.sql().failures, namedArgs{"failures": n})
 }
 
 // Release gives the claim up: the tool was not sent, so nothing happened and
@@ -145,13 +145,15 @@ func (s *Store) CountFailures(ctx context.Context, f Fence, n int64) error {
 // attempt: the next claim takes the attempt after it, so this fence, and any
 // older one, can never match the new claim.
 func (s *Store) Release(ctx context.Context, f Fence) error {
-	return s.fenced(ctx, "release", f, s.db.sql().release)
+	return s.fenced(ctx, "release", f, s.db.sql().release, nil)
 }
 
-func (s *Store) fenced(ctx context.Context, op string, f Fence, query string, args ...any) error {
+// fenced runs a write of the holder of the claim f, with the claim's
+// arguments and more.
+func (s *Store) fenced(ctx context.Context, op string, f Fence, query string, more namedArgs) error {
 	ctx, cancel := withDefaultTimeout(ctx)
 	defer cancel()
-	n, err := s.db.exec(ctx, query, append(append([]any{f.Key, f.Attempt}, args...), f.Token)...)
+	n, err := s.db.exec(ctx, query, fenceArgs(f, more))
 	if err != nil {
 		return s.translate(op, err)
 	}
@@ -168,6 +170,6 @@ func (s *Store) fenced(ctx context.Context, op string, f Fence, query string, ar
 func (s *Store) Answered(ctx context.Context, key string) error {
 	ctx, cancel := withDefaultTimeout(ctx)
 	defer cancel()
-	_, err := s.db.exec(ctx, s.db.sql().answered, key)
+	_, err := s.db.exec(ctx, s.db.sql().answered, namedArgs{"key": key})
 	return s.translate("answered", err)
 }

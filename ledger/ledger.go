@@ -32,10 +32,10 @@ type Store struct {
 type database interface {
 	claim(ctx context.Context, claims []Claim) ([]claimed, error)
 	completeBatch(ctx context.Context, cs []Completion) (map[Fence]bool, error)
-	exec(ctx context.Context, query string, args ...any) (int64, error)
-	queryRows(ctx context.Context, query string, args []any, each func(scanner) error) error
+	exec(ctx context.Context, query string, args namedArgs) (int64, error)
+	queryRows(ctx context.Context, query string, args namedArgs, each func(scanner) error) error
 	migrate(ctx context.Context) error
-	sql() *dialect
+	sql() *queries
 	describe(err error) (message string, unavailable bool)
 	// conflicted reports a statement the database aborted to break a
 	// deadlock or a serialization conflict: nothing of it was applied, and

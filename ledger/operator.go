@@ -46,7 +46,7 @@ func (s *Store) Get(ctx context.Context, key string) (Row, error) {
 	defer cancel()
 	var row Row
 	found := false
-	err := s.db.queryRows(ctx, s.db.sql().get, []any{key}, func(sc scanner) error {
+	err := s.db.queryRows(ctx, s.db.sql().get, namedArgs{"key": key}, func(sc scanner) error {
 		found = true
 		return scanRow(sc, &row)
 	})
@@ -77,7 +77,8 @@ func (s *Store) List(ctx context.Context, f Filter) ([]Row, error) {
 	if f.Stale {
 		query = q.listStale
 	}
-	args := []any{string(f.State), f.Limit, f.Tool, f.ConversationID, f.OlderThan.Milliseconds(), f.NewerThan.Milliseconds()}
+	args := namedArgs{"state": string(f.State), "limit": f.Limit, "tool": f.Tool, "conversation": f.ConversationID,
+		"older_ms": f.OlderThan.Milliseconds(), "newer_ms": f.NewerThan.Milliseconds()}
 	rows := []Row{}
 	err := s.db.queryRows(ctx, query, args, func(sc scanner) error {
 		var r Row
@@ -171,9 +172,9 @@ func (s *Store) Resolve(ctx context.Context, key string, r Resolution) (changed 
 		q := s.db.sql()
 		var n int64
 		if r.NotRun {
-			n, err = s.db.exec(ctx, q.resolveNotRun, key, string(evJSON))
+			n, err = s.db.exec(ctx, q.resolveNotRun, namedArgs{"key": key, "event": string(evJSON)})
 		} else {
-			n, err = s.db.exec(ctx, q.resolveCompleted, key, string(evJSON), string(r.Output))
+			n, err = s.db.exec(ctx, q.resolveCompleted, namedArgs{"key": key, "event": string(evJSON), "result": string(r.Output)})
 		}
 		if err != nil {
 			return false, s.translate("resolve", err)
@@ -208,7 +209,7 @@ func (s *Store) Resolve(ctx context.Context, key string, r Resolution) (changed 
 func (s *Store) getAny(ctx context.Context, key string) (Row, error) {
 	var row Row
 	found := false
-	err := s.db.queryRows(ctx, s.db.sql().getAny, []any{key}, func(sc scanner) error {
+	err := s.db.queryRows(ctx, s.db.sql().getAny, namedArgs{"key": key}, func(sc scanner) error {
 		found = true
 		return scanRow(sc, &row)
 	})
@@ -256,7 +257,8 @@ func (s *Store) Purge(ctx context.Context, olderThan time.Duration, batchSize in
 		batchSize = 1000
 	}
 	rctx, cancel := withDefaultTimeout(ctx)
-	_, err = s.db.exec(rctx, s.db.sql().recordPurge, cutoff, olderThan.Milliseconds(), cutoff+olderThan.Milliseconds())
+	_, err = s.db.exec(rctx, s.db.sql().recordPurge,
+		namedArgs{"cutoff_ms": cutoff, "older_than_ms": olderThan.Milliseconds(), "purged_at_ms": cutoff + olderThan.Milliseconds()})
 	cancel()
 	if err != nil {
 		return 0, s.translate("purge", err)
@@ -264,7 +266,7 @@ func (s *Store) Purge(ctx context.Context, olderThan time.Duration, batchSize in
 	var total int64
 	for {
 		bctx, cancel := withDefaultTimeout(ctx)
-		n, err := s.db.exec(bctx, s.db.sql().purge, cutoff, batchSize, o.only, o.exceptJSON())
+		n, err := s.db.exec(bctx, s.db.sql().purge, namedArgs{"cutoff_ms": cutoff, "batch": batchSize, "only": o.only, "except": o.exceptJSON()})
 		cancel()
 		if err != nil {
 			return total, s.translate("purge", err)
@@ -324,7 +326,7 @@ func (s *Store) PurgeCount(ctx context.Context, olderThan time.Duration, opts ..
 	ctx, cancel := withDefaultTimeout(ctx)
 	defer cancel()
 	var n int64
-	err = s.db.queryRows(ctx, s.db.sql().purgeCount, []any{cutoff, o.only, o.exceptJSON()}, func(sc scanner) error { return sc.Scan(&n) })
+	err = s.db.queryRows(ctx, s.db.sql().purgeCount, namedArgs{"cutoff_ms": cutoff, "only": o.only, "except": o.exceptJSON()}, func(sc scanner) error { return sc.Scan(&n) })
 	return n, s.translate("purge count", err)
 }
 

@@ -15,34 +15,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// postgresDialect writes times as timestamptz and reads them as Unix
-// milliseconds; every lease is measured against the server's now().
-var postgresDialect = newDialect(postgresExpand)
-
-var postgresExpand = expandWith(func(name, arg string) string {
-	switch name {
-	case "now":
-		return "now()"
-	case "ms":
-		return "(extract(epoch from " + arg + ") * 1000)::bigint"
-	case "remaining":
-		return "greatest(0, (extract(epoch from (lease_until - now())) * 1000)::bigint)"
-	case "plus":
-		return "(now() + " + arg + "::bigint * interval '1 millisecond')"
-	case "minus":
-		return "(now() - " + arg + "::bigint * interval '1 millisecond')"
-	case "text":
-		return arg + "::text"
-	case "at":
-		return "to_timestamp(" + arg + "::bigint / 1000.0)"
-	case "nowms":
-		return "(extract(epoch from now()) * 1000)::bigint"
-	case "intools":
-		return "(tool = ANY (ARRAY(SELECT jsonb_array_elements_text(" + arg + "::text::jsonb))))"
-	}
-	panic("ledger: unknown placeholder " + name)
-})
-
 // claimPostgres claims the whole batch in one statement and returns, for
 // each key, the inserted row or the row that was already there. The rows
 // already there (and not released) are read first, by primary key (OFFSET
@@ -60,11 +32,12 @@ var claimPostgres = `WITH input AS (
 		$7::text[], $8::text[], $9::text[], $10::text[], $11::bigint[], $12::text[])
 		AS t(key, conversation_id, turn_index, tool, ordinal, args_digest, first_tool_use_id, owner, trace_id, span_id, lease_ms, claim_token)
 ), existing AS (
-	SELECT e.* FROM input CROSS JOIN LATERAL (SELECT ` + postgresDialect.cols + ` FROM toolq_ledger
-		WHERE key = input.key AND ` + notRelease + ` OFFSET 0) AS e
+	SELECT e.* FROM input CROSS JOIN LATERAL (SELECT ` + pgCols + ` FROM toolq_ledger
+		WHERE key = input.key AND state <> 'released' OFFSET 0) AS e
 ), answered AS (
 	UPDATE toolq_ledger AS t SET answered_at = now() FROM existing AS e
-	WHERE t.key = e.key AND e.state IN ` + settled + ` AND t.state IN ` + settled + ` AND t.answered_at < ` + postgresExpand(staleAnswer) + `
+	WHERE t.key = e.key AND e.state IN ('completed', 'failed', 'indeterminate') AND t.state IN ('completed', 'failed', 'indeterminate')
+		AND t.answered_at < now() - interval '1 hour'
 ), ins AS (
 	INSERT INTO toolq_ledger (key, conversation_id, turn_index, tool, ordinal, args_digest, state, attempt, owner,
 		lease_until, first_tool_use_id, trace_id, span_id, claim_token)
@@ -72,7 +45,7 @@ var claimPostgres = `WITH input AS (
 		now() + lease_ms * interval '1 millisecond', first_tool_use_id, trace_id, span_id, claim_token FROM input
 		WHERE key NOT IN (SELECT key FROM existing) ORDER BY key COLLATE "C"
 	` + claimConflict + `
-	RETURNING ` + postgresDialect.cols + `
+	RETURNING ` + pgCols + `
 )
 SELECT true, ins.* FROM ins
 UNION ALL
@@ -112,18 +85,31 @@ func OpenPostgres(ctx context.Context, url string) (*Store, error) {
 	return &Store{db: &postgresDB{pool: pool, genericPlan: genericPlanStatement, asyncCommit: asyncCommitStatement}, backend: "postgres"}, nil
 }
 
-func (p *postgresDB) sql() *dialect { return postgresDialect }
+func (p *postgresDB) sql() *queries { return postgresQueries }
 
 func (p *postgresDB) ping(ctx context.Context) error { return p.pool.Ping(ctx) }
 
 func (p *postgresDB) close() { p.pool.Close() }
 
-func (p *postgresDB) exec(ctx context.Context, query string, args ...any) (int64, error) {
-	tag, err := p.pool.Exec(ctx, query, args...)
+func (p *postgresDB) exec(ctx context.Context, query string, args namedArgs) (int64, error) {
+	tag, err := p.pool.Exec(ctx, query, pgArgs(args)...)
 	return tag.RowsAffected(), err
 }
 
-func (p *postgresDB) queryRows(ctx context.Context, query string, args []any, each func(scanner) error) error {
+func (p *postgresDB) queryRows(ctx context.Context, query string, args namedArgs, each func(scanner) error) error {
+	return p.query(ctx, query, pgArgs(args), each)
+}
+
+// pgArgs are named arguments as pgx takes them (@name in the statement).
+func pgArgs(args namedArgs) []any {
+	if len(args) == 0 {
+		return nil
+	}
+	return []any{pgx.NamedArgs(args)}
+}
+
+// query runs a statement with arguments as pgx takes them.
+func (p *postgresDB) query(ctx context.Context, query string, args []any, each func(scanner) error) error {
 	rows, err := p.pool.Query(ctx, query, args...)
 	if err != nil {
 		return err
@@ -225,7 +211,7 @@ func (p *postgresDB) claimRound(ctx context.Context, async bool, args []any, eac
 			refusals = append(refusals, &p.noAsyncCommit)
 		}
 		if len(refusals) == 0 {
-			return p.queryRows(ctx, claimPostgres, args, each)
+			return p.query(ctx, claimPostgres, args, each)
 		}
 		batch.Queue(claimPostgres, args...)
 		results := p.pool.SendBatch(ctx, &batch)
@@ -277,7 +263,7 @@ func readClaimRound(results pgx.BatchResults, settings int, each func(scanner) e
 func (p *postgresDB) completeBatch(ctx context.Context, cs []Completion) (map[Fence]bool, error) {
 	var batch pgx.Batch
 	for _, c := range cs {
-		batch.Queue(postgresDialect.complete, c.Fence.Key, c.Fence.Attempt, string(c.Output), c.Fence.Token)
+		batch.Queue(postgresQueries.complete, pgArgs(fenceArgs(c.Fence, namedArgs{"result": string(c.Output)}))...)
 	}
 	results := p.pool.SendBatch(ctx, &batch)
 	done := make(map[Fence]bool, len(cs))

@@ -127,7 +127,7 @@ func encodeError(e ErrorInfo) string {
 	return string(b)
 }
 
-// scanRow reads the columns of dialect.cols, after the leading ones if any.
+// scanRow reads the columns of queries.cols, after the leading ones if any.
 func scanRow(sc scanner, r *Row, leading ...any) error {
 	var state, result, errText, history string
 	var leaseMS, remainingMS, createdMS, updatedMS, answeredMS int64

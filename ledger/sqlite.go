@@ -14,34 +14,10 @@ import (
 	sqlite3 "modernc.org/sqlite/lib"
 )
 
-// sqliteNow is the database's clock in Unix milliseconds. SQLite runs in the
-// consumer's process, so there is one clock per host, as there is one host.
-const sqliteNow = "CAST(unixepoch('subsec') * 1000 AS INTEGER)"
-
-var sqliteDialect = newDialect(expandWith(func(name, arg string) string {
-	switch name {
-	case "now":
-		return "(" + sqliteNow + ")"
-	case "ms", "text", "at":
-		return arg
-	case "nowms":
-		return "(" + sqliteNow + ")"
-	case "remaining":
-		return "max(0, lease_until - (" + sqliteNow + "))"
-	case "plus":
-		return "((" + sqliteNow + ") + " + arg + ")"
-	case "minus":
-		return "((" + sqliteNow + ") - " + arg + ")"
-	case "intools":
-		return "(tool IN (SELECT value FROM json_each(" + arg + ")))"
-	}
-	panic("ledger: unknown placeholder " + name)
-}))
-
 var claimSQLite = `INSERT INTO toolq_ledger (key, conversation_id, turn_index, tool, ordinal, args_digest, state, attempt, owner,
 	lease_until, first_tool_use_id, trace_id, span_id, claim_token, created_at, updated_at)
 	VALUES ($1, $2, $3, $4, $5, $6, 'in_flight', 1, $7, ((` + sqliteNow + `) + $8), $9, $10, $11, $12, (` + sqliteNow + `), (` + sqliteNow + `))
-	` + claimConflict + ` RETURNING ` + sqliteDialect.cols
+	` + claimConflict + ` RETURNING ` + sqliteCols
 
 type sqliteDB struct {
 	db *sql.DB
@@ -91,22 +67,32 @@ func OpenSQLite(ctx context.Context, path string) (*Store, error) {
 	}
 }
 
-func (s *sqliteDB) sql() *dialect { return sqliteDialect }
+func (s *sqliteDB) sql() *queries { return sqliteQueries }
 
 func (s *sqliteDB) ping(ctx context.Context) error { return s.db.PingContext(ctx) }
 
 func (s *sqliteDB) close() { s.db.Close() }
 
-func (s *sqliteDB) exec(ctx context.Context, query string, args ...any) (int64, error) {
-	res, err := s.db.ExecContext(ctx, query, args...)
+func (s *sqliteDB) exec(ctx context.Context, query string, args namedArgs) (int64, error) {
+	res, err := s.db.ExecContext(ctx, query, sqliteArgs(args)...)
 	if err != nil {
 		return 0, err
 	}
 	return res.RowsAffected()
 }
 
-func (s *sqliteDB) queryRows(ctx context.Context, query string, args []any, each func(scanner) error) error {
-	rows, err := s.db.QueryContext(ctx, query, args...)
+// sqliteArgs are named arguments as database/sql takes them (@name in the
+// statement).
+func sqliteArgs(args namedArgs) []any {
+	out := make([]any, 0, len(args))
+	for k, v := range args {
+		out = append(out, sql.Named(k, v))
+	}
+	return out
+}
+
+func (s *sqliteDB) queryRows(ctx context.Context, query string, args namedArgs, each func(scanner) error) error {
+	rows, err := s.db.QueryContext(ctx, query, sqliteArgs(args)...)
 	if err != nil {
 		return err
 	}
@@ -134,12 +120,12 @@ func (s *sqliteDB) claim(ctx context.Context, claims []Claim) ([]claimed, error)
 		return nil, err
 	}
 	defer ins.Close()
-	get, err := tx.PrepareContext(ctx, sqliteDialect.get)
+	get, err := tx.PrepareContext(ctx, sqliteQueries.get)
 	if err != nil {
 		return nil, err
 	}
 	defer get.Close()
-	answered, err := tx.PrepareContext(ctx, sqliteDialect.answered)
+	answered, err := tx.PrepareContext(ctx, sqliteQueries.answered)
 	if err != nil {
 		return nil, err
 	}
@@ -153,11 +139,11 @@ func (s *sqliteDB) claim(ctx context.Context, claims []Claim) ([]claimed, error)
 		case err == nil:
 			out[i].inserted = true
 		case errors.Is(err, sql.ErrNoRows):
-			if err := scanRow(get.QueryRowContext(ctx, c.Key), &out[i].row); err != nil {
+			if err := scanRow(get.QueryRowContext(ctx, sql.Named("key", c.Key)), &out[i].row); err != nil {
 				return nil, err
 			}
 			if out[i].row.State != InFlight {
-				if _, err := answered.ExecContext(ctx, c.Key); err != nil {
+				if _, err := answered.ExecContext(ctx, sql.Named("key", c.Key)); err != nil {
 					return nil, err
 				}
 			}
@@ -174,14 +160,14 @@ func (s *sqliteDB) completeBatch(ctx context.Context, cs []Completion) (map[Fenc
 		return nil, err
 	}
 	defer tx.Rollback()
-	stmt, err := tx.PrepareContext(ctx, sqliteDialect.complete)
+	stmt, err := tx.PrepareContext(ctx, sqliteQueries.complete)
 	if err != nil {
 		return nil, err
 	}
 	defer stmt.Close()
 	done := make(map[Fence]bool, len(cs))
 	for _, c := range cs {
-		res, err := stmt.ExecContext(ctx, c.Fence.Key, c.Fence.Attempt, string(c.Output), c.Fence.Token)
+		res, err := stmt.ExecContext(ctx, sqliteArgs(fenceArgs(c.Fence, namedArgs{"result": string(c.Output)}))...)
 		if err != nil {
 			return nil, err
 		}

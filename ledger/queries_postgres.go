@@ -1,0 +1,94 @@
+package ledger
+
+// The statements of the Postgres ledger. Times are timestamptz, measured by
+// the server's now() (so clock skew between consumer hosts cannot break a
+// lease) and read as Unix milliseconds. A text argument compared with ''
+// is cast (@state::text): Postgres cannot infer its type from the literal.
+
+// pgCols are the columns scanRow reads.
+const pgCols = `key, conversation_id, turn_index, tool, ordinal, args_digest, state, attempt, owner,
+	(extract(epoch from lease_until) * 1000)::bigint,
+	greatest(0, (extract(epoch from (lease_until - now())) * 1000)::bigint),
+	first_tool_use_id, trace_id, span_id, result, error,
+	(extract(epoch from created_at) * 1000)::bigint, (extract(epoch from updated_at) * 1000)::bigint,
+	history, failures, claim_token, (extract(epoch from answered_at) * 1000)::bigint`
+
+// pgFenced is the WHERE of a write by the holder of one claim. The attempt
+// alone does not name a claim: a claim that Postgres lost in a crash before
+// it reached the disk (Claim.AsyncCommit) is made again at the same attempt,
+// by another holder, under another token.
+const pgFenced = `WHERE key = @key AND attempt = @attempt AND claim_token = @token::text AND state = 'in_flight'`
+
+// pgListFilter is a list's Filter: @state, @tool, @conversation, and the
+// least and greatest age in milliseconds, @older_ms and @newer_ms (0: any).
+const pgListFilter = `(@state::text = '' OR state = @state::text) AND (@tool::text = '' OR tool = @tool::text)
+	AND (@conversation::text = '' OR conversation_id = @conversation::text)
+	AND (@older_ms::bigint = 0 OR updated_at < now() - @older_ms::bigint * interval '1 millisecond')
+	AND (@newer_ms::bigint = 0 OR updated_at >= now() - @newer_ms::bigint * interval '1 millisecond')`
+
+// pgPurgeable are the rows a purge with cutoff @cutoff_ms (Unix
+// milliseconds) deletes: finished before it, answered no call since
+// (answered_at lags the last answer by up to answeredEvery, an hour, so it
+// is compared with the cutoff less that much), of tool @only (empty: any)
+// and of none of the tools in the JSON array @except.
+const pgPurgeable = `state IN ('completed', 'failed', 'released')
+	AND updated_at < to_timestamp(@cutoff_ms::bigint / 1000.0)
+	AND answered_at < to_timestamp(@cutoff_ms::bigint / 1000.0) - interval '1 hour'
+	AND (@only::text = '' OR tool = @only::text)
+	AND NOT (tool = ANY (ARRAY(SELECT jsonb_array_elements_text(@except::text::jsonb))))`
+
+// pgAppendEvent is the history (a JSON array, as text) with the JSON object
+// @event appended, as text: an output or an error may hold U+0000 (\u0000
+// in JSON), which jsonb refuses.
+const pgAppendEvent = `(CASE WHEN history = '[]' THEN '[' || @event::text || ']'
+	ELSE substr(history, 1, length(history) - 1) || ',' || @event::text || ']' END)`
+
+var postgresQueries = &queries{
+	cols: pgCols,
+
+	// A takeover is a compare-and-set on the claim it takes over (@token);
+	// the new claim has its own token (@new_token).
+	takeover: `UPDATE toolq_ledger SET attempt = attempt + 1, owner = @owner,
+		lease_until = now() + @lease_ms::bigint * interval '1 millisecond', claim_token = @new_token::text, error = '', updated_at = now()
+		` + pgFenced + ` AND lease_until <= now() RETURNING ` + pgCols,
+	extend:   `UPDATE toolq_ledger SET lease_until = now() + @lease_ms::bigint * interval '1 millisecond', updated_at = now() ` + pgFenced,
+	failures: `UPDATE toolq_ledger SET failures = @failures ` + pgFenced,
+	complete: `UPDATE toolq_ledger SET state = 'completed', result = @result, lease_until = now(), updated_at = now() ` + pgFenced,
+	fail:     `UPDATE toolq_ledger SET state = 'failed', error = @error, lease_until = now(), updated_at = now() ` + pgFenced,
+	endLease: `UPDATE toolq_ledger SET error = @error, lease_until = now(), updated_at = now() ` + pgFenced,
+	indeterminate: `UPDATE toolq_ledger SET state = 'indeterminate', error = @error, lease_until = now(), updated_at = now() ` +
+		pgFenced,
+	release: `UPDATE toolq_ledger SET state = 'released', result = '', error = '', lease_until = now(), updated_at = now() ` +
+		pgFenced,
+	answered: `UPDATE toolq_ledger SET answered_at = now()
+		WHERE key = @key AND state IN ('completed', 'failed', 'indeterminate') AND answered_at < now() - interval '1 hour'`,
+
+	get:    `SELECT ` + pgCols + ` FROM toolq_ledger WHERE key = @key AND state <> 'released'`,
+	getAny: `SELECT ` + pgCols + ` FROM toolq_ledger WHERE key = @key`,
+	list: `SELECT ` + pgCols + ` FROM toolq_ledger WHERE state <> 'released' AND ` + pgListFilter + `
+		ORDER BY updated_at DESC, key LIMIT @limit`,
+	listStale: `SELECT ` + pgCols + ` FROM toolq_ledger WHERE state = 'in_flight' AND lease_until <= now() AND ` + pgListFilter + `
+		ORDER BY lease_until, key LIMIT @limit`,
+	counts: `SELECT state, count(*) FROM toolq_ledger WHERE state <> 'released' GROUP BY state
+		UNION ALL SELECT 'stale', count(*) FROM toolq_ledger WHERE state = 'in_flight' AND lease_until <= now()`,
+	oldestInFlight: `SELECT ` + pgCols + ` FROM toolq_ledger WHERE state = 'in_flight' ORDER BY lease_until, key LIMIT 1`,
+	clock:          `SELECT (extract(epoch from now()) * 1000)::bigint`,
+
+	resolveNotRun: `UPDATE toolq_ledger SET state = 'released', result = '', error = '', lease_until = now(), updated_at = now(),
+		history = ` + pgAppendEvent + ` WHERE key = @key AND state = 'indeterminate'`,
+	resolveCompleted: `UPDATE toolq_ledger SET state = 'completed', result = @result, updated_at = now(),
+		history = ` + pgAppendEvent + ` WHERE key = @key AND state = 'indeterminate'`,
+
+	purge:      `DELETE FROM toolq_ledger WHERE key IN (SELECT key FROM toolq_ledger WHERE ` + pgPurgeable + ` LIMIT @batch)`,
+	purgeCount: `SELECT count(*) FROM toolq_ledger WHERE ` + pgPurgeable,
+	// The record keeps the latest cutoff of any purge: one with a longer
+	// retention after one with a shorter does not hide what the shorter one
+	// deleted.
+	recordPurge: `INSERT INTO toolq_purge (id, purged_before, older_than_ms, purged_at)
+		VALUES (1, to_timestamp(@cutoff_ms::bigint / 1000.0), @older_than_ms, to_timestamp(@purged_at_ms::bigint / 1000.0))
+		ON CONFLICT (id) DO UPDATE SET older_than_ms = excluded.older_than_ms, purged_at = excluded.purged_at,
+		purged_before = CASE WHEN excluded.purged_before > toolq_purge.purged_before
+			THEN excluded.purged_before ELSE toolq_purge.purged_before END`,
+	lastPurge: `SELECT (extract(epoch from purged_before) * 1000)::bigint, older_than_ms, (extract(epoch from purged_at) * 1000)::bigint
+		FROM toolq_purge WHERE id = 1`,
+}
