@@ -18,10 +18,12 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
 	"go.opentelemetry.io/otel/trace"
+	"golang.org/x/net/http/httpguts"
 
 	"github.com/toolq/toolq/internal/jcs"
 	"github.com/toolq/toolq/tracing"
@@ -46,6 +48,7 @@ type HTTP struct {
 	// JSON body (a query parameter for GET and DELETE) instead of a header,
 	// as a plain string, for APIs that take it there.
 	IdempotencyBodyField string
+	formGiven            bool  // IdempotencyForm was set, not defaulted
 	MaxResponseBytes     int64 // default 1 MiB
 	// Client sends the calls (default: net/http's transport keeping
 	// IdleConnsPerHost idle connections). HTTPExecutor uses a copy whose
@@ -80,6 +83,7 @@ func HTTPExecutor(h HTTP) (*HTTP, error) {
 	if u.RawQuery != "" || u.Fragment != "" {
 		return nil, fmt.Errorf("url %q: no query or fragment: the args make the query", h.URL)
 	}
+	h.formGiven = h.IdempotencyForm != ""
 	switch h.IdempotencyForm {
 	case "":
 		h.IdempotencyForm = KeyStructured
@@ -87,13 +91,23 @@ func HTTPExecutor(h HTTP) (*HTTP, error) {
 	default:
 		return nil, fmt.Errorf("idempotency_form %q: want structured (an RFC 8941 string) or raw (the bare key)", h.IdempotencyForm)
 	}
+	formSet := h.IdempotencyForm != KeyStructured || h.formGiven
 	switch {
 	case h.IdempotencyBodyField != "" && h.IdempotencyHeader != "" && h.IdempotencyHeader != "-":
 		return nil, fmt.Errorf("idempotency_body_field %q and idempotency_header %q: the key goes in one place", h.IdempotencyBodyField, h.IdempotencyHeader)
 	case h.IdempotencyBodyField != "":
+		if formSet {
+			return nil, fmt.Errorf("idempotency_form %q: the form is of a header; a body field carries the key as a plain string", h.IdempotencyForm)
+		}
 		h.IdempotencyHeader = "-"
+	case h.IdempotencyHeader == "-" && formSet:
+		return nil, fmt.Errorf("idempotency_form %q with idempotency_header \"-\": no key is sent", h.IdempotencyForm)
 	case h.IdempotencyHeader == "":
 		h.IdempotencyHeader = "Idempotency-Key"
+	case h.IdempotencyHeader != "-" && !httpguts.ValidHeaderFieldName(h.IdempotencyHeader):
+		return nil, fmt.Errorf("idempotency_header %q: not a valid header name", h.IdempotencyHeader)
+	case h.IdempotencyHeader != "-" && reservedHeader[http.CanonicalHeaderKey(h.IdempotencyHeader)]:
+		return nil, fmt.Errorf("idempotency_header %q: HTTP itself writes that header (net/http would drop the key): name another", h.IdempotencyHeader)
 	}
 	if h.MaxResponseBytes <= 0 {
 		h.MaxResponseBytes = DefaultMaxResponse
@@ -220,6 +234,11 @@ func (h *HTTP) Downstream() string {
 
 // ForwardsKey reports whether the key is sent downstream.
 func (h *HTTP) ForwardsKey() bool { return h.IdempotencyHeader != "-" || h.IdempotencyBodyField != "" }
+
+// reservedHeader are the headers net/http writes itself or drops, which
+// cannot carry the key.
+var reservedHeader = map[string]bool{"Host": true, "Content-Length": true, "Transfer-Encoding": true, "Connection": true,
+	"Te": true, "Trailer": true, "Upgrade": true, "Content-Type": true, "Keep-Alive": true, "Proxy-Connection": true}
 
 // The forms of the key in its header (HTTP.IdempotencyForm).
 const (
@@ -484,25 +503,73 @@ func snippet(body []byte) string {
 // queryFromArgs turns the args object into a query string, members in
 // sorted order: strings as they are, other values as canonical JSON.
 // withMember is the args object with the member name set to the string
-// value, first; args that already have such a member are refused (the
-// key's field would overwrite the call's, or the call's the key).
+// value, last (so that a parser that takes the last of two look-alike names
+// takes it); args with a member the downstream could take for it are
+// refused (see CheckArgs).
 func withMember(args json.RawMessage, name, value string) (json.RawMessage, error) {
-	var members map[string]json.RawMessage
-	if err := json.Unmarshal(args, &members); err != nil {
-		return nil, errors.New("args must be an object")
-	}
-	if _, ok := members[name]; ok {
-		return nil, fmt.Errorf("the args have a member %q, where the tool sends its idempotency key (idempotency_body_field)", name)
+	members, err := lookAlike(args, name)
+	if err != nil {
+		return nil, err
 	}
 	n, _ := json.Marshal(name)
 	v, _ := json.Marshal(value)
-	out := append(append(append([]byte{'{'}, n...), ':'), v...)
-	if rest := bytes.TrimSpace(args)[1:]; len(members) > 0 {
-		out = append(append(out, ','), rest...)
-	} else {
-		out = append(out, '}')
+	body := bytes.TrimSpace(args)
+	out := append([]byte(nil), body[:len(body)-1]...) // without its closing brace
+	if members > 0 {
+		out = append(out, ',')
 	}
+	out = append(append(append(append(out, n...), ':'), v...), '}')
 	return out, nil
+}
+
+// CheckArgs refuses args with a member that the downstream could take for
+// the one that carries the key (IdempotencyBodyField): many servers match
+// member and parameter names ignoring case (Go's encoding/json, ASP.NET,
+// Jackson configured so), some ignore separators or a trailing [] (PHP).
+// Such args would replace the key the downstream collapses calls by. Run
+// before the call is claimed (Tool.Validate), and again before it is sent.
+func (h *HTTP) CheckArgs(args json.RawMessage) error {
+	if h.IdempotencyBodyField == "" {
+		return nil
+	}
+	_, err := lookAlike(args, h.IdempotencyBodyField)
+	return err
+}
+
+// lookAlike counts the members of the args object, refusing one whose name
+// is name's in the eyes of a lenient parser (looseName).
+func lookAlike(args json.RawMessage, name string) (int, error) {
+	var members map[string]json.RawMessage
+	if err := json.Unmarshal(args, &members); err != nil || members == nil {
+		return 0, errors.New("args must be an object")
+	}
+	want := looseName(name)
+	for m := range members {
+		if looseName(m) == want {
+			return 0, fmt.Errorf("the args have a member %q, which the downstream could take for %q, where the tool sends its idempotency key (idempotency_body_field)", m, name)
+		}
+	}
+	return len(members), nil
+}
+
+// looseName is a member name as a lenient parser may read it: without a
+// trailing "[]" or the separators _ - . and space, each character replaced
+// by the least of its case-folding orbit (K, k and the Kelvin sign are one).
+func looseName(s string) string {
+	s = strings.TrimSuffix(s, "[]")
+	var b strings.Builder
+	for _, r := range s {
+		switch r {
+		case '_', '-', '.', ' ':
+			continue
+		}
+		least := r
+		for f := unicode.SimpleFold(r); f != r; f = unicode.SimpleFold(f) {
+			least = min(least, f)
+		}
+		b.WriteRune(least)
+	}
+	return b.String()
 }
 
 func queryFromArgs(args json.RawMessage) (string, error) {

@@ -707,7 +707,7 @@ func TestTheKeyGoesWhereAndAsTheAPIWantsIt(t *testing.T) {
 		{"structured by default", `{method: POST, url: "URL"}`, `{"a":1}`, seen{header: `"k123"`, body: `{"a":1}`}},
 		{"raw", `{method: POST, url: "URL", idempotency_form: raw}`, `{"a":1}`, seen{header: `k123`, body: `{"a":1}`}},
 		{"raw in another header", `{method: POST, url: "URL", idempotency_header: X-Request-Key, idempotency_form: raw}`, `{"a":1}`, seen{custom: `k123`, body: `{"a":1}`}},
-		{"in the body", `{method: POST, url: "URL", idempotency_body_field: idempotency_key}`, `{"a":1}`, seen{body: `{"idempotency_key":"k123","a":1}`}},
+		{"in the body", `{method: POST, url: "URL", idempotency_body_field: idempotency_key}`, `{"a":1}`, seen{body: `{"a":1,"idempotency_key":"k123"}`}},
 		{"in an empty body", `{method: PUT, url: "URL", idempotency_body_field: idempotency_key}`, `{}`, seen{body: `{"idempotency_key":"k123"}`}},
 		{"in the query of a GET", `{method: GET, url: "URL", idempotency_body_field: request_id}`, `{"q":"x"}`, seen{query: `q=x&request_id=k123`}},
 	} {
@@ -731,7 +731,33 @@ func TestTheKeyGoesWhereAndAsTheAPIWantsIt(t *testing.T) {
 	if _, outcome, te := call(t, tool, `{"a":1}`); outcome != tools.Definite || te.Code != "invalid_args" || len(got) != 0 {
 		t.Fatalf("args with the key's member: %s %v, want definite invalid_args and nothing sent", outcome, te)
 	}
+	// Nor may a member a lenient parser takes for the key's (case, Unicode
+	// folding, separators, PHP's []) replace it: such args are refused
+	// before the call is claimed (Validate), and never sent.
+	reg, err = tools.Parse([]byte("tools:\n  - name: t\n    class: keyed_write\n    schema: {type: object}\n    http: {method: POST, url: \""+srv.URL+"\", idempotency_body_field: idempotency_key}\n"), "reg.yaml", tools.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tool, _ = reg.Lookup("t")
+	for _, args := range []string{`{"IDEMPOTENCY_KEY":"victim","a":1}`, `{"Idempotency_Key":"victim"}`, "{\"idempotency_\u212aey\":\"victim\"}",
+		`{"idempotencyKey":"victim"}`, `{"idempotency-key":"victim"}`, `{"idempotency.key":"victim"}`, `{"idempotency_key[]":"victim"}`} {
+		if err := tool.Validate(json.RawMessage(args)); !errors.Is(err, tools.ErrInvalidArgs) {
+			t.Errorf("args %s: Validate %v, want invalid args", args, err)
+		}
+		if _, outcome, te := call(t, tool, args); outcome != tools.Definite || te.Code != "invalid_args" || len(got) != 0 {
+			t.Errorf("args %s: %s %v, want refused unsent", args, outcome, te)
+		}
+	}
+	if err := tool.Validate(json.RawMessage(`{"idempotency_note":"x","key":"y"}`)); err != nil {
+		t.Errorf("args with other members: %v", err)
+	}
 	for spec, want := range map[string]string{
+		`{method: POST, url: "http://a/b", idempotency_header: Host}`:                                       "HTTP itself writes that header",
+		`{method: POST, url: "http://a/b", idempotency_header: Content-Length}`:                             "HTTP itself writes that header",
+		`{method: POST, url: "http://a/b", idempotency_header: Transfer-Encoding}`:                          "HTTP itself writes that header",
+		`{method: POST, url: "http://a/b", idempotency_header: "Idempotency Key"}`:                          "not a valid header name",
+		`{method: POST, url: "http://a/b", idempotency_body_field: k, idempotency_form: raw}`:               "a body field carries the key as a plain string",
+		`{method: POST, url: "http://a/b", idempotency_header: "-", idempotency_form: raw}`:                 "no key is sent",
 		`{method: POST, url: "http://a/b", idempotency_form: quoted}`:                                       "idempotency_form",
 		`{method: POST, url: "http://a/b", idempotency_body_field: k, idempotency_header: Idempotency-Key}`: "the key goes in one place",
 	} {
