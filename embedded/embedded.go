@@ -13,12 +13,14 @@ package embedded
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -168,6 +170,18 @@ func Start(ctx context.Context, cfg Config) (st *Stack, err error) {
 	if st.JS, err = jetstream.New(st.Conn); err != nil {
 		return st, fmt.Errorf("embedded: %w", err)
 	}
+	// A server of a JetStream cluster whose peers are not up yet takes
+	// connections but answers no JetStream request until the cluster has a
+	// leader: wait for JetStream itself.
+	err = cfg.wait(ctx, "JetStream at "+st.NATSURL, func() error {
+		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		_, err := st.JS.AccountInfo(actx)
+		return err
+	}, jetStreamUnavailable)
+	if err != nil {
+		return st, fmt.Errorf("JetStream at %s: %w", st.NATSURL, err)
+	}
 
 	if st.Store, err = ledger.Open(ctx, cfg.DatabaseURL, st.Dir); err != nil {
 		return st, err
@@ -246,11 +260,35 @@ func (cfg *Config) logger() *slog.Logger {
 
 // natsUnreachable reports a connection to NATS that failed for want of a
 // server (refused, no route, a name not resolved, a timeout), as opposed
-// to one refused by the server (credentials, TLS).
+// to one refused by the server (credentials, TLS: waiting changes nothing).
 func natsUnreachable(err error) bool {
-	var ne net.Error
 	var op *net.OpError
-	return errors.Is(err, nats.ErrNoServers) || errors.Is(err, nats.ErrTimeout) || errors.As(err, &op) || (errors.As(err, &ne) && ne.Timeout())
+	var dns *net.DNSError
+	var ne net.Error
+	var alert tls.AlertError
+	var record tls.RecordHeaderError
+	var verify *tls.CertificateVerificationError
+	switch {
+	case errors.As(err, &alert), errors.As(err, &record), errors.As(err, &verify), errors.Is(err, nats.ErrAuthorization),
+		strings.Contains(err.Error(), "tls:"), strings.Contains(err.Error(), "x509:"):
+		return false
+	case errors.Is(err, nats.ErrNoServers), errors.Is(err, nats.ErrTimeout), errors.As(err, &dns):
+		return true
+	case errors.As(err, &op):
+		return op.Op == "dial"
+	}
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// jetStreamUnavailable reports a JetStream that does not answer yet (no
+// leader: a timeout, or "temporarily unavailable"), as opposed to one that
+// is not enabled, which waiting does not change.
+func jetStreamUnavailable(err error) bool {
+	var api *jetstream.APIError
+	if errors.As(err, &api) {
+		return api.Code == 503
+	}
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) || errors.Is(err, nats.ErrNoResponders)
 }
 
 // startNATS starts a server with JetStream on addr, storing under dir; with

@@ -2,6 +2,8 @@ package ledger
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -355,7 +357,23 @@ func (p *postgresDB) conflicted(err error) bool {
 func unreachable(err error) bool {
 	var connectErr *pgconn.ConnectError
 	var netErr net.Error
+	if tlsRefusal(err) {
+		return false // a configuration to fix: waiting changes nothing
+	}
 	return errors.As(err, &connectErr) || errors.As(err, &netErr) || errors.Is(err, io.EOF) ||
 		errors.Is(err, io.ErrUnexpectedEOF) || pgconn.SafeToRetry(err) || pgconn.Timeout(err) ||
 		strings.Contains(err.Error(), "conn closed")
+}
+
+// tlsRefusal reports a connection refused over TLS: the server refused TLS
+// (sslmode=require against a server without it), or one side refused the
+// other's certificate.
+func tlsRefusal(err error) bool {
+	var alert tls.AlertError
+	var verify *tls.CertificateVerificationError
+	var unknownCA x509.UnknownAuthorityError
+	var hostname x509.HostnameError
+	msg := err.Error()
+	return errors.As(err, &alert) || errors.As(err, &verify) || errors.As(err, &unknownCA) || errors.As(err, &hostname) ||
+		strings.Contains(msg, "refused TLS") || strings.Contains(msg, "tls: ") || strings.Contains(msg, "x509: ")
 }

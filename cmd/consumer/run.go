@@ -137,11 +137,14 @@ func runWorker(ctx context.Context, args []string, stdio cli.IO, getenv func(str
 	}
 	ec.StartupWait, ec.Waiting = *startupWait, probe.waiting
 	st, err := embedded.Start(ctx, ec)
-	if err != nil {
+	switch {
+	case err != nil && ctx.Err() != nil:
+		logger.Info("consumer stopped while it waited to start")
+		return nil // SIGTERM while waiting: a stop, not a failure
+	case err != nil:
 		return flagHint(err)
 	}
 	cleanups = append(cleanups, st.Close)
-	probe.started(st.Conn, st.Store)
 	nf.URL = st.NATSURL
 	natsDesc := nf.URL
 	if st.Server != nil {
@@ -167,9 +170,14 @@ func runWorker(ctx context.Context, args []string, stdio cli.IO, getenv func(str
 		BatchSize:     *batch, MaxInFlight: *workers, MaxBodySize: *maxBody,
 		ShutdownTimeout: *shutdownTimeout, UntilEmpty: *untilEmpty, Logger: logger,
 	})
-	if err != nil {
+	switch {
+	case err != nil && ctx.Err() != nil:
+		return nil
+	case err != nil:
 		return err
 	}
+	// Ready once the worker has its streams and its durable consumer.
+	probe.started(st.Conn, st.Store)
 	if healthURL != "" {
 		banner = append(banner, "  health   "+healthURL+"/healthz, /readyz, /metrics")
 	}

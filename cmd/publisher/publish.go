@@ -39,8 +39,11 @@ func runPublish(ctx context.Context, args []string, stdio cli.IO, getenv func(st
 		job.ToolUseID = newToolUseID()
 	}
 	job.Version = jobs.Version
+	if job.Tool == "" || job.ConversationID == "" {
+		return cli.Usagef("--conversation and --tool are required")
+	}
 	if err := job.Validate(); err != nil {
-		return err
+		return cli.WithCode(cli.ExitRejected, err) // the call, as given, cannot run
 	}
 	nc, js, err := nf.JetStream("toolq publisher")
 	if err != nil {

@@ -92,7 +92,8 @@ func Exit(w io.Writer, name string, err error) int {
 func unavailable(err error) bool {
 	return errors.Is(err, ledger.ErrUnavailable) || errors.Is(err, embedded.ErrUnavailable) || errors.Is(err, nats.ErrNoServers) ||
 		errors.Is(err, nats.ErrTimeout) || errors.Is(err, nats.ErrConnectionClosed) || errors.Is(err, jetstream.ErrNoHeartbeat) ||
-		errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrJetStreamNotEnabled) || errors.Is(err, jetstream.ErrNoStreamResponse)
+		errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrJetStreamNotEnabled) || errors.Is(err, jetstream.ErrNoStreamResponse) ||
+		errors.Is(err, context.DeadlineExceeded) // a dependency that did not answer in time
 }
 
 // FlushTimeout bounds how long a command waits, on its way out, for its

@@ -31,14 +31,18 @@ var (
 )
 
 // Main runs the tests of a package and stops the shared Postgres cluster
-// afterwards, whether they passed or not. Call it from TestMain:
+// afterwards, whether they passed or not, then runs cleanups (the
+// package's own: built binaries, say). Call it from TestMain:
 //
 //	func TestMain(m *testing.M) { testenv.Main(m) }
-func Main(m *testing.M) {
+func Main(m *testing.M, cleanups ...func()) {
 	code := m.Run()
 	if sharedCluster != nil {
 		sharedCluster.Stop()
 		os.RemoveAll(sharedCluster.dir)
+	}
+	for _, c := range cleanups {
+		c()
 	}
 	os.Exit(code)
 }

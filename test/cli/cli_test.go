@@ -10,11 +10,14 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -27,26 +30,40 @@ import (
 	"github.com/toolq/toolq/worker"
 )
 
-func TestMain(m *testing.M) { testenv.Main(m) }
+func TestMain(m *testing.M) {
+	testenv.Main(m, func() {
+		if bin != "" {
+			os.RemoveAll(bin)
+		}
+	})
+}
 
-var bin string // the directory of the built consumer, publisher and sandbox
+var (
+	buildOnce sync.Once
+	bin       string // the directory of the built consumer, publisher and sandbox
+	buildErr  error
+)
 
 // binaries builds consumer, publisher and sandbox once for the package's tests.
 func binaries(t *testing.T) string {
 	t.Helper()
-	if bin != "" {
-		return bin
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "toolq-cli-bin-")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		out, err := exec.Command("go", "build", "-o", dir+"/", "github.com/toolq/toolq/cmd/consumer", "github.com/toolq/toolq/cmd/publisher", "github.com/toolq/toolq/cmd/sandbox").CombinedOutput()
+		if err != nil {
+			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
+			return
+		}
+		bin = dir
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
 	}
-	dir, err := os.MkdirTemp("", "toolq-cli-bin-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := exec.Command("go", "build", "-o", dir+"/", "github.com/toolq/toolq/cmd/consumer", "github.com/toolq/toolq/cmd/publisher", "github.com/toolq/toolq/cmd/sandbox").CombinedOutput()
-	if err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	bin = dir
-	return dir
+	return bin
 }
 
 // run runs a binary and returns its exit code, standard output and error.
@@ -127,6 +144,7 @@ func TestExitCodes(t *testing.T) {
 // neither reachable, the consumer waits (its /readyz says for what), and
 // once both come up it connects, migrates the ledger and answers a call.
 func TestConsumerStartedBeforeNATSAndPostgresComesUpWhenTheyDo(t *testing.T) {
+	t.Parallel()
 	pg := testenv.OwnCluster(t)
 	dbURL := pg.Database(t)
 	if err := pg.Stop(); err != nil {
@@ -331,6 +349,106 @@ func TestConfigurationReferenceIsWhatHelpSays(t *testing.T) {
 					t.Errorf("%s defines %s again", page, flag)
 				}
 			}
+		}
+	}
+}
+
+// TestConsumerWaitsForJetStreamNotJustTheSocket: a server of a JetStream
+// cluster whose peers are not up yet (the usual order in Kubernetes) takes
+// connections but answers no JetStream request. The consumer waits for
+// JetStream itself, says so, and is not ready meanwhile; it exited within
+// seconds, after saying ready.
+func TestConsumerWaitsForJetStreamNotJustTheSocket(t *testing.T) {
+	t.Parallel()
+	p1, _ := testenv.FreePort()
+	p2, _ := testenv.FreePort()
+	cport, _ := testenv.FreePort()
+	n := testenv.StartNATS(t, func(o *server.Options) {
+		o.ServerName = "n1"
+		o.Cluster = server.ClusterOpts{Name: "c", Host: "127.0.0.1", Port: cport}
+		for _, p := range []int{p1, p2} {
+			u, _ := url.Parse(fmt.Sprintf("nats-route://127.0.0.1:%d", p))
+			o.Routes = append(o.Routes, u)
+		}
+	})
+	healthPort, _ := testenv.FreePort()
+	health := fmt.Sprintf("http://127.0.0.1:%d", healthPort)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var logs testenv.Buffer
+	cmd := exec.CommandContext(ctx, filepath.Join(binaries(t), "consumer"), "--nats-url", n.URL, "--health-addr", fmt.Sprintf("127.0.0.1:%d", healthPort),
+		"--sandbox-listen", "127.0.0.1:0", "--data-dir", t.TempDir(), "--startup-wait", "1m", "--replicas", "3")
+	cmd.Env = append(os.Environ(), "OTEL_SDK_DISABLED=true")
+	cmd.Stdout, cmd.Stderr = io.Discard, &logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	defer func() {
+		cmd.Process.Signal(os.Interrupt)
+		<-exited
+	}()
+	deadline := time.After(10 * time.Second)
+	for {
+		select {
+		case err := <-exited:
+			exited <- err
+			t.Fatalf("the consumer exited (%v) inside its start-up wait:\n%s", err, logs.String())
+		case <-deadline:
+			if !strings.Contains(logs.String(), "waiting for JetStream") {
+				t.Fatalf("the log does not say it waits for JetStream:\n%s", logs.String())
+			}
+			return
+		case <-time.After(200 * time.Millisecond):
+		}
+		if resp, err := http.Get(health + "/readyz"); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				t.Fatal("/readyz said ready while JetStream has no leader")
+			}
+		}
+	}
+}
+
+// TestSIGTERMDuringTheStartupWaitExitsZero: stopped while it waits for its
+// dependencies, the consumer stops as it does after a drain: exit 0.
+func TestSIGTERMDuringTheStartupWaitExitsZero(t *testing.T) {
+	port, _ := testenv.FreePort()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var logs testenv.Buffer
+	cmd := exec.CommandContext(ctx, filepath.Join(binaries(t), "consumer"), "--nats-url", fmt.Sprintf("nats://127.0.0.1:%d", port),
+		"--data-dir", t.TempDir(), "--startup-wait", "1m")
+	cmd.Env = append(os.Environ(), "OTEL_SDK_DISABLED=true")
+	cmd.Stderr = &logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 20*time.Second, "the consumer to wait for NATS", func() bool { return strings.Contains(logs.String(), "waiting for NATS") })
+	cmd.Process.Signal(syscall.SIGTERM)
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("SIGTERM while waiting: %v\n%s", err, logs.String())
+	}
+}
+
+// TestPublishOfAnInvalidCallExitsRejectedOrUsage: a call that cannot run as
+// given exits 4 (as publisher key does for it), a missing flag 2.
+func TestPublishOfAnInvalidCallExitsRejectedOrUsage(t *testing.T) {
+	nowhere := "nats://127.0.0.1:1"
+	for _, c := range []struct {
+		name string
+		args []string
+		want int
+	}{
+		{"a duplicate member", []string{"--tool", "t", "--args", `{"a":1,"a":2}`}, cli.ExitRejected},
+		{"args not an object", []string{"--tool", "t", "--args", `[1]`}, cli.ExitRejected},
+		{"a negative turn", []string{"--tool", "t", "--args", `{}`, "--turn", "-1"}, cli.ExitRejected},
+		{"no tool", []string{"--args", `{}`}, cli.ExitUsage},
+	} {
+		args := append([]string{"publish", "--nats-url", nowhere, "--conversation", "c", "--turn", "1"}, c.args...)
+		if code, _, errOut := run(t, "publisher", args...); code != c.want {
+			t.Errorf("%s: exited %d, want %d (%s)", c.name, code, c.want, errOut)
 		}
 	}
 }
