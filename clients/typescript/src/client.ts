@@ -341,6 +341,12 @@ const TRACEPARENT = /^00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}
 let otelAPI: Promise<typeof OTel | undefined> | undefined;
 const otel = () => (otelAPI ??= import("@opentelemetry/api").catch(() => undefined));
 
+/** The span context a valid traceparent names. */
+function spanContextOf(traceparent: string): OTel.SpanContext {
+  const [, traceId, spanId, flags] = traceparent.split("-");
+  return { traceId, spanId, traceFlags: parseInt(flags, 16), isRemote: true };
+}
+
 /**
  * Runs send with the job's trace context in h. With OpenTelemetry, under a
  * producer span of its own, a child of the active context (or of
@@ -355,7 +361,9 @@ async function traced<T>(subject: string, key: string, toolUseId: string, h: Msg
     return send();
   }
   const setter = { set: (carrier: MsgHdrs, k: string, v: string) => carrier.set(k, v) };
-  const parent = given ? api.propagation.extract(api.context.active(), { traceparent: given }) : api.context.active();
+  // The caller's span as given is the parent whatever propagator is (or
+  // is not) registered; else the active context.
+  const parent = given ? api.trace.setSpanContext(api.context.active(), spanContextOf(given)) : api.context.active();
   const span = api.trace.getTracer("@toolq/client").startSpan(
     `send ${subject}`,
     {
@@ -370,9 +378,20 @@ async function traced<T>(subject: string, key: string, toolUseId: string, h: Msg
     },
     parent,
   );
-  api.propagation.inject(api.trace.setSpan(parent, span), h, setter);
-  if (given && !h.has(HEADER_TRACEPARENT)) h.set(HEADER_TRACEPARENT, given); // no propagator registered
   try {
+    try {
+      api.propagation.inject(api.trace.setSpan(parent, span), h, setter);
+    } catch (err) {
+      span.recordException(err as Error); // tracing never stops a publish
+    }
+    const sc = span.spanContext();
+    if (!h.has(HEADER_TRACEPARENT) && api.isSpanContextValid(sc)) {
+      // An SDK without a registered propagator: the context of the span
+      // anyway, so that the consumer's spans join its trace.
+      h.set(HEADER_TRACEPARENT, `00-${sc.traceId}-${sc.spanId}-0${sc.traceFlags & 1}`);
+    } else if (!h.has(HEADER_TRACEPARENT) && given) {
+      h.set(HEADER_TRACEPARENT, given); // no SDK: the caller's context as given
+    }
     return await send();
   } catch (err) {
     span.recordException(err as Error);
