@@ -254,7 +254,8 @@ const maxRedirects = 3
 // within the downstream's origin, so that neither the key nor the headers'
 // credentials go elsewhere, and only to a request that is the call itself
 // (a 307 or 308 keeps the method and body; the downstream did not act on
-// the first) or its answer (the GET after a 303: the call was processed).
+// the first; for a DELETE, whose args are its query, with the same query)
+// or its answer (the GET after a 303: the call was processed).
 // net/http would turn a write answered 301 or 302 into a GET: the call
 // would never be made and the GET's answer would read as its result, so
 // that redirect is not followed. Nor is one past maxRedirects, or one next
@@ -268,6 +269,9 @@ func followRedirect(next func(*http.Request, []*http.Request) error) func(*http.
 		case len(via) > maxRedirects:
 		case req.URL.Scheme != first.Scheme || req.URL.Host != first.Host:
 		case req.Method != prev.Method && !seeOther:
+		case !seeOther && req.Method == http.MethodDelete && req.URL.RawQuery != first.RawQuery:
+			// a DELETE's args (and a key sent in the query) are its query:
+			// another query is another call
 		case next != nil && next(req, via) != nil:
 		default:
 			if p, ok := req.Context().Value(progressKey{}).(*progress); ok && seeOther {

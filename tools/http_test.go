@@ -581,6 +581,7 @@ func TestHTTPRedirectIsFollowedOnlyWhereItSendsTheSameCall(t *testing.T) {
 		{"307 for ever", tools.KeyedWrite, "POST", "/loop", tools.NotSent, "http_307", ""},
 		{"300", tools.KeyedWrite, "POST", "/choices", tools.Ambiguous, "http_300", ""},
 		{"301 of a read", tools.Read, "GET", "/same/301", tools.Success, "", "GET"},
+		{"307 of a DELETE to another query (its args)", tools.KeyedWrite, "DELETE", "/same/307", tools.NotSent, "http_307", ""},
 		{"302 of a read to another origin", tools.Read, "GET", "/away/302", tools.NotSent, "http_302", ""},
 	} {
 		mu.Lock()
