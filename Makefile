@@ -2,7 +2,7 @@
 STATICCHECK_VERSION := v0.8.2
 GO ?= go
 
-.PHONY: help build release test test-go test-race test-ts lint fuzz soak compose-check
+.PHONY: help build release test test-go test-race test-ts test-py lint fuzz soak compose-check
 
 # The build's stamp (see internal/version): make release VERSION=v0.1.0
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
@@ -26,13 +26,19 @@ release: ## static binaries for linux and darwin, amd64 and arm64, in dist/ with
 		tar -C dist -czf dist/$$name.tar.gz $$name; rm -r dist/$$name; done
 	cd dist && sha256sum *.tar.gz > SHA256SUMS && cat SHA256SUMS
 
-test: test-go test-ts ## run every test, as CI does: Go with the race detector, then the TypeScript client
+test: test-go test-ts test-py ## run every test, as CI does: Go with the race detector, then the TypeScript and Python clients
 
 test-go: ## run the Go tests with the race detector (they start their own NATS and Postgres)
 	$(GO) test -race -count=1 ./...
 
 test-ts: ## build and test the TypeScript client (Node 20, npm)
 	cd clients/typescript && npm ci --no-audit --no-fund && npm run build && npm test
+
+PYTHON ?= python3
+test-py: ## lint, type-check and test the Python client in its own virtual environment (Python 3.10+)
+	cd clients/python && { test -x .venv/bin/python || $(PYTHON) -m venv .venv; } && \
+		.venv/bin/pip install -q --disable-pip-version-check -c constraints.txt -e '.[dev]' && \
+		.venv/bin/ruff check src tests && .venv/bin/ruff format --check src tests && .venv/bin/mypy && .venv/bin/pytest -q
 
 test-race: test-go ## the Go tests with the race detector (test-go)
 
