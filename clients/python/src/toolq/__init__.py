@@ -1,6 +1,21 @@
 """toolq for Python agents: the idempotency key of a tool call, byte for byte
-as toolq's consumer derives it."""
+as toolq's consumer derives it, and the client that publishes calls as jobs
+and awaits their results."""
 
+from toolq.client import (
+    HEADER_KEY,
+    JOBS_STREAM,
+    RESULTS_STREAM,
+    Client,
+    Job,
+    Published,
+    Result,
+    ResultError,
+    ResultsReader,
+    Status,
+    ToolCall,
+    new_tool_use_id,
+)
 from toolq.key import (
     MAX_DEPTH,
     Args,
@@ -17,22 +32,36 @@ from toolq.key import (
     call_key,
     call_material,
     canonicalize,
+    key_of,
 )
 
 __all__ = [
+    "HEADER_KEY",
+    "JOBS_STREAM",
     "MAX_DEPTH",
+    "RESULTS_STREAM",
     "Args",
     "CallKeyError",
+    "Client",
     "DuplicateNameError",
     "FieldError",
     "InvalidUTF8Error",
     "JSONSyntaxError",
+    "Job",
     "LoneSurrogateError",
     "NotObjectError",
     "NumberRangeError",
+    "Published",
+    "Result",
+    "ResultError",
+    "ResultsReader",
+    "Status",
     "TooDeepError",
+    "ToolCall",
     "UnsafeIntegerError",
     "call_key",
     "call_material",
     "canonicalize",
+    "key_of",
+    "new_tool_use_id",
 ]

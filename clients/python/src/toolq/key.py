@@ -40,6 +40,7 @@ __all__ = [
     "call_key",
     "call_material",
     "canonicalize",
+    "key_of",
 ]
 
 #: The arguments of a call: the JSON text as the model streamed it (``str``
@@ -178,7 +179,11 @@ def call_material(*, conversation_id: str, turn_index: int, tool: str, ordinal: 
 
 def call_key(*, conversation_id: str, turn_index: int, tool: str, ordinal: int = 0, args: Args) -> str:
     """The idempotency key of a call: what ``publisher key`` prints for it."""
-    material = call_material(conversation_id=conversation_id, turn_index=turn_index, tool=tool, ordinal=ordinal, args=args)
+    return key_of(call_material(conversation_id=conversation_id, turn_index=turn_index, tool=tool, ordinal=ordinal, args=args))
+
+
+def key_of(material: str) -> str:
+    """The key of a call's material (call_material)."""
     return hashlib.sha256(material.encode("utf-8")).hexdigest()[:KEY_LEN]
 
 

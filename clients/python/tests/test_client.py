@@ -1,0 +1,140 @@
+"""The client against a real consumer."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import nats
+import pytest
+from conftest import Consumer
+
+import toolq
+
+PAYMENT = '{"invoice_id":"%s","amount_cents":500,"currency":"EUR"}'
+
+
+async def connect(c: Consumer) -> toolq.Client:
+    nc = await nats.connect(c.nats_url)
+    client = toolq.Client(nc)
+    # The consumer creates the streams as it starts.
+    for _ in range(100):
+        try:
+            await client.js.stream_info(toolq.JOBS_STREAM)
+            await client.js.stream_info(toolq.RESULTS_STREAM)
+            return client
+        except Exception:
+            await asyncio.sleep(0.1)
+    raise AssertionError("the consumer created no streams")
+
+
+async def test_a_call_published_twice_makes_one_payment_and_two_equal_results(consumer: Consumer) -> None:
+    client = await connect(consumer)
+    try:
+        job = dict(conversation_id="py-e2e", turn_index=1, tool="send_payment", args=PAYMENT % "inv_py_1")
+        first = await client.publish_and_await(toolq.Job(**job, tool_use_id="toolu_py_a"), timeout=30)
+        # The retried turn: the same call, spelled another way, under a new id.
+        again = dict(job, args={"currency": "EUR", "amount_cents": 500.0, "invoice_id": "inv_py_1"})
+        second = await client.publish_and_await(toolq.Job(**again, tool_use_id="toolu_py_b"), timeout=30)
+        assert first.status == second.status == "ok"
+        assert second.output == first.output
+        assert second.duplicate and second.original_tool_use_id == "toolu_py_a"
+        assert first.key == second.key == toolq.call_key(**{k: v for k, v in job.items()})
+        assert len(consumer.payments("inv_py_1")) == 1
+        # The job carries the headers the Go client sends.
+        msg = await client.js.get_msg(toolq.JOBS_STREAM, subject="toolq.jobs.send_payment", next=True, seq=1)
+        assert msg.headers is not None and msg.headers[toolq.HEADER_KEY] == first.key
+        assert msg.headers["Nats-Msg-Id"] == f"job:{first.key}:toolu_py_a"
+    finally:
+        await client.nc.close()
+
+
+async def test_run_turn_numbers_identical_calls_and_a_rerun_returns_instead_of_waiting(consumer: Consumer) -> None:
+    client = await connect(consumer)
+    try:
+        calls = [
+            {"id": "toolu_py_t1", "name": "send_payment", "input": PAYMENT % "inv_py_t"},
+            {"id": "toolu_py_t2", "name": "send_payment", "input": {"invoice_id": "inv_py_t", "amount_cents": 500, "currency": "EUR"}},
+        ]
+        blocks = await client.run_turn("py-turn", 3, calls, timeout=30)
+        assert [b["tool_use_id"] for b in blocks] == ["toolu_py_t1", "toolu_py_t2"]
+        assert not any(b.get("is_error") for b in blocks)
+        # Identical calls are two calls (ordinals 0 and 1): two payments.
+        assert len(consumer.payments("inv_py_t")) == 2
+        # The agent restarts and runs the same turn again: the same results, at once.
+        again = await client.run_turn("py-turn", 3, calls, timeout=30)
+        assert again == blocks
+        assert len(consumer.payments("inv_py_t")) == 2
+    finally:
+        await client.nc.close()
+
+
+async def test_a_later_answer_supersedes_an_earlier_one(consumer: Consumer) -> None:
+    client = await connect(consumer)
+    try:
+        base = dict(
+            version=1,
+            key="0" * 32,
+            conversation_id="py-later",
+            turn_index=0,
+            ordinal=0,
+            tool="send_payment",
+            tool_use_id="toolu_py_later",
+            duplicate=False,
+            attempts=1,
+            completed_at="2026-12-05T00:00:00Z",
+        )
+        await client.js.publish(
+            "toolq.results.py-later", json.dumps({**base, "status": "indeterminate", "error": {"code": "reset", "message": ""}}).encode()
+        )
+        await client.js.publish(
+            "toolq.results.py-later", json.dumps({**base, "status": "ok", "output": {"ticket": "T-1"}, "attempts": 2}).encode()
+        )
+        r = await client.await_result("py-later", "toolu_py_later", timeout=30)
+        assert r.status == "ok" and r.output == {"ticket": "T-1"}
+    finally:
+        await client.nc.close()
+
+
+async def test_one_results_reader_serves_many_calls_and_drops_what_nobody_expects(consumer: Consumer) -> None:
+    client = await connect(consumer)
+    reader = await client.results()
+    try:
+        abandoned = reader.expect("toolu_py_r_abandoned")
+        await client.publish(toolq.Job("py-reader", 0, "send_payment", "toolu_py_r_abandoned", PAYMENT % "inv_py_r0"))
+        reader.cancel("toolu_py_r_abandoned")
+        assert abandoned[0].cancelled()
+        for i in range(20):
+            [fut] = reader.expect(f"toolu_py_r{i}")
+            await client.publish(toolq.Job("py-reader", i + 1, "send_payment", f"toolu_py_r{i}", PAYMENT % f"inv_py_r{i + 1}"))
+            r = await asyncio.wait_for(fut, 30)
+            assert r.tool_use_id == f"toolu_py_r{i}" and r.status == "ok"
+    finally:
+        await reader.close()
+        await client.nc.close()
+
+
+async def test_the_job_carries_the_active_opentelemetry_span(consumer: Consumer) -> None:
+    trace = pytest.importorskip("opentelemetry.trace")
+    from opentelemetry.sdk.trace import TracerProvider
+
+    provider = TracerProvider()
+    client = await connect(consumer)
+    try:
+        with provider.get_tracer("agent").start_as_current_span("agent turn") as span:
+            pub = await client.publish(toolq.Job("py-otel", 1, "send_payment", "toolu_py_otel", PAYMENT % "inv_py_otel"))
+        ctx = span.get_span_context()
+        msg = await client.js.get_msg(toolq.JOBS_STREAM, pub.seq)
+        assert msg.headers is not None
+        assert (
+            msg.headers["traceparent"]
+            == f"00-{trace.format_trace_id(ctx.trace_id)}-{trace.format_span_id(ctx.span_id)}-{ctx.trace_flags:02x}"
+        )
+        # Without an active span, the traceparent given is sent as is; with neither, none.
+        given = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+        pub2 = await client.publish(toolq.Job("py-otel", 2, "send_payment", "toolu_py_otel2", PAYMENT % "inv_py_otel"), traceparent=given)
+        pub3 = await client.publish(toolq.Job("py-otel", 3, "send_payment", "toolu_py_otel3", PAYMENT % "inv_py_otel"))
+        assert (await client.js.get_msg(toolq.JOBS_STREAM, pub2.seq)).headers["traceparent"] == given  # type: ignore[index]
+        assert "traceparent" not in ((await client.js.get_msg(toolq.JOBS_STREAM, pub3.seq)).headers or {})
+    finally:
+        await client.nc.close()
