@@ -32,7 +32,9 @@ async def test_a_call_published_twice_makes_one_payment_and_two_equal_results(co
     client = await connect(consumer)
     try:
         job = dict(conversation_id="py-e2e", turn_index=1, tool="send_payment", args=PAYMENT % "inv_py_1")
-        first = await client.publish_and_await(toolq.Job(**job, tool_use_id="toolu_py_a"), timeout=30)
+        cursor = await client.results_cursor()
+        pub = await client.publish(toolq.Job(**job, tool_use_id="toolu_py_a"))
+        first = await client.await_result("py-e2e", "toolu_py_a", from_seq=cursor, timeout=30)
         # The retried turn: the same call, spelled another way, under a new id.
         again = dict(job, args={"currency": "EUR", "amount_cents": 500.0, "invoice_id": "inv_py_1"})
         second = await client.publish_and_await(toolq.Job(**again, tool_use_id="toolu_py_b"), timeout=30)
@@ -42,7 +44,7 @@ async def test_a_call_published_twice_makes_one_payment_and_two_equal_results(co
         assert first.key == second.key == toolq.call_key(**{k: v for k, v in job.items()})
         assert len(consumer.payments("inv_py_1")) == 1
         # The job carries the headers the Go client sends.
-        msg = await client.js.get_msg(toolq.JOBS_STREAM, subject="toolq.jobs.send_payment", next=True, seq=1)
+        msg = await client.js.get_msg(toolq.JOBS_STREAM, pub.seq)
         assert msg.headers is not None and msg.headers[toolq.HEADER_KEY] == first.key
         assert msg.headers["Nats-Msg-Id"] == f"job:{first.key}:toolu_py_a"
     finally:
