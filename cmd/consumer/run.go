@@ -176,6 +176,12 @@ func runWorker(ctx context.Context, args []string, stdio cli.IO, getenv func(str
 	case err != nil:
 		return err
 	}
+	// Agents ask the ledger whether a call already happened over NATS.
+	lookup, err := worker.ServeLookup(st.Conn, st.Store, logger)
+	if err != nil {
+		return fmt.Errorf("ledger lookup service: %w", err)
+	}
+	cleanups = append(cleanups, func() { lookup.Stop() })
 	// Ready once the worker has its streams and its durable consumer.
 	probe.started(st.Conn, st.Store)
 	if healthURL != "" {

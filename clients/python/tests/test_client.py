@@ -140,3 +140,19 @@ async def test_the_job_carries_the_active_opentelemetry_span(consumer: Consumer)
         assert "traceparent" not in ((await client.js.get_msg(toolq.JOBS_STREAM, pub3.seq)).headers or {})
     finally:
         await client.nc.close()
+
+
+async def test_lookup_says_whether_a_call_already_happened(consumer: Consumer) -> None:
+    client = await connect(consumer)
+    try:
+        job = toolq.Job("py-lookup", 1, "send_payment", "toolu_py_lookup", PAYMENT % "inv_py_lookup")
+        await client.publish_and_await(job, timeout=30)
+        key = toolq.call_key(conversation_id="py-lookup", turn_index=1, tool="send_payment", args=PAYMENT % "inv_py_lookup")
+        done = await client.lookup(key)
+        assert done.state == "completed" and done.first_tool_use_id == "toolu_py_lookup" and done.output["id"].startswith("pay_")
+        assert (await client.lookup("0123456789abcdef0123456789abcdef")).state == "unknown"
+        with pytest.raises(toolq.LookupError) as err:
+            await client.lookup("not a key")
+        assert err.value.code == "400"
+    finally:
+        await client.nc.close()

@@ -12,6 +12,33 @@ export const RESULTS_STREAM = "TOOLQ_RESULTS";
 export const HEADER_KEY = "Toolq-Key";
 export const HEADER_MSG_ID = "Nats-Msg-Id";
 export const HEADER_TRACEPARENT = "traceparent";
+/** The subject of the consumers' ledger lookup (a NATS micro service, toolq-ledger). */
+export const LOOKUP_SUBJECT = "toolq.ledger.get";
+
+/** What the ledger knows of a key. */
+export interface Lookup {
+  key: string;
+  /** "unknown" (no row: never ran, or purged), "in_flight", "completed", "failed" or "indeterminate". */
+  state: "unknown" | "in_flight" | "completed" | "failed" | "indeterminate";
+  attempt?: number;
+  first_tool_use_id?: string;
+  /** The output of a completed call. */
+  output?: unknown;
+  error?: { code: string; message: string };
+  lease_remaining_ms?: number;
+  updated_at?: string;
+}
+
+/** A lookup the service refused (a malformed key: 400; the ledger unreachable: 503). */
+export class LookupError extends Error {
+  constructor(
+    readonly code: string,
+    readonly description: string,
+  ) {
+    super(`toolq: lookup refused: ${code} ${description}`);
+    this.name = "LookupError";
+  }
+}
 /** The only version of the job and result bodies this client writes and reads. */
 export const VERSION = 1;
 
@@ -145,6 +172,18 @@ export class Client {
   async awaitResult(conversationId: string, toolUseId: string, opts: AwaitOptions = {}): Promise<Result> {
     const got = await this.awaitResults(conversationId, [toolUseId], opts);
     return got.get(toolUseId)!;
+  }
+
+  /**
+   * What the ledger knows of a key (the consumers' lookup service, on
+   * toolq.ledger.get): did this call already happen, and how did it end?
+   * Throws a LookupError when the service refuses the request.
+   */
+  async lookup(key: string, opts: { timeoutMs?: number } = {}): Promise<Lookup> {
+    const msg = await this.nc.request(LOOKUP_SUBJECT, key, { timeout: opts.timeoutMs ?? 5000 });
+    const code = msg.headers?.get("Nats-Service-Error-Code");
+    if (code) throw new LookupError(code, msg.headers?.get("Nats-Service-Error") ?? "");
+    return msg.json<Lookup>();
   }
 
   /** The sequence the next result will get: results of jobs published after this come at or after it. */

@@ -11,7 +11,7 @@ import { fileURLToPath } from "node:url";
 import path from "node:path";
 import { connect } from "@nats-io/transport-node";
 import { jetstreamManager } from "@nats-io/jetstream";
-import { Client, JOBS_STREAM, streamTurn, NOT_RUN } from "../dist/index.js";
+import { Client, JOBS_STREAM, streamTurn, NOT_RUN, LookupError } from "../dist/index.js";
 
 const repo = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../../..");
 let dir, consumer, nc, client, sandboxURL, exited;
@@ -252,4 +252,17 @@ test("a later answer to a call supersedes an earlier one for a reader from the s
   const r = await client.awaitResult("conv_ts_later", "toolu_later", { signal: withTimeout(30_000) });
   assert.equal(r.status, "ok");
   assert.deepEqual(r.output, { ticket: "T-1" });
+});
+
+test("lookup says whether a call already happened", async () => {
+  const job = { conversationId: "conv_ts_lookup", turnIndex: 1, tool: "send_payment", toolUseId: "toolu_ts_lookup",
+    args: '{"invoice_id":"inv_ts_lookup","amount_cents":100,"currency":"EUR"}' };
+  const pub = await client.publish(job);
+  await client.awaitResult(job.conversationId, job.toolUseId, { signal: withTimeout(30_000) });
+  const done = await client.lookup(pub.key);
+  assert.equal(done.state, "completed");
+  assert.equal(done.first_tool_use_id, "toolu_ts_lookup");
+  assert.ok(done.output && done.output.id, JSON.stringify(done));
+  assert.equal((await client.lookup("0123456789abcdef0123456789abcdef")).state, "unknown");
+  await assert.rejects(client.lookup("not a key"), (err) => err instanceof LookupError && err.code === "400");
 });

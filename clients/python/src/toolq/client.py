@@ -24,9 +24,12 @@ from toolq.key import Args, FieldError, call_material, canonicalize, key_of
 __all__ = [
     "HEADER_KEY",
     "JOBS_STREAM",
+    "LOOKUP_SUBJECT",
     "RESULTS_STREAM",
     "Client",
     "Job",
+    "Lookup",
+    "LookupError",
     "Published",
     "Result",
     "ResultError",
@@ -150,6 +153,34 @@ class Result:
         return {"type": "tool_result", "tool_use_id": self.tool_use_id, "content": content, "is_error": True}
 
 
+LOOKUP_SUBJECT = "toolq.ledger.get"
+
+
+@dataclass(frozen=True)
+class Lookup:
+    """What the ledger knows of a key."""
+
+    key: str
+    #: "unknown" (no row: never ran, or purged), "in_flight", "completed", "failed" or "indeterminate".
+    state: Literal["unknown", "in_flight", "completed", "failed", "indeterminate"]
+    attempt: int = 0
+    first_tool_use_id: str = ""
+    #: The output of a completed call.
+    output: Any = None
+    error: ResultError | None = None
+    lease_remaining_ms: int = 0
+    updated_at: str = ""
+
+
+class LookupError(RuntimeError):
+    """A lookup the service refused (a malformed key: 400; the ledger unreachable: 503)."""
+
+    def __init__(self, code: str, description: str) -> None:
+        super().__init__(f"toolq: lookup refused: {code} {description}")
+        self.code = code
+        self.description = description
+
+
 @dataclass(frozen=True)
 class ToolCall:
     """One tool_use block of a completed assistant turn."""
@@ -217,6 +248,27 @@ class Client:
                 "start one (`consumer`) against this NATS server, or check its URL"
             ) from e
         return Published(key=key, stream=ack.stream, seq=ack.seq, duplicate=bool(ack.duplicate))
+
+    async def lookup(self, key: str, *, timeout: float = 5.0) -> Lookup:
+        """What the ledger knows of a key (the consumers' lookup service, on
+        toolq.ledger.get): did this call already happen, and how did it end?
+        Raises LookupError when the service refuses the request."""
+        msg = await self.nc.request(LOOKUP_SUBJECT, key.encode(), timeout=timeout)
+        headers = msg.headers or {}
+        if code := headers.get("Nats-Service-Error-Code"):
+            raise LookupError(code, headers.get("Nats-Service-Error", ""))
+        d = json.loads(msg.data)
+        err = d.get("error")
+        return Lookup(
+            key=d["key"],
+            state=d["state"],
+            attempt=d.get("attempt", 0),
+            first_tool_use_id=d.get("first_tool_use_id", ""),
+            output=d.get("output"),
+            error=ResultError(code=err["code"], message=err.get("message", "")) if err else None,
+            lease_remaining_ms=d.get("lease_remaining_ms", 0),
+            updated_at=d.get("updated_at", ""),
+        )
 
     async def results_cursor(self) -> int:
         """The sequence the next result will get: every result of a job

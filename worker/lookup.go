@@ -1,0 +1,83 @@
+package worker
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
+
+	"github.com/toolq/toolq/internal/version"
+	"github.com/toolq/toolq/jobs"
+	"github.com/toolq/toolq/ledger"
+)
+
+var keyPattern = regexp.MustCompile(`^[0-9a-f]{32}$`)
+
+// ServeLookup answers jobs.LookupSubject from the ledger: a NATS micro
+// service (toolq-ledger) whose requests are keys and whose answers are
+// jobs.Lookup, so that an agent that restarted can ask whether a call
+// already happened without access to the database. Every consumer serves
+// it, in one queue group. Stop the service when done.
+func ServeLookup(nc *nats.Conn, store *ledger.Store, log *slog.Logger) (micro.Service, error) {
+	if log == nil {
+		log = slog.Default()
+	}
+	return micro.AddService(nc, micro.Config{
+		Name:        "toolq-ledger",
+		Version:     semver(version.Get().Version),
+		Description: "what toolq's ledger knows of a call's key: did it already happen, and how did it end",
+		Endpoint: &micro.EndpointConfig{Subject: jobs.LookupSubject, Handler: micro.HandlerFunc(func(req micro.Request) {
+			key := strings.TrimSpace(string(req.Data()))
+			if !keyPattern.MatchString(key) {
+				req.Error("400", "want a key: 32 lowercase hexadecimal characters", nil)
+				return
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			l, err := lookup(ctx, store, key)
+			if err != nil {
+				log.Warn("ledger lookup failed", "key", key, "error", err)
+				req.Error("503", "the ledger did not answer: "+err.Error(), nil)
+				return
+			}
+			req.RespondJSON(l)
+		})},
+	})
+}
+
+func lookup(ctx context.Context, store *ledger.Store, key string) (*jobs.Lookup, error) {
+	row, err := store.Get(ctx, key)
+	switch {
+	case errors.Is(err, ledger.ErrNotFound):
+		return &jobs.Lookup{Key: key, State: jobs.LookupUnknown}, nil
+	case err != nil:
+		return nil, err
+	}
+	l := &jobs.Lookup{Key: key, State: string(row.State), Attempt: row.Attempt, FirstToolUseID: row.FirstToolUseID, UpdatedAt: row.UpdatedAt}
+	if row.State == ledger.Completed && len(row.Result) > 0 {
+		l.Output = json.RawMessage(row.Result)
+	}
+	if row.Error != nil {
+		l.Error = &jobs.ResultError{Code: row.Error.Code, Message: row.Error.Message}
+	}
+	if row.State == ledger.InFlight {
+		l.LeaseRemainingMS = max(row.LeaseRemaining.Milliseconds(), 0)
+	}
+	return l, nil
+}
+
+// semver is a build's version as micro wants it: no leading v, and a
+// work-tree build 0.0.0-devel.
+func semver(v string) string {
+	v = strings.TrimPrefix(v, "v")
+	if v == "" || v == "devel" {
+		return "0.0.0-devel"
+	}
+	return v
+}
