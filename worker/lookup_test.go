@@ -65,7 +65,9 @@ func TestLookupAnswersWhatTheLedgerKnows(t *testing.T) {
 		key, state string
 		check      func(*jobs.Lookup) bool
 	}{
-		{doneKey, jobs.LookupCompleted, func(l *jobs.Lookup) bool { return string(l.Output) == `{"paid":true}` && l.FirstToolUseID == "toolu_done" && l.Attempt == 1 }},
+		{doneKey, jobs.LookupCompleted, func(l *jobs.Lookup) bool {
+			return string(l.Output) == `{"paid":true}` && l.FirstToolUseID == "toolu_done" && l.Attempt == 1
+		}},
 		{inFlight.Key, jobs.LookupInFlight, func(l *jobs.Lookup) bool { return l.LeaseRemainingMS > 0 && l.Output == nil }},
 		{lost.Key, jobs.LookupIndeterminate, func(l *jobs.Lookup) bool { return l.Error != nil && l.Error.Code == "reset" }},
 		{"0123456789abcdef0123456789abcdef", jobs.LookupUnknown, func(l *jobs.Lookup) bool { return l.Attempt == 0 }},
