@@ -1,0 +1,104 @@
+"""toolq in a LangGraph ``ToolNode``: write tools go through toolq, keyed on
+what the call is (the thread, the assistant turn, the tool, its ordinal among
+identical calls of the turn, its canonical args), not on where it sits, so
+that a resumed, replayed or re-planned graph does not repeat an effect.
+
+    node = ToolNode(tools, awrap_tool_call=toolq.langgraph.through_toolq(client, write_tools={"send_payment"}))
+
+A call to a tool in ``write_tools`` is published as a job on
+``toolq.jobs.<tool>`` (a consumer runs it, from its registry) and answered
+with its result as the ToolMessage; every other call runs as the node would
+run it. The conversation is the thread (``configurable.thread_id``), the turn
+the index of the assistant message among the thread's assistant messages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Collection
+from typing import Any
+
+from langchain_core.messages import AIMessage, ToolMessage
+
+from toolq.client import Client, Job, Result
+from toolq.key import canonicalize
+
+__all__ = ["through_toolq"]
+
+Execute = Callable[[Any], Awaitable[Any]]
+
+
+def _messages(state: Any) -> list[Any]:
+    if isinstance(state, dict):
+        return list(state.get("messages", []))
+    if isinstance(state, list):
+        return state
+    return list(getattr(state, "messages", []))
+
+
+def _place(state: Any, tool_call_id: str) -> tuple[int, list[Any]]:
+    """The turn index of the assistant message holding the tool call, and
+    that message's tool calls."""
+    turn = 0
+    for m in _messages(state):
+        if isinstance(m, AIMessage):
+            if any(tc.get("id") == tool_call_id for tc in m.tool_calls):
+                return turn, list(m.tool_calls)
+            turn += 1
+    raise LookupError(f"toolq: no assistant message of the state holds tool call {tool_call_id}")
+
+
+def _thread(request: Any) -> str:
+    config = getattr(getattr(request, "runtime", None), "config", None) or {}
+    thread = (config.get("configurable") or {}).get("thread_id")
+    if not thread:
+        raise ValueError("toolq: the graph runs without a thread_id (configurable.thread_id): the conversation has no id")
+    return str(thread)
+
+
+def _content(r: Result) -> str:
+    return str(r.tool_result()["content"])
+
+
+def through_toolq(
+    client: Client,
+    *,
+    write_tools: Collection[str],
+    conversation_id: Callable[[Any], str] = _thread,
+    timeout: float | None = 60.0,
+) -> Callable[[Any, Execute], Awaitable[Any]]:
+    """An async ``ToolNode`` wrapper (``awrap_tool_call``) that sends the calls
+    of write_tools through toolq. conversation_id maps the ToolCallRequest to
+    the conversation (default: the thread id)."""
+
+    async def wrap(request: Any, execute: Execute) -> Any:
+        call = request.tool_call
+        if call["name"] not in write_tools:
+            return await execute(request)
+        turn, calls = _place(request.state, call["id"])
+        # Identical calls of the turn (same tool, same canonical args) are
+        # numbered in the order the model wrote them.
+        identity = (call["name"], canonicalize(call["args"]))
+        ordinal = 0
+        for other in calls:
+            if other.get("id") == call["id"]:
+                break
+            if (other["name"], canonicalize(other["args"])) == identity:
+                ordinal += 1
+        job = Job(
+            conversation_id=conversation_id(request),
+            turn_index=turn,
+            tool=call["name"],
+            tool_use_id=call["id"],
+            args=call["args"],
+            ordinal=ordinal,
+        )
+        result = await client.publish_and_await(job, timeout=timeout)
+        return ToolMessage(
+            content=_content(result),
+            tool_call_id=call["id"],
+            name=call["name"],
+            status="success" if result.status == "ok" else "error",
+            artifact={"toolq_key": result.key, "duplicate": result.duplicate, "status": result.status},
+        )
+
+    return wrap
