@@ -156,3 +156,37 @@ async def test_lookup_says_whether_a_call_already_happened(consumer: Consumer) -
         assert err.value.code == "400"
     finally:
         await client.nc.close()
+
+
+def set_faults(c: Consumer, faults: dict) -> None:
+    import urllib.request
+
+    req = urllib.request.Request(c.sandbox_url + "/v1/_faults", data=json.dumps(faults).encode(), method="POST")
+    urllib.request.urlopen(req).close()
+
+
+async def test_lookup_answers_in_flight_and_indeterminate_calls(consumer: Consumer) -> None:
+    client = await connect(consumer)
+    try:
+        # In flight: a write the sandbox takes 3 s to make.
+        set_faults(consumer, {"latency_ms": 3000})
+        slow = toolq.Job("py-lookup2", 1, "send_payment", "toolu_py_slow", PAYMENT % "inv_py_slow")
+        pub = await client.publish(slow)
+        for _ in range(50):
+            state = (await client.lookup(pub.key)).state
+            if state != "unknown":
+                break
+            await asyncio.sleep(0.05)
+        flight = await client.lookup(pub.key)
+        assert flight.state == "in_flight" and flight.lease_remaining_ms > 0, flight
+        await client.await_result("py-lookup2", "toolu_py_slow", timeout=30)
+        # Indeterminate: an unkeyed write whose connection is reset after the effect.
+        set_faults(consumer, {"latency_ms": 0, "drop_after_effect_rate": 1})
+        ticket = toolq.Job("py-lookup2", 2, "create_ticket", "toolu_py_ticket", '{"title":"lookup","body":"b"}')
+        r = await client.publish_and_await(ticket, timeout=30)
+        assert r.status == "indeterminate"
+        lost = await client.lookup(r.key)
+        assert lost.state == "indeterminate" and lost.error is not None, lost
+    finally:
+        set_faults(consumer, {"latency_ms": 0, "drop_after_effect_rate": 0})
+        await client.nc.close()
