@@ -266,3 +266,29 @@ test("lookup says whether a call already happened", async () => {
   assert.equal((await client.lookup("0123456789abcdef0123456789abcdef")).state, "unknown");
   await assert.rejects(client.lookup("not a key"), (err) => err instanceof LookupError && err.code === "400");
 });
+
+test("lookup answers an in-flight call and an indeterminate one", async () => {
+  const faults = (f) => fetch(`${sandboxURL}/v1/_faults`, { method: "POST", body: JSON.stringify(f) });
+  try {
+    await faults({ latency_ms: 3000 });
+    const slow = { conversationId: "conv_ts_lookup2", turnIndex: 1, tool: "send_payment", toolUseId: "toolu_ts_slow",
+      args: '{"invoice_id":"inv_ts_slow","amount_cents":100,"currency":"EUR"}' };
+    const pub = await client.publish(slow);
+    const flight = await waitFor("the call in flight", async () => {
+      const l = await client.lookup(pub.key);
+      return l.state === "in_flight" ? l : undefined;
+    }, 10_000);
+    assert.ok(flight.lease_remaining_ms > 0);
+    await client.awaitResult(slow.conversationId, slow.toolUseId, { signal: withTimeout(30_000) });
+    await faults({ latency_ms: 0, drop_after_effect_rate: 1 });
+    const ticket = { conversationId: "conv_ts_lookup2", turnIndex: 2, tool: "create_ticket", toolUseId: "toolu_ts_ticket", args: '{"title":"t","body":"b"}' };
+    const tpub = await client.publish(ticket);
+    const r = await client.awaitResult(ticket.conversationId, ticket.toolUseId, { signal: withTimeout(30_000) });
+    assert.equal(r.status, "indeterminate");
+    const lost = await client.lookup(tpub.key);
+    assert.equal(lost.state, "indeterminate");
+    assert.ok(lost.error);
+  } finally {
+    await faults({ latency_ms: 0, drop_after_effect_rate: 0 });
+  }
+});
