@@ -192,7 +192,7 @@ var jobFields = map[string]bool{
 // top-level members by name; known, when not nil, lists the only names
 // allowed.
 func decodeFields(body []byte, known map[string]bool) (map[string]jcs.Member, error) {
-	v, err := jcs.ParseStrict(body)
+	v, err := jcs.ParseStrictEnvelope(body) // the args inside may nest MaxDepth deep
 	if err != nil {
 		return nil, err
 	}

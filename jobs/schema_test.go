@@ -113,3 +113,23 @@ func mustJSON(t *testing.T, v any) string {
 	}
 	return string(b)
 }
+
+// TestArgsThatHaveAKeyFitInAJobBody: args nested as deep as a key allows
+// (jcs.MaxDepth) are taken inside a job body, one level deeper; one more
+// level has no key and is refused either way. (The body was held to the
+// args' limit: args with a key made a job no consumer took, and its agent
+// waited for ever.)
+func TestArgsThatHaveAKeyFitInAJobBody(t *testing.T) {
+	t.Parallel()
+	for depth, ok := range map[int]bool{64: true, 65: false} {
+		args := strings.Repeat("[", depth-1) + strings.Repeat("]", depth-1)
+		args = `{"a":` + args + `}`
+		j := &jobs.Job{Version: 1, ConversationID: "c", TurnIndex: 1, Tool: "t", ToolUseID: "toolu_1", Args: json.RawMessage(args)}
+		_, keyErr := j.Key()
+		body, _ := json.Marshal(j)
+		_, decErr := jobs.DecodeJob(body)
+		if (keyErr == nil) != ok || (decErr == nil) != ok {
+			t.Errorf("args %d deep: key %v, body %v; want both %v", depth, keyErr, decErr, ok)
+		}
+	}
+}

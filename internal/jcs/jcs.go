@@ -134,7 +134,18 @@ type Member struct {
 // that callers can validate a whole message body with the same rules that
 // protect the key. Errors are *SyntaxError values, as for Canonicalize.
 func ParseStrict(doc []byte) (Value, error) {
-	p := parser{in: doc}
+	return parseStrict(doc, MaxDepth)
+}
+
+// ParseStrictEnvelope is ParseStrict for a document that wraps values held
+// to MaxDepth in one more level (a job body around its args): an object
+// whose members may nest MaxDepth deep.
+func ParseStrictEnvelope(doc []byte) (Value, error) {
+	return parseStrict(doc, MaxDepth+1)
+}
+
+func parseStrict(doc []byte, maxDepth int) (Value, error) {
+	p := parser{in: doc, max: maxDepth}
 	p.skipSpace()
 	v, err := p.value(0)
 	if err != nil {
@@ -148,6 +159,7 @@ func ParseStrict(doc []byte) (Value, error) {
 }
 
 type parser struct {
+	max int // the deepest nesting allowed
 	in  []byte
 	pos int
 }
@@ -202,7 +214,7 @@ func (p *parser) literal(word string) error {
 }
 
 func (p *parser) object(depth int) (Value, error) {
-	if depth > MaxDepth {
+	if depth > p.max {
 		return Value{}, p.fail(ErrTooDeep, fmt.Sprintf("more than %d levels", MaxDepth))
 	}
 	p.pos++ // '{'
@@ -275,7 +287,7 @@ func (p *parser) object(depth int) (Value, error) {
 }
 
 func (p *parser) array(depth int) (Value, error) {
-	if depth > MaxDepth {
+	if depth > p.max {
 		return Value{}, p.fail(ErrTooDeep, fmt.Sprintf("more than %d levels", MaxDepth))
 	}
 	p.pos++ // '['
