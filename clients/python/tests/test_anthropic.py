@@ -86,8 +86,10 @@ async def test_a_turn_cut_after_dispatch_and_retried_makes_each_payment_once(con
         assert [c["type"] for c in played.content] == ["text", "tool_use", "tool_use"]
         assert [r["tool_use_id"] for r in played.tool_results] == ["toolu_anth_a2", "toolu_anth_b2"]
         assert not any(r.get("is_error") for r in played.tool_results)
-        # The retried call was answered from the first attempt's run.
-        assert played.committed.results[0] is not None and played.committed.results[0].duplicate
+        # The retried call and the first attempt's are one call (whichever
+        # the consumer claimed first ran it): one key, one payment.
+        assert played.committed.results[0] is not None
+        assert played.committed.results[0].key == toolq.call_key(conversation_id="py-anthropic", turn_index=0, tool="send_payment", args=a)
         assert len(consumer.payments("inv_py_anth_a")) == 1
         assert len(consumer.payments("inv_py_anth_b")) == 1
         assert conversation.not_run == 1

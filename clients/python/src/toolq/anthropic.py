@@ -21,11 +21,12 @@ The events are read by their fields (``type``, ``index``, ``content_block``,
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterable, Callable
+from collections.abc import AsyncIterable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from toolq.client import ToolCall
+from toolq.key import CallKeyError
 from toolq.record import NOT_RUN, CommittedTurn, Conversation
 
 __all__ = ["NOT_RUN", "AttemptReport", "PlayedTurn", "StreamFailedError", "play_turn"]
@@ -40,6 +41,8 @@ class AttemptReport:
     """What became of one attempt of the turn."""
 
     dispatched: list[str] = field(default_factory=list)
+    #: tool_use ids of calls toolq cannot run (their args have no key): never sent, recorded as rejected.
+    refused: list[str] = field(default_factory=list)
     #: tool_use ids whose blocks the failure cut: never sent to toolq.
     not_run: list[str] = field(default_factory=list)
     #: Why it was abandoned; None for the attempt that completed.
@@ -91,7 +94,10 @@ async def play_turn(
                 if kind == "content_block_start":
                     i, cb = _get(event, "index"), _get(event, "content_block")
                     if _get(cb, "type") == "tool_use":
-                        blocks[i] = {"type": "tool_use", "id": _get(cb, "id"), "name": _get(cb, "name"), "json": ""}
+                        # The input as streamed (input_json_delta); a block
+                        # given whole carries it here instead.
+                        given = _get(cb, "input")
+                        blocks[i] = {"type": "tool_use", "id": _get(cb, "id"), "name": _get(cb, "name"), "json": "", "given": given}
                     elif _get(cb, "type") == "text":
                         blocks[i] = {"type": "text", "text": _get(cb, "text", "")}
                     else:
@@ -113,7 +119,17 @@ async def play_turn(
                     done.add(i)
                     if b["type"] == "tool_use":
                         # The input exactly as streamed: its key is that text's.
-                        await attempt.dispatch(ToolCall(tool_use_id=b["id"], tool=b["name"], args=b["json"] or "{}"))
+                        args = b["json"] if b["json"] else (b["given"] if isinstance(b["given"], Mapping) else "{}")
+                        b["input"] = args
+                        try:
+                            await attempt.dispatch(ToolCall(tool_use_id=b["id"], tool=b["name"], args=args))
+                        except CallKeyError as e:
+                            # A call toolq cannot run (no key: an integer beyond
+                            # 2^53, input cut short by max_tokens): recorded as
+                            # refused, not a reason to ask the model again.
+                            report.refused.append(b["id"])
+                            b["refused"] = str(e)
+                            continue
                         report.dispatched.append(b["id"])
                 elif kind == "error":
                     raise RuntimeError(f"stream error: {_get(_get(event, 'error'), 'message', event)}")
@@ -137,6 +153,11 @@ async def play_turn(
             if b["type"] == "text":
                 content.append({"type": "text", "text": b["text"]})
             else:
-                content.append({"type": "tool_use", "id": b["id"], "name": b["name"], "input": json.loads(b["json"] or "{}")})
+                given = b.get("input", "{}")
+                try:
+                    value = json.loads(given) if isinstance(given, str) else dict(given)
+                except ValueError:
+                    value = {}  # input cut short: the record says it was refused
+                content.append({"type": "tool_use", "id": b["id"], "name": b["name"], "input": value})
         return PlayedTurn(content=content, tool_results=committed.tool_results, committed=committed, attempts=reports)
     raise StreamFailedError(f"every one of {attempts} attempts failed: {reports[-1].error}")

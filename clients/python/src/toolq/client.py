@@ -335,10 +335,16 @@ class Client:
         abandoned attempt's) are ignored. Run again for the same turn (the
         agent restarted), it returns the results the first run got."""
         tool_calls = [c if isinstance(c, ToolCall) else ToolCall.from_block(c) for c in calls]
+        # Every call is checked before any is published: a turn with a call
+        # that has no key raises with nothing run.
+        identities = [f"{c.tool}|{canonicalize(c.args)}" for c in tool_calls]
+        for c in tool_calls:
+            call_material(conversation_id=conversation_id, turn_index=turn_index, tool=c.tool, args=c.args)
+            if not isinstance(c.tool_use_id, str) or not _TOOL_USE_ID.fullmatch(c.tool_use_id):
+                raise FieldError(f"tool_use_id: must match ^{_TOOL_USE_ID.pattern}$", field="tool_use_id")
         from_seq = await self.results_cursor()
         seen: dict[str, int] = {}
-        for c in tool_calls:
-            identity = f"{c.tool}|{canonicalize(c.args)}"
+        for c, identity in zip(tool_calls, identities, strict=True):
             ordinal = seen.get(identity, 0)
             seen[identity] = ordinal + 1
             pub = await self.publish(
@@ -378,7 +384,8 @@ class ResultsReader:
     before publishing its job."""
 
     def __init__(self) -> None:
-        self._waiting: dict[str, asyncio.Future[Result]] = {}
+        # Waits by (conversation_id, tool_use_id); "" for any conversation.
+        self._waiting: dict[tuple[str, str], asyncio.Future[Result]] = {}
         self._task: asyncio.Task[None] | None = None
         self._sub: Any = None
         self._error: BaseException | None = None
@@ -400,7 +407,7 @@ class ResultsReader:
                     res = Result.from_json(msg.data)
                 except (ValueError, KeyError, TypeError):
                     continue
-                fut = self._waiting.pop(res.tool_use_id, None)
+                fut = self._waiting.pop((res.conversation_id, res.tool_use_id), None) or self._waiting.pop(("", res.tool_use_id), None)
                 if fut is not None and not fut.done():
                     fut.set_result(res)
         except asyncio.CancelledError:
@@ -412,22 +419,24 @@ class ResultsReader:
                     fut.set_exception(RuntimeError(f"toolq: results reader stopped: {e}"))
             self._waiting.clear()
 
-    def expect(self, *tool_use_ids: str) -> list[asyncio.Future[Result]]:
-        """Starts keeping the results addressed to the ids; await the futures."""
+    def expect(self, *tool_use_ids: str, conversation_id: str = "") -> list[asyncio.Future[Result]]:
+        """Starts keeping the results addressed to the ids (of that
+        conversation, when given: a tool_use_id may recur in another, a
+        replayed model response say); await the futures."""
         if self._error is not None:
             raise RuntimeError(f"toolq: results reader stopped: {self._error}")
         loop = asyncio.get_running_loop()
         futures = []
         for i in tool_use_ids:
             fut: asyncio.Future[Result] = loop.create_future()
-            self._waiting[i] = fut
+            self._waiting[(conversation_id, i)] = fut
             futures.append(fut)
         return futures
 
-    def cancel(self, *tool_use_ids: str) -> None:
+    def cancel(self, *tool_use_ids: str, conversation_id: str = "") -> None:
         """Stops keeping the ids' results: those that come later are dropped."""
         for i in tool_use_ids:
-            fut = self._waiting.pop(i, None)
+            fut = self._waiting.pop((conversation_id, i), None)
             if fut is not None:
                 fut.cancel()
 

@@ -133,23 +133,26 @@ class JSONSyntaxError(CallKeyError):
 
 def canonicalize(args: Args, *, must_be_object: bool = True) -> str:
     """The RFC 8785 form of the args, under the Go side's rules."""
+    from_bytes = False
     if isinstance(args, Mapping):
+        plain = _plain(args, 0)
         try:
             # \\u escapes for every non-ASCII character: a lone surrogate in a
             # Python string becomes an escape the parser then refuses.
-            text = json.dumps(args, ensure_ascii=True, allow_nan=False)
+            text = json.dumps(plain, ensure_ascii=True, allow_nan=False)
         except (TypeError, ValueError) as e:
             raise JSONSyntaxError(f"the args have no JSON form: {e}") from None
     elif isinstance(args, (bytes, bytearray, memoryview)):
-        try:
-            text = bytes(args).decode("utf-8", errors="strict")
-        except UnicodeDecodeError as e:
-            raise InvalidUTF8Error(f"invalid UTF-8 at byte {e.start}", offset=e.start) from None
+        # Invalid bytes become lone surrogates U+DC80..U+DCFF, which the
+        # parser reports where it meets them, as the Go side does: inside a
+        # string invalid_utf8, elsewhere a syntax error, and after any rule
+        # broken earlier in the text.
+        text, from_bytes = bytes(args).decode("utf-8", errors="surrogateescape"), True
     elif isinstance(args, str):
         text = args
     else:
         raise NotObjectError(f"the args must be JSON text or a mapping, not {type(args).__name__}", offset=0)
-    p = _Parser(text)
+    p = _Parser(text, from_bytes=from_bytes)
     p.skip_space()
     value = p.value(0)
     p.skip_space()
@@ -159,6 +162,26 @@ def canonicalize(args: Args, *, must_be_object: bool = True) -> str:
         raise NotObjectError(f"not a JSON object: found {_kind(value)}", offset=0)
     out: bytes = rfc8785.dumps(value)
     return out.decode("utf-8")
+
+
+def _plain(v: Any, depth: int) -> Any:
+    """The args mapping as plain JSON values: any Mapping a dict, its names
+    strings (a non-string name has no JSON form: json.dumps would write 1 as
+    "1"), nesting held to MAX_DEPTH."""
+    if isinstance(v, Mapping):
+        if depth >= MAX_DEPTH:
+            raise TooDeepError(f"more than {MAX_DEPTH} levels")
+        out = {}
+        for k, item in v.items():
+            if not isinstance(k, str):
+                raise JSONSyntaxError(f"member name {k!r} is not a string")
+            out[k] = _plain(item, depth + 1)
+        return out
+    if isinstance(v, (list, tuple)):
+        if depth >= MAX_DEPTH:
+            raise TooDeepError(f"more than {MAX_DEPTH} levels")
+        return [_plain(item, depth + 1) for item in v]
+    return v
 
 
 def _check_fields(conversation_id: str, turn_index: int, tool: str, ordinal: int) -> None:
@@ -202,9 +225,10 @@ def _kind(v: Any) -> str:
 class _Parser:
     """A strict RFC 8259 parser with the rules of the Go package internal/jcs."""
 
-    def __init__(self, text: str) -> None:
+    def __init__(self, text: str, *, from_bytes: bool = False) -> None:
         self.s = text
         self.pos = 0
+        self.from_bytes = from_bytes
 
     def fail(self, cls: type[CallKeyError], detail: str, at: int | None = None) -> Any:
         raise cls(detail, offset=self.pos if at is None else at)
@@ -357,6 +381,8 @@ class _Parser:
                 run = self.pos
             elif o < 0x20:
                 self.fail(JSONSyntaxError, "control character in a string")
+            elif self.from_bytes and 0xDC80 <= o <= 0xDCFF:
+                self.fail(InvalidUTF8Error, "invalid UTF-8 in a string")
             elif 0xD800 <= o <= 0xDFFF:
                 # A Python str may hold a raw surrogate; only a high one
                 # followed by a low one is a character.

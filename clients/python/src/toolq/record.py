@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from toolq.client import Client, Job, Published, Result, ResultsReader, ToolCall
-from toolq.key import canonicalize
+from toolq.key import CallKeyError, canonicalize
 
 __all__ = [
     "NOT_RUN",
@@ -94,7 +94,8 @@ class Conversation:
                     )
                 if tr["tool_use_id"] in self.abandoned:
                     raise AssertionError(f"conversation {self.id}: turn {i}: a result for {tr['tool_use_id']} of an abandoned attempt")
-                if res is None and (not tr.get("is_error") or tr["content"] != json.dumps(NOT_RUN)):
+                local = tr["content"] == json.dumps(NOT_RUN) or json.loads(tr["content"]).get("status") == "rejected"
+                if res is None and (not tr.get("is_error") or not local):
                     raise AssertionError(f"conversation {self.id}: turn {i}: {use.tool_use_id} has a result toolq never sent")
                 if res is not None and res.tool_use_id != use.tool_use_id:
                     raise AssertionError(
@@ -111,6 +112,9 @@ class _Use:
     # JetStream dropped the job as an exact re-publication: its result may
     # have come before the reader started; commit reads it from the start.
     republished: bool = False
+    # A call toolq would refuse (its args have no key): never sent, answered
+    # in the record with why.
+    refused: CallKeyError | None = None
 
 
 class Turn:
@@ -156,6 +160,11 @@ class Turn:
         ct = CommittedTurn(index=self.index)
         for u in uses:
             ct.tool_uses.append(u.call)
+            if u.refused is not None:
+                content = json.dumps({"status": "rejected", "error": {"code": u.refused.vector_rule, "message": str(u.refused)}})
+                ct.tool_results.append({"type": "tool_result", "tool_use_id": u.call.tool_use_id, "content": content, "is_error": True})
+                ct.results.append(None)
+                continue
             if not u.dispatched:
                 ct.tool_results.append(
                     {"type": "tool_result", "tool_use_id": u.call.tool_use_id, "content": json.dumps(NOT_RUN), "is_error": True}
@@ -184,7 +193,9 @@ class Turn:
                 if u.republished or u.future is None:
                     republished.append(u.call.tool_use_id)
                 else:
-                    got[u.call.tool_use_id] = await u.future
+                    # Shielded: a commit that times out leaves the wait in
+                    # place, so that committing again gets the result.
+                    got[u.call.tool_use_id] = await asyncio.shield(u.future)
             if republished:
                 got.update(await self.conversation.client.await_results(self.conversation.id, republished))
 
@@ -212,10 +223,17 @@ class Attempt:
             raise TurnCommittedError(f"turn {t.index} already committed")
         if self.abandoned:
             raise AttemptAbandonedError("the attempt was abandoned")
-        identity = f"{call.tool}|{canonicalize(call.args)}"
+        try:
+            identity = f"{call.tool}|{canonicalize(call.args)}"
+        except CallKeyError as e:
+            # Not a call toolq can run (no key: an integer beyond 2^53, input
+            # cut short by max_tokens): recorded as refused, never sent, and
+            # no reason to retry the turn.
+            self.uses.append(_Use(call=call, dispatched=False, refused=e))
+            raise
         ordinal = self._ordinals.get(identity, 0)
         self._ordinals[identity] = ordinal + 1
-        [future] = t.conversation.reader.expect(call.tool_use_id)
+        [future] = t.conversation.reader.expect(call.tool_use_id, conversation_id=t.conversation.id)
         use = _Use(call=call, dispatched=True, future=future)
         self.uses.append(use)
         job = Job(
@@ -233,7 +251,7 @@ class Attempt:
             raise
         if pub.duplicate:
             use.republished = True
-            t.conversation.reader.cancel(call.tool_use_id)  # its result may never pass the reader again
+            t.conversation.reader.cancel(call.tool_use_id, conversation_id=t.conversation.id)  # may never pass the reader again
         return pub
 
     def cut(self, call: ToolCall) -> None:
@@ -250,7 +268,7 @@ class Attempt:
         c = self.turn.conversation
         for u in self.uses:
             if u.future is not None:
-                c.reader.cancel(u.call.tool_use_id)
+                c.reader.cancel(u.call.tool_use_id, conversation_id=c.id)
             c.abandoned.add(u.call.tool_use_id)
-            if not u.dispatched:
+            if not u.dispatched and u.refused is None:
                 c.not_run += 1
