@@ -163,6 +163,14 @@ func (c *Client) resultsCursor(ctx context.Context) (uint64, error) {
 	return info.State.LastSeq + 1, nil
 }
 
+// AwaitAll waits for the results addressed to the given tool_use_ids in
+// the conversation, ones published before the call included, reading the
+// conversation once; the latest answer to each when there are several. On
+// ctx's end it returns what it has with ctx's error.
+func (c *Client) AwaitAll(ctx context.Context, conversationID string, toolUseIDs []string) (map[string]*Result, error) {
+	return c.awaitAll(ctx, conversationID, toolUseIDs, 0)
+}
+
 // awaitAll reads the conversation's results, from sequence from (0: the
 // first), until it has one for each of the given tool_use_ids and has read
 // every result published before it started; results for other ids (an

@@ -207,12 +207,22 @@ func TestClusterNodeKilledMidRun(t *testing.T) {
 
 	actx, cancel := context.WithTimeout(ctx, 90*time.Second)
 	defer cancel()
-	for _, j := range published {
-		var r *jobs.Result
-		for r == nil && actx.Err() == nil {
-			r, err = client.Await(actx, j.ConversationID, j.ToolUseID)
+	ids := make([]string, len(published))
+	for i, j := range published {
+		ids[i] = j.ToolUseID
+	}
+	// One read of the conversation (an Await per call would read it once
+	// per call), tried again if a node's loss ends a read.
+	got := map[string]*jobs.Result{}
+	for len(got) < len(ids) && actx.Err() == nil {
+		var res map[string]*jobs.Result
+		res, err = client.AwaitAll(actx, published[0].ConversationID, ids)
+		for id, r := range res {
+			got[id] = r
 		}
-		if r == nil || r.Status != jobs.StatusOK {
+	}
+	for _, j := range published {
+		if r := got[j.ToolUseID]; r == nil || r.Status != jobs.StatusOK {
 			t.Fatalf("%s: %+v %v\n%s", j.ToolUseID, r, err, tailOf(logs.String(), 3000))
 		}
 	}
