@@ -26,7 +26,7 @@ type Results struct {
 	it     *pull.Iter
 
 	mu      sync.Mutex
-	waiting map[string]chan *Result
+	waiting map[waitKey]chan *Result
 	err     error // set once the reader stops
 	done    chan struct{}
 }
@@ -50,7 +50,7 @@ func (c *Client) Results(ctx context.Context, filter string) (*Results, error) {
 	if err != nil {
 		return nil, fmt.Errorf("jobs: results reader: %w", err)
 	}
-	r := &Results{client: c, it: pull.New(it, c.js.Conn()), waiting: map[string]chan *Result{}, done: make(chan struct{})}
+	r := &Results{client: c, it: pull.New(it, c.js.Conn()), waiting: map[waitKey]chan *Result{}, done: make(chan struct{})}
 	go r.read()
 	return r, nil
 }
@@ -70,8 +70,13 @@ func (r *Results) read() {
 			continue
 		}
 		r.mu.Lock()
-		ch, ok := r.waiting[res.ToolUseID]
-		delete(r.waiting, res.ToolUseID)
+		k := waitKey{res.ConversationID, res.ToolUseID}
+		ch, ok := r.waiting[k]
+		if !ok {
+			k = waitKey{"", res.ToolUseID}
+			ch, ok = r.waiting[k]
+		}
+		delete(r.waiting, k)
 		r.mu.Unlock()
 		if ok {
 			ch <- res // buffered: never blocks
@@ -87,22 +92,32 @@ func (r *Results) Close() {
 
 // Awaiting is a set of tool_use_ids whose results a Results reader keeps.
 type Awaiting struct {
-	r   *Results
-	ids []string
-	chs []chan *Result
-	got []*Result // what Wait read, kept for a Wait tried again
+	r            *Results
+	conversation string
+	ids          []string
+	chs          []chan *Result
+	got          []*Result // what Wait read, kept for a Wait tried again
 }
 
-// Expect starts keeping the results addressed to the given tool_use_ids.
-// Call it before publishing their jobs; Wait collects them, Cancel gives
-// them up.
-func (r *Results) Expect(toolUseIDs ...string) *Awaiting {
-	a := &Awaiting{r: r, ids: toolUseIDs, chs: make([]chan *Result, len(toolUseIDs)), got: make([]*Result, len(toolUseIDs))}
+// waitKey is what a wait is for: a tool_use_id of a conversation (""
+// for any conversation).
+type waitKey struct{ conversation, toolUseID string }
+
+// Expect starts keeping the results addressed to the given tool_use_ids, in
+// any conversation. Call it before publishing their jobs; Wait collects
+// them, Cancel gives them up. ExpectIn keeps them to one conversation.
+func (r *Results) Expect(toolUseIDs ...string) *Awaiting { return r.ExpectIn("", toolUseIDs...) }
+
+// ExpectIn is Expect for the results of one conversation: a tool_use_id
+// may recur in another (a replayed model response), whose result is not
+// this one's.
+func (r *Results) ExpectIn(conversationID string, toolUseIDs ...string) *Awaiting {
+	a := &Awaiting{r: r, conversation: conversationID, ids: toolUseIDs, chs: make([]chan *Result, len(toolUseIDs)), got: make([]*Result, len(toolUseIDs))}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for i, id := range toolUseIDs {
 		a.chs[i] = make(chan *Result, 1)
-		r.waiting[id] = a.chs[i]
+		r.waiting[waitKey{conversationID, id}] = a.chs[i]
 	}
 	return a
 }
@@ -143,8 +158,8 @@ func (a *Awaiting) Cancel() {
 	a.r.mu.Lock()
 	defer a.r.mu.Unlock()
 	for i, id := range a.ids {
-		if a.r.waiting[id] == a.chs[i] {
-			delete(a.r.waiting, id)
+		if k := (waitKey{a.conversation, id}); a.r.waiting[k] == a.chs[i] {
+			delete(a.r.waiting, k)
 		}
 	}
 }

@@ -148,7 +148,7 @@ func (a *Attempt) Dispatch(ctx context.Context, call ToolCall) (Published, error
 	identity := call.Tool + "|" + string(canon)
 	ordinal := a.ordinals[identity]
 	a.ordinals[identity]++
-	aw := t.conv.results.Expect(call.ToolUseID)
+	aw := t.conv.results.ExpectIn(t.conv.ID, call.ToolUseID)
 	use := len(a.uses)
 	a.uses = append(a.uses, attemptUse{call: call, dispatched: true, aw: aw})
 	t.mu.Unlock()

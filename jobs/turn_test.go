@@ -317,3 +317,38 @@ func TestDispatchWhileTheTurnCommitsIsRefused(t *testing.T) {
 		t.Fatalf("%d jobs published, want the one in the turn", n)
 	}
 }
+
+// TestAnExpectationInAConversationTakesOnlyItsResult: a tool_use_id may
+// recur in another conversation (a replayed model response); a wait kept to
+// one conversation is not answered by the other's result.
+func TestAnExpectationInAConversationTakesOnlyItsResult(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	st, err := embedded.Start(ctx, embedded.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if _, err := st.StartWorker(ctx, worker.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}); err != nil {
+		t.Fatal(err)
+	}
+	client := jobs.NewClient(st.JS)
+	rs, err := client.Results(ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rs.Close()
+	mine := rs.ExpectIn("conv-b", "toolu_same")
+	for _, conv := range []string{"conv-a", "conv-b"} {
+		j := &jobs.Job{ConversationID: conv, TurnIndex: 1, Tool: "send_payment", ToolUseID: "toolu_same",
+			Args: json.RawMessage(`{"invoice_id":"inv_` + conv + `","amount_cents":100,"currency":"EUR"}`)}
+		if _, err := client.PublishAndAwait(ctx, j); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := mine.Wait(ctx)
+	if err != nil || got[0].ConversationID != "conv-b" {
+		t.Fatalf("got %+v %v, want conv-b's result", got[0], err)
+	}
+}
