@@ -325,15 +325,7 @@ func TestAnExpectationInAConversationTakesOnlyItsResult(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	st, err := embedded.Start(ctx, embedded.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	if _, err := st.StartWorker(ctx, worker.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}); err != nil {
-		t.Fatal(err)
-	}
-	client := jobs.NewClient(st.JS)
+	client := jobs.NewClient(startStack(ctx, t).JS)
 	rs, err := client.Results(ctx, "")
 	if err != nil {
 		t.Fatal(err)
