@@ -170,9 +170,10 @@ func (s *toolSpec) definition(cfg Config) (Definition, error) {
 			return d, bad("schema", "cannot be written as JSON: %v", err)
 		}
 	}
+	if given := s.executors(); len(given) > 1 {
+		return d, bad(given[1], "a tool has one executor: %s, not more (%s)", strings.Join(executorFields, ", "), strings.Join(given, " and "))
+	}
 	switch {
-	case s.HTTP != nil && s.Builtin != "":
-		return d, bad("http", "a tool has one executor: http or builtin, not both")
 	case s.HTTP != nil:
 		h := HTTP{Method: s.HTTP.Method, IdempotencyHeader: s.HTTP.IdempotencyHeader, IdempotencyForm: s.HTTP.IdempotencyForm,
 			IdempotencyBodyField: s.HTTP.IdempotencyBodyField, MaxResponseBytes: s.HTTP.MaxResponseBytes}
@@ -198,9 +199,25 @@ func (s *toolSpec) definition(cfg Config) (Definition, error) {
 		}
 		d.Executor = e
 	default:
-		return d, bad("http", "missing executor: give http or builtin")
+		return d, bad("http", "missing executor: give one of %s", strings.Join(executorFields, ", "))
 	}
 	return d, nil
+}
+
+// executorFields are the fields of a tool that name its executor; a tool
+// gives exactly one.
+var executorFields = []string{"http", "builtin"}
+
+// executors returns the executor fields s gives, in executorFields' order.
+func (s *toolSpec) executors() []string {
+	present := map[string]bool{"http": s.HTTP != nil, "builtin": s.Builtin != ""}
+	var given []string
+	for _, f := range executorFields {
+		if present[f] {
+			given = append(given, f)
+		}
+	}
+	return given
 }
 
 func parseDuration(s string) (time.Duration, error) {
