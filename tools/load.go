@@ -57,6 +57,7 @@ type toolSpec struct {
 	Breaker     *breakerSpec `yaml:"breaker"`
 	Schema      yaml.Node    `yaml:"schema"`
 	HTTP        *httpSpec    `yaml:"http"`
+	MCP         *mcpSpec     `yaml:"mcp"`
 	Builtin     string       `yaml:"builtin"`
 }
 
@@ -74,6 +75,17 @@ type httpSpec struct {
 	IdempotencyForm      string            `yaml:"idempotency_form"`
 	IdempotencyBodyField string            `yaml:"idempotency_body_field"`
 	MaxResponseBytes     int64             `yaml:"max_response_bytes"`
+}
+
+type mcpSpec struct {
+	URL               string            `yaml:"url"`
+	Command           yaml.Node         `yaml:"command"` // a list, or a string split at spaces
+	Env               map[string]string `yaml:"env"`
+	Headers           map[string]string `yaml:"headers"`
+	Tool              string            `yaml:"tool"`
+	IdempotencyHeader string            `yaml:"idempotency_header"`
+	IdempotencyForm   string            `yaml:"idempotency_form"`
+	MaxResponseBytes  int64             `yaml:"max_response_bytes"`
 }
 
 // Load reads the registry file at path with cfg (see Parse). Errors name
@@ -126,6 +138,7 @@ func Parse(data []byte, name string, cfg Config) (*Registry, error) {
 		}
 		defs = append(defs, d)
 	}
+	shareMCPSessions(defs)
 	r, err := NewRegistry(defs, cfg)
 	if err != nil {
 		var de *DefinitionError
@@ -192,6 +205,17 @@ func (s *toolSpec) definition(cfg Config) (Definition, error) {
 		}
 		forwards := exec.ForwardsKey()
 		d.Executor, d.Downstream, d.ForwardsKey = exec, exec.Downstream(), &forwards
+	case s.MCP != nil:
+		exec, err := s.MCP.executor(s.Name, cfg.Getenv)
+		if err != nil {
+			var de *DefinitionError
+			if errors.As(err, &de) {
+				return d, err
+			}
+			return d, bad("mcp", "%v", err)
+		}
+		forwards := true // in _meta, whatever the header
+		d.Executor, d.Downstream, d.ForwardsKey = exec, exec.Downstream(), &forwards
 	case s.Builtin != "":
 		e, ok := cfg.Builtins[s.Builtin]
 		if !ok {
@@ -206,11 +230,11 @@ func (s *toolSpec) definition(cfg Config) (Definition, error) {
 
 // executorFields are the fields of a tool that name its executor; a tool
 // gives exactly one.
-var executorFields = []string{"http", "builtin"}
+var executorFields = []string{"http", "mcp", "builtin"}
 
 // executors returns the executor fields s gives, in executorFields' order.
 func (s *toolSpec) executors() []string {
-	present := map[string]bool{"http": s.HTTP != nil, "builtin": s.Builtin != ""}
+	present := map[string]bool{"http": s.HTTP != nil, "mcp": s.MCP != nil, "builtin": s.Builtin != ""}
 	var given []string
 	for _, f := range executorFields {
 		if present[f] {
@@ -218,6 +242,55 @@ func (s *toolSpec) executors() []string {
 		}
 	}
 	return given
+}
+
+// executor builds the MCP executor of tool name, its ${VAR} references
+// expanded in url, command, env and headers.
+func (s *mcpSpec) executor(name string, getenv func(string) string) (*MCP, error) {
+	bad := func(field string, err error) error {
+		return &DefinitionError{Tool: name, Field: "mcp." + field, Msg: err.Error()}
+	}
+	m := MCP{Tool: s.Tool, IdempotencyHeader: s.IdempotencyHeader, IdempotencyForm: s.IdempotencyForm, MaxResponseBytes: s.MaxResponseBytes}
+	if m.Tool == "" {
+		m.Tool = name
+	}
+	var err error
+	if m.URL, err = expandEnv(s.URL, getenv); err != nil {
+		return nil, bad("url", err)
+	}
+	switch s.Command.Kind {
+	case 0:
+	case yaml.ScalarNode:
+		m.Command = strings.Fields(s.Command.Value)
+	case yaml.SequenceNode:
+		if err := s.Command.Decode(&m.Command); err != nil {
+			return nil, bad("command", fmt.Errorf("want a list of strings: %v", err))
+		}
+	default:
+		return nil, bad("command", errors.New("want a list of strings (the program, then its arguments) or one string split at spaces"))
+	}
+	for i, w := range m.Command {
+		if m.Command[i], err = expandEnv(w, getenv); err != nil {
+			return nil, bad("command", err)
+		}
+	}
+	for field, kv := range map[string]map[string]string{"env": s.Env, "headers": s.Headers} {
+		if kv == nil {
+			continue
+		}
+		expanded := make(map[string]string, len(kv))
+		for k, v := range kv {
+			if expanded[k], err = expandEnv(v, getenv); err != nil {
+				return nil, bad(field+"."+k, err)
+			}
+		}
+		if field == "env" {
+			m.Env = expanded
+		} else {
+			m.Headers = expanded
+		}
+	}
+	return MCPExecutor(m)
 }
 
 func parseDuration(s string) (time.Duration, error) {

@@ -12,6 +12,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"sort"
 	"strings"
 	"time"
@@ -277,6 +278,19 @@ func NewRegistry(defs []Definition, cfg Config) (*Registry, error) {
 	}
 	sort.Strings(r.names)
 	return r, nil
+}
+
+// Close releases what the tools' executors hold open: the sessions of MCP
+// tools, and the servers a stdio MCP tool started. Calls still running end
+// with their sessions.
+func (r *Registry) Close() error {
+	var errs []error
+	for _, t := range r.tools {
+		if c, ok := t.executor.(io.Closer); ok {
+			errs = append(errs, c.Close())
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // Lookup returns the tool called name.

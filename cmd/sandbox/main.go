@@ -25,6 +25,7 @@ func run(ctx context.Context, args []string, stdio cli.IO, getenv func(string) s
 	errorRate := fs.Float64("error-rate", 0, "probability of a definite failure (402/400), no effect")
 	serverErrorRate := fs.Float64("server-error-rate", 0, "probability of a 500, no effect")
 	dropRate := fs.Float64("drop-after-effect-rate", 0, "probability of applying the effect, then resetting the connection")
+	mcpStdio := fs.Bool("mcp-stdio", false, "serve the tools as an MCP server over stdin and stdout instead of HTTP (a dropped answer ends the process)")
 	redirectRate := fs.Float64("redirect-after-effect-rate", 0, "probability of applying the effect, then answering 302 Found (Post/Redirect/Get)")
 	if err := cli.BindEnv(fs, getenv, "TOOLQ_SANDBOX_"); err != nil {
 		return err
@@ -38,6 +39,9 @@ func run(ctx context.Context, args []string, stdio cli.IO, getenv func(string) s
 		LatencyMS: int(*latency / time.Millisecond), ErrorRate: *errorRate, ServerErrorRate: *serverErrorRate, DropAfterEffectRate: *dropRate, RedirectAfterEffectRate: *redirectRate}})
 	if err != nil {
 		return err
+	}
+	if *mcpStdio {
+		return srv.ServeMCPStdio(ctx)
 	}
 	url, shutdown, err := srv.Listen(*listen)
 	if err != nil {

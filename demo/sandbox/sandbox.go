@@ -12,6 +12,9 @@
 //	GET  /v1/tickets    every ticket, likewise
 //	GET  /v1/_faults    the fault knobs; POST /v1/_faults sets them
 //	POST /v1/_reset     forget every effect
+//	/mcp                the same payments, tickets and orders as an MCP
+//	                    server (Streamable HTTP; see mcpServer), whose
+//	                    send_payment honours the key toolq sends in _meta
 package sandbox
 
 import (
@@ -105,6 +108,7 @@ type Server struct {
 	statePath string
 	rng       *rand.Rand
 	mux       *http.ServeMux
+	dropped   sync.Map // MCP calls over HTTP whose answer is dropped (see mcpHandler)
 }
 
 type idemEntry struct {
@@ -152,6 +156,7 @@ func New(cfg Config) (*Server, error) {
 	s.mux.HandleFunc("POST /v1/tickets", s.createTicket)
 	s.mux.HandleFunc("GET /v1/tickets", func(w http.ResponseWriter, r *http.Request) { s.list(w, func() any { return s.tickets }) })
 	s.mux.HandleFunc("GET /v1/orders", s.orders)
+	s.mux.Handle("/mcp", s.mcpHandler())
 	s.mux.HandleFunc("GET /v1/_faults", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, http.StatusOK, s.Faults()) })
 	s.mux.HandleFunc("POST /v1/_faults", s.setFaults)
 	s.mux.HandleFunc("POST /v1/_reset", func(w http.ResponseWriter, r *http.Request) {
@@ -228,20 +233,46 @@ func (s *Server) createPayment(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "invalid_idempotency_key", err.Error())
 		return
 	}
+	a := s.pay(req, key, body, canonical, latencyOf(r, s.Faults()))
+	if a.replayed {
+		w.Header().Set("Idempotent-Replayed", "true")
+	}
+	switch {
+	case a.drop:
+		drop(w)
+	case a.redirect != "":
+		http.Redirect(w, r, a.redirect, http.StatusFound)
+	default:
+		writeRaw(w, a.status, a.body)
+	}
+}
+
+// answer is how the sandbox answers one write: a status and body, or, after
+// the effect, a dropped connection or a redirect to what it made.
+type answer struct {
+	status   int
+	body     []byte
+	replayed bool   // the first answer for the key, again
+	drop     bool   // apply the effect, then reset the connection
+	redirect string // apply the effect, then answer 302 to this path
+}
+
+// pay makes one payment, as POST /v1/payments and the MCP tool
+// send_payment do: a key seen before gets its first answer (or 422 for
+// another body, 409 while it is in flight), and the faults apply.
+func (s *Server) pay(req paymentRequest, key string, body []byte, canonical string, latency time.Duration) answer {
 	s.mu.Lock()
 	if key != "" {
 		if e, seen := s.idem[key]; seen {
 			s.mu.Unlock()
 			switch {
 			case e.Canonical != canonical:
-				writeError(w, http.StatusUnprocessableEntity, "idempotency_error", "this key was used with another request body")
+				return answer{status: http.StatusUnprocessableEntity, body: errorBody("idempotency_error", "this key was used with another request body")}
 			case !e.Done:
-				writeError(w, http.StatusConflict, "idempotency_error", "a request with this key is still being processed")
+				return answer{status: http.StatusConflict, body: errorBody("idempotency_error", "a request with this key is still being processed")}
 			default:
-				w.Header().Set("Idempotent-Replayed", "true")
-				writeRaw(w, e.Status, e.Response)
+				return answer{status: e.Status, body: e.Response, replayed: true}
 			}
-			return
 		}
 		s.idem[key] = &idemEntry{Canonical: canonical}
 	}
@@ -249,20 +280,18 @@ func (s *Server) createPayment(w http.ResponseWriter, r *http.Request) {
 	roll := s.rng.Float64()
 	s.mu.Unlock()
 
-	time.Sleep(latencyOf(r, faults))
+	time.Sleep(latency)
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	switch {
 	case roll < faults.ServerErrorRate:
 		delete(s.idem, key) // not processed: the key may be used again
-		writeError(w, http.StatusInternalServerError, "server_error", "injected server error")
-		return
+		return answer{status: http.StatusInternalServerError, body: errorBody("server_error", "injected server error")}
 	case roll < faults.ServerErrorRate+faults.ErrorRate:
 		resp := errorBody("card_declined", "injected decline")
 		s.finishLocked(key, http.StatusPaymentRequired, resp)
-		writeRaw(w, http.StatusPaymentRequired, resp)
-		return
+		return answer{status: http.StatusPaymentRequired, body: resp}
 	}
 	p := Payment{ID: fmt.Sprintf("pay_%06d", len(s.payments)+1), InvoiceID: req.InvoiceID, AmountCents: req.AmountCents,
 		Currency: req.Currency, Status: "succeeded", IdempotencyKey: key, Request: body, CreatedAt: time.Now().UTC()}
@@ -272,11 +301,11 @@ func (s *Server) createPayment(w http.ResponseWriter, r *http.Request) {
 	s.finishLocked(key, http.StatusOK, resp)
 	switch {
 	case roll < faults.ServerErrorRate+faults.ErrorRate+faults.DropAfterEffectRate:
-		drop(w)
+		return answer{status: http.StatusOK, body: resp, drop: true}
 	case roll < faults.ServerErrorRate+faults.ErrorRate+faults.DropAfterEffectRate+faults.RedirectAfterEffectRate:
-		http.Redirect(w, r, "/v1/payments/"+p.ID, http.StatusFound)
+		return answer{status: http.StatusOK, body: resp, redirect: "/v1/payments/" + p.ID}
 	default:
-		writeRaw(w, http.StatusOK, resp)
+		return answer{status: http.StatusOK, body: resp}
 	}
 }
 
@@ -321,32 +350,46 @@ func (s *Server) createTicket(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	key, _ := idempotencyKey(r) // recorded, never used: this endpoint has no dedupe
+	a := s.ticket(req, key, body, received, latencyOf(r, s.Faults()))
+	switch {
+	case a.drop:
+		drop(w)
+	case a.redirect != "":
+		http.Redirect(w, r, a.redirect, http.StatusFound)
+	default:
+		writeRaw(w, a.status, a.body)
+	}
+}
+
+// ticket opens one ticket, as POST /v1/tickets and the MCP tool
+// create_ticket do: every request is a new ticket (no dedupe), and the
+// faults apply.
+func (s *Server) ticket(req ticketRequest, key string, body []byte, received time.Time, latency time.Duration) answer {
 	s.mu.Lock()
 	faults := s.faults
 	roll := s.rng.Float64()
 	s.mu.Unlock()
-	time.Sleep(latencyOf(r, faults))
+	time.Sleep(latency)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	switch {
 	case roll < faults.ServerErrorRate:
-		writeError(w, http.StatusInternalServerError, "server_error", "injected server error")
-		return
+		return answer{status: http.StatusInternalServerError, body: errorBody("server_error", "injected server error")}
 	case roll < faults.ServerErrorRate+faults.ErrorRate:
-		writeError(w, http.StatusBadRequest, "ticket_rejected", "injected rejection")
-		return
+		return answer{status: http.StatusBadRequest, body: errorBody("ticket_rejected", "injected rejection")}
 	}
 	t := Ticket{ID: fmt.Sprintf("tkt_%06d", len(s.tickets)+1), Title: req.Title, Body: req.Body, IdempotencyKey: key,
 		Request: body, ReceivedAt: received, CreatedAt: time.Now().UTC()}
 	s.tickets = append(s.tickets, t)
 	s.persistLocked()
+	resp, _ := json.Marshal(map[string]any{"id": t.ID, "object": "ticket", "title": t.Title})
 	switch {
 	case roll < faults.ServerErrorRate+faults.ErrorRate+faults.DropAfterEffectRate:
-		drop(w)
+		return answer{status: http.StatusOK, body: resp, drop: true}
 	case roll < faults.ServerErrorRate+faults.ErrorRate+faults.DropAfterEffectRate+faults.RedirectAfterEffectRate:
-		http.Redirect(w, r, "/v1/tickets/"+t.ID, http.StatusFound)
+		return answer{status: http.StatusOK, body: resp, redirect: "/v1/tickets/" + t.ID}
 	default:
-		writeJSON(w, http.StatusOK, map[string]any{"id": t.ID, "object": "ticket", "title": t.Title})
+		return answer{status: http.StatusOK, body: resp}
 	}
 }
 

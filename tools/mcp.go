@@ -1,0 +1,326 @@
+package tools
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"golang.org/x/net/http/httpguts"
+
+	"github.com/toolq/toolq/internal/version"
+)
+
+// MetaIdempotencyKey is the member of a tools/call request's _meta that
+// carries the call's idempotency key to an MCP server.
+const MetaIdempotencyKey = "io.toolq/idempotency-key"
+
+// MCP is the executor of a tool that is a tool of an MCP server, reached
+// over Streamable HTTP (URL) or by starting it and speaking over its stdin
+// and stdout (Command). The args are the tools/call arguments; write tools
+// send their key in the request's _meta (MetaIdempotencyKey) and, over
+// HTTP, in a header.
+type MCP struct {
+	// URL is the server's Streamable HTTP endpoint (http:// or https://).
+	URL string
+	// Command starts a local server that speaks MCP over stdio: the program
+	// and its arguments.
+	Command []string
+	// Env is added to the environment a Command server starts with (it
+	// inherits the consumer's).
+	Env map[string]string
+	// Headers are sent with every HTTP request; values may hold secrets.
+	Headers map[string]string
+	// Tool is the tool's name on the server (default: the registry's name).
+	Tool string
+	// IdempotencyHeader names the HTTP header the key is also sent in
+	// ("Idempotency-Key" when empty; "-" sends it in _meta only).
+	IdempotencyHeader string
+	// IdempotencyForm is how the key is written in its header: structured
+	// (an RFC 8941 string, the default) or raw.
+	IdempotencyForm  string
+	MaxResponseBytes int64 // the output's limit (default 1 MiB)
+	// Client sends the HTTP requests (default: one with IdleConnsPerHost
+	// idle connections).
+	Client *http.Client
+
+	pool *sessionPool
+}
+
+// MCPExecutor checks m and returns a copy with its defaults filled and its
+// pool of sessions made (sessions are opened on the first call). It fails
+// unless exactly one of URL and Command is given, for a URL that is not
+// absolute http(s), and for a bad header name or form.
+func MCPExecutor(m MCP) (*MCP, error) {
+	switch {
+	case m.URL != "" && len(m.Command) > 0:
+		return nil, errors.New("url and command: a server is reached one way (url: Streamable HTTP, command: stdio)")
+	case m.URL == "" && len(m.Command) == 0:
+		return nil, errors.New("missing server: give url (Streamable HTTP) or command (stdio)")
+	case m.URL != "":
+		u, err := url.Parse(m.URL)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return nil, fmt.Errorf("url %q: want an absolute http:// or https:// URL", m.URL)
+		}
+	case m.Command[0] == "":
+		return nil, errors.New("command: the first word is the program to start")
+	}
+	if m.Tool == "" {
+		return nil, errors.New("tool: missing: the tool's name on the server")
+	}
+	if len(m.Command) > 0 && (len(m.Headers) > 0 || m.IdempotencyHeader != "" || m.IdempotencyForm != "") {
+		return nil, errors.New("headers, idempotency_header and idempotency_form are for url: a stdio server gets the key in _meta only")
+	}
+	if len(m.Env) > 0 && m.URL != "" {
+		return nil, errors.New("env is for command: a server at a url has its own environment")
+	}
+	switch m.IdempotencyForm {
+	case "":
+		m.IdempotencyForm = KeyStructured
+	case KeyStructured, KeyRaw:
+	default:
+		return nil, fmt.Errorf("idempotency_form %q: want structured (an RFC 8941 string) or raw (the bare key)", m.IdempotencyForm)
+	}
+	switch {
+	case m.URL == "":
+	case m.IdempotencyHeader == "":
+		m.IdempotencyHeader = "Idempotency-Key"
+	case m.IdempotencyHeader != "-" && !httpguts.ValidHeaderFieldName(m.IdempotencyHeader):
+		return nil, fmt.Errorf("idempotency_header %q: not a valid header name", m.IdempotencyHeader)
+	case m.IdempotencyHeader != "-" && reservedHeader[http.CanonicalHeaderKey(m.IdempotencyHeader)]:
+		return nil, fmt.Errorf("idempotency_header %q: HTTP itself writes that header: name another", m.IdempotencyHeader)
+	}
+	for k := range m.Headers {
+		if !httpguts.ValidHeaderFieldName(k) {
+			return nil, fmt.Errorf("headers: %q is not a valid header name", k)
+		}
+	}
+	if m.MaxResponseBytes <= 0 {
+		m.MaxResponseBytes = DefaultMaxResponse
+	}
+	if m.URL != "" {
+		client := m.Client
+		if client == nil {
+			client = &http.Client{Transport: keepAliveTransport()}
+		}
+		next := client.Transport
+		if next == nil {
+			next = http.DefaultTransport
+		}
+		c := *client
+		c.Transport = mcpTransport{m: &m, next: noReplay{next: next}}
+		m.Client = &c
+	}
+	m.pool = newSessionPool(m.connect, m.URL == "")
+	return &m, nil
+}
+
+// Downstream is the server the executor calls, the unit of circuit
+// breaking: its origin and path, or the command that starts it.
+func (m *MCP) Downstream() string {
+	if m.URL != "" {
+		u, _ := url.Parse(m.URL)
+		return "mcp:" + u.Scheme + "://" + u.Host + u.Path
+	}
+	return "mcp:stdio:" + strings.Join(m.Command, " ")
+}
+
+// Server is what the executor's sessions connect to, for sharing: tools of
+// one server with the same settings share one pool of sessions (see Load).
+func (m *MCP) server() string {
+	env, _ := json.Marshal(m.Env)
+	headers, _ := json.Marshal(m.Headers)
+	command, _ := json.Marshal(m.Command)
+	return strings.Join([]string{m.URL, string(command), string(env), string(headers), m.IdempotencyHeader, m.IdempotencyForm}, "\x00")
+}
+
+// Close ends the executor's sessions (and stops a stdio server).
+func (m *MCP) Close() error { return m.pool.close() }
+
+// connect opens a session with the server.
+func (m *MCP) connect(ctx context.Context) (*mcp.ClientSession, error) {
+	client := mcp.NewClient(&mcp.Implementation{Name: "toolq", Version: version.Get().Version}, nil)
+	var t mcp.Transport
+	if m.URL != "" {
+		t = &mcp.StreamableClientTransport{Endpoint: m.URL, HTTPClient: m.Client, DisableStandaloneSSE: true}
+	} else {
+		cmd := exec.Command(m.Command[0], m.Command[1:]...)
+		cmd.Stderr = os.Stderr
+		if len(m.Env) > 0 {
+			cmd.Env = os.Environ()
+			for k, v := range m.Env {
+				cmd.Env = append(cmd.Env, k+"="+v)
+			}
+		}
+		t = &mcp.CommandTransport{Command: cmd, TerminateDuration: 2 * time.Second}
+	}
+	return client.Connect(ctx, trackedTransport{t}, nil)
+}
+
+// Execute sends one tools/call and classifies what happened:
+//
+//	no session could be opened; the call not written; HTTP 429, 404
+//	(session gone) or 503 with Retry-After before an answer              → NotSent
+//	a JSON-RPC error the server answered (bad params, unknown tool)       → Definite
+//	a JSON-RPC internal or server error (-32603, -32000…-32099)           → Ambiguous: the tool may have run
+//	a result with isError: true                                           → Definite
+//	a stream cut, a timeout or the server gone once the call was written  → Ambiguous
+//	a result                                                              → Success
+//
+// A session that was idle in the pool and turns out gone (the server
+// restarted) costs nothing: the call was not sent, and it is sent once more
+// on a new session.
+func (m *MCP) Execute(ctx context.Context, req Request) (json.RawMessage, error) {
+	for try := 0; ; try++ {
+		out, reused, err := m.callOnce(ctx, req)
+		var te *Error
+		if err != nil && reused && try == 0 && errors.As(err, &te) && te.Outcome == NotSent && ctx.Err() == nil {
+			continue
+		}
+		return out, err
+	}
+}
+
+// callOnce sends the call on one session; reused reports a session that
+// had served calls before.
+func (m *MCP) callOnce(ctx context.Context, req Request) (out json.RawMessage, reused bool, err error) {
+	s, reused, err := m.pool.get(ctx)
+	if err != nil {
+		return nil, false, NotSentError("mcp_connect", "could not open a session with the MCP server: "+oneLine(err.Error()), 0, err)
+	}
+	p := new(mcpProgress)
+	params := &mcp.CallToolParams{Name: m.Tool, Arguments: req.Args}
+	if req.Key != "" {
+		params.Meta = mcp.Meta{MetaIdempotencyKey: req.Key}
+	}
+	res, callErr := s.CallTool(context.WithValue(ctx, mcpCallKey{}, &mcpCall{req: req, progress: p}), params)
+	out, err = m.classify(res, callErr, p, ctx)
+	m.pool.put(s, healthy(err))
+	return out, reused, err
+}
+
+// healthy reports whether a session that gave err can serve the next call:
+// it answered (a result or a JSON-RPC error). After a transport failure or
+// a timeout it is closed.
+func healthy(err error) bool {
+	var te *Error
+	switch {
+	case err == nil:
+		return true
+	case errors.As(err, &te):
+		return te.Code == "mcp_tool_error" || serverError(te.Err) != nil
+	}
+	return false
+}
+
+// classify maps what CallTool returned to an outcome (see Execute).
+func (m *MCP) classify(res *mcp.CallToolResult, err error, p *mcpProgress, ctx context.Context) (json.RawMessage, error) {
+	if err != nil {
+		return nil, m.classifyError(err, p, ctx)
+	}
+	if res.IsError {
+		return nil, DefiniteError("mcp_tool_error", snippet([]byte(contentText(res.Content))))
+	}
+	var out []byte
+	if res.StructuredContent != nil {
+		out, err = json.Marshal(res.StructuredContent)
+	} else {
+		content := res.Content
+		if content == nil {
+			content = []mcp.Content{}
+		}
+		out, err = json.Marshal(content)
+	}
+	if err != nil {
+		return nil, AmbiguousError("invalid_output", "the MCP server's result cannot be written as JSON: "+err.Error(), 0, err)
+	}
+	if int64(len(out)) > m.MaxResponseBytes {
+		// The effect happened; only its description is too large to carry.
+		return json.RawMessage(fmt.Sprintf(`{"response_too_large":true,"limit_bytes":%d}`, m.MaxResponseBytes)), nil
+	}
+	return out, nil
+}
+
+func (m *MCP) classifyError(err error, p *mcpProgress, ctx context.Context) error {
+	if wire := serverError(err); wire != nil {
+		code := "jsonrpc_" + strconv.FormatInt(wire.Code, 10)
+		msg := oneLine(wire.Message)
+		if wire.Code == jsonrpc.CodeInternalError || (wire.Code <= -32000 && wire.Code >= -32099) {
+			return AmbiguousError(code, "the MCP server failed while handling the call, which may have taken effect: "+msg, 0, err)
+		}
+		return &Error{Outcome: Definite, Code: code, Message: msg, Err: err}
+	}
+	status, retry := p.answer()
+	switch {
+	case !p.sent.Load():
+		return NotSentError("not_sent", "the call was not sent to the MCP server: "+oneLine(err.Error()), 0, err)
+	case status == http.StatusTooManyRequests:
+		return NotSentError("http_429", oneLine(err.Error()), max(retry, DefaultNotSentDelay), err)
+	case status == http.StatusServiceUnavailable && retry > 0:
+		return NotSentError("http_503", oneLine(err.Error()), retry, err)
+	case errors.Is(err, mcp.ErrSessionMissing) && status == http.StatusNotFound:
+		return NotSentError("mcp_session_gone", "the MCP server no longer knows the session: "+oneLine(err.Error()), 0, err)
+	case ctx.Err() != nil:
+		return AmbiguousError(CodeTimeout, "no answer from the MCP server after the call was sent: "+oneLine(err.Error()), 0, err)
+	default:
+		return AmbiguousError("connection_lost", "the MCP server's answer was lost after the call was sent: "+oneLine(err.Error()), 0, err)
+	}
+}
+
+// The codes of the errors the SDK's JSON-RPC layer makes itself, for a
+// connection that broke or closed: not answers of the server.
+const (
+	codeClientClosing = -32003
+	codeServerClosing = -32004
+	codeRejected      = -32005 // "rejected by transport"
+)
+
+// serverError is the JSON-RPC error the server answered, if err holds one.
+func serverError(err error) *jsonrpc.Error {
+	var wire *jsonrpc.Error
+	if !errors.As(err, &wire) {
+		return nil
+	}
+	switch wire.Code {
+	case codeClientClosing, codeServerClosing, codeRejected:
+		return nil
+	}
+	return wire
+}
+
+// contentText is the text of a result's text blocks.
+func contentText(content []mcp.Content) string {
+	var parts []string
+	for _, c := range content {
+		if t, ok := c.(*mcp.TextContent); ok {
+			parts = append(parts, t.Text)
+		}
+	}
+	if len(parts) == 0 {
+		return "the MCP tool reported an error"
+	}
+	return strings.Join(parts, "\n")
+}
+
+// mcpCall is the call a request is made for, in its context.
+type mcpCall struct {
+	req      Request
+	progress *mcpProgress
+}
+
+type mcpCallKey struct{}
+
+// callOf is the call ctx is for, if any.
+func callOf(ctx context.Context) *mcpCall {
+	c, _ := ctx.Value(mcpCallKey{}).(*mcpCall)
+	return c
+}

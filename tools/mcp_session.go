@@ -1,0 +1,210 @@
+package tools
+
+// The MCP executor's sessions: a pool per server, and what each call learns
+// of how far it got.
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptrace"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+// sessionPool holds the open sessions with one MCP server.
+//
+// Over HTTP a session carries one call at a time, as an HTTP/1.1
+// connection does: a stream cut in one call breaks that session alone,
+// never the calls of others (whose outcome would then be unknown too).
+// Idle sessions are kept for the next calls. A stdio server is one process
+// and one session that every call shares; a session that failed is closed
+// and the next call opens another (starts the server again).
+type sessionPool struct {
+	connect func(context.Context) (*mcp.ClientSession, error)
+	shared  bool
+
+	mu     sync.Mutex
+	idle   []*mcp.ClientSession // !shared: sessions that served a call and may serve another
+	one    *mcp.ClientSession   // shared: the session, once open
+	closed bool
+}
+
+// maxIdleSessions bounds the idle sessions kept per server.
+const maxIdleSessions = 64
+
+func newSessionPool(connect func(context.Context) (*mcp.ClientSession, error), shared bool) *sessionPool {
+	return &sessionPool{connect: connect, shared: shared}
+}
+
+// get returns a session for one call; reused reports one that served calls
+// before (and so may have gone stale on the server).
+func (p *sessionPool) get(ctx context.Context) (s *mcp.ClientSession, reused bool, err error) {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil, false, errPoolClosed
+	}
+	if p.shared {
+		defer p.mu.Unlock() // one process: opened once, under the lock
+		if p.one == nil {
+			if p.one, err = p.connect(ctx); err != nil {
+				p.one = nil
+				return nil, false, err
+			}
+			return p.one, false, nil
+		}
+		return p.one, true, nil
+	}
+	if n := len(p.idle); n > 0 {
+		s = p.idle[n-1]
+		p.idle = p.idle[:n-1]
+		p.mu.Unlock()
+		return s, true, nil
+	}
+	p.mu.Unlock()
+	s, err = p.connect(ctx)
+	return s, false, err
+}
+
+// put gives a session back after a call; one that is not healthy is closed.
+func (p *sessionPool) put(s *mcp.ClientSession, healthy bool) {
+	p.mu.Lock()
+	switch {
+	case p.shared && healthy:
+		p.mu.Unlock()
+		return
+	case p.shared:
+		if p.one == s {
+			p.one = nil
+		}
+	case healthy && !p.closed && len(p.idle) < maxIdleSessions:
+		p.idle = append(p.idle, s)
+		p.mu.Unlock()
+		return
+	}
+	p.mu.Unlock()
+	go s.Close() // a session DELETE, or stopping a server: not on the call's path
+}
+
+// close ends every session; calls in flight end with their sessions.
+func (p *sessionPool) close() error {
+	p.mu.Lock()
+	sessions := p.idle
+	if p.one != nil {
+		sessions = append(sessions, p.one)
+	}
+	p.idle, p.one, p.closed = nil, nil, true
+	p.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, s := range sessions {
+		wg.Go(func() { s.Close() })
+	}
+	wg.Wait()
+	return nil
+}
+
+// shareMCPSessions has the MCP tools that reach one server with the same
+// settings share one pool of sessions (one process, for a stdio server).
+func shareMCPSessions(defs []Definition) {
+	pools := map[string]*sessionPool{}
+	for _, d := range defs {
+		m, ok := d.Executor.(*MCP)
+		if !ok {
+			continue
+		}
+		if p, seen := pools[m.server()]; seen {
+			m.pool = p
+		} else {
+			pools[m.server()] = m.pool
+		}
+	}
+}
+
+var errPoolClosed = &Error{Outcome: NotSent, Code: "closed", Message: "the MCP executor is closed"}
+
+// mcpProgress is how far one tools/call got.
+type mcpProgress struct {
+	// sent: the call may have reached the server. Over HTTP, its request
+	// had a connection (as the HTTP executor counts it); over stdio, it
+	// was written to the server's stdin.
+	sent atomic.Bool
+
+	mu         sync.Mutex
+	status     int // the HTTP status of the call's POST, once answered
+	retryAfter int // its Retry-After in seconds, if any
+}
+
+func (p *mcpProgress) answer() (status int, retryAfter time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.status, time.Duration(p.retryAfter) * time.Second
+}
+
+// trackedTransport marks a tools/call written once its connection took it.
+type trackedTransport struct{ mcp.Transport }
+
+func (t trackedTransport) Connect(ctx context.Context) (mcp.Connection, error) {
+	c, err := t.Transport.Connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return trackedConn{c}, nil
+}
+
+type trackedConn struct{ mcp.Connection }
+
+func (c trackedConn) Write(ctx context.Context, msg jsonrpc.Message) error {
+	err := c.Connection.Write(ctx, msg)
+	if call := callOf(ctx); call != nil && err == nil {
+		if r, ok := msg.(*jsonrpc.Request); ok && r.Method == "tools/call" {
+			call.progress.sent.Store(true)
+		}
+	}
+	return err
+}
+
+// mcpTransport is the HTTP round tripper of an MCP executor: it adds the
+// configured headers and, on a tools/call, the key's header, and records
+// how far the call got.
+type mcpTransport struct {
+	m    *MCP
+	next http.RoundTripper
+}
+
+func (t mcpTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	r := req.Clone(req.Context())
+	for k, v := range t.m.Headers {
+		r.Header.Set(k, v)
+	}
+	call := callOf(req.Context())
+	if call == nil || req.Method != http.MethodPost {
+		return t.next.RoundTrip(r)
+	}
+	if call.req.Key != "" && t.m.IdempotencyHeader != "-" {
+		v := call.req.Key
+		if t.m.IdempotencyForm == KeyStructured {
+			v = strconv.Quote(v)
+		}
+		r.Header.Set(t.m.IdempotencyHeader, v)
+	}
+	p := call.progress
+	mark := func() { p.sent.Store(true) }
+	r = r.WithContext(httptrace.WithClientTrace(r.Context(), &httptrace.ClientTrace{
+		GotConn:      func(httptrace.GotConnInfo) { mark() },
+		WroteHeaders: mark,
+		WroteRequest: func(httptrace.WroteRequestInfo) { mark() },
+	}))
+	resp, err := t.next.RoundTrip(r)
+	if err == nil {
+		p.mu.Lock()
+		p.status = resp.StatusCode
+		p.retryAfter, _ = strconv.Atoi(resp.Header.Get("Retry-After"))
+		p.mu.Unlock()
+	}
+	return resp, err
+}
