@@ -113,6 +113,8 @@ func runWorker(ctx context.Context, args []string, stdio cli.IO, getenv func(str
 		if ec.Tools, err = tools.Load(*toolsFile, tools.Config{Getenv: getenv, Logger: logger}); err != nil {
 			return err
 		}
+		registry := ec.Tools
+		cleanups = append(cleanups, func() { registry.Close() }) // after the worker: MCP sessions, stdio servers
 	}
 	meters, metricsHandler, err := tracing.MeterProvider(ctx, "toolq-consumer")
 	if err != nil {
