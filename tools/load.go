@@ -8,6 +8,7 @@ import (
 	"os"
 	"reflect"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -254,10 +255,7 @@ func (s *mcpSpec) executor(name string, getenv func(string) string) (*MCP, error
 	if m.Tool == "" {
 		m.Tool = name
 	}
-	var err error
-	if m.URL, err = expandEnv(s.URL, getenv); err != nil {
-		return nil, bad("url", err)
-	}
+	m.URL = s.URL
 	switch s.Command.Kind {
 	case 0:
 	case yaml.ScalarNode:
@@ -269,29 +267,59 @@ func (s *mcpSpec) executor(name string, getenv func(string) string) (*MCP, error
 	default:
 		return nil, bad("command", errors.New("want a list of strings (the program, then its arguments) or one string split at spaces"))
 	}
-	for i, w := range m.Command {
-		if m.Command[i], err = expandEnv(w, getenv); err != nil {
-			return nil, bad("command", err)
+	m.Env, m.Headers = s.Env, s.Headers
+	m, err := m.expanded(getenv)
+	if err != nil {
+		var fe *fieldError
+		if errors.As(err, &fe) {
+			return nil, bad(fe.field, fe.err)
 		}
-	}
-	for field, kv := range map[string]map[string]string{"env": s.Env, "headers": s.Headers} {
-		if kv == nil {
-			continue
-		}
-		expanded := make(map[string]string, len(kv))
-		for k, v := range kv {
-			if expanded[k], err = expandEnv(v, getenv); err != nil {
-				return nil, bad(field+"."+k, err)
-			}
-		}
-		if field == "env" {
-			m.Env = expanded
-		} else {
-			m.Headers = expanded
-		}
+		return nil, err
 	}
 	return MCPExecutor(m)
 }
+
+// expanded is m with the ${VAR} references of its url, command, env and
+// headers replaced (see expandEnv); an error is a *fieldError.
+func (m MCP) expanded(getenv func(string) string) (MCP, error) {
+	var err error
+	if m.URL, err = expandEnv(m.URL, getenv); err != nil {
+		return m, &fieldError{"url", err}
+	}
+	m.Command = slices.Clone(m.Command)
+	for i, w := range m.Command {
+		if m.Command[i], err = expandEnv(w, getenv); err != nil {
+			return m, &fieldError{"command", err}
+		}
+	}
+	expand := func(field string, kv map[string]string) (map[string]string, error) {
+		if kv == nil {
+			return nil, nil
+		}
+		out := make(map[string]string, len(kv))
+		for k, v := range kv {
+			if out[k], err = expandEnv(v, getenv); err != nil {
+				return nil, &fieldError{field + "." + k, err}
+			}
+		}
+		return out, nil
+	}
+	if m.Env, err = expand("env", m.Env); err != nil {
+		return m, err
+	}
+	if m.Headers, err = expand("headers", m.Headers); err != nil {
+		return m, err
+	}
+	return m, nil
+}
+
+// fieldError is an error of one field of a definition.
+type fieldError struct {
+	field string
+	err   error
+}
+
+func (e *fieldError) Error() string { return e.field + ": " + e.err.Error() }
 
 func parseDuration(s string) (time.Duration, error) {
 	if s == "" {
