@@ -54,8 +54,8 @@ lint: ## gofmt check, go vet, staticcheck (pinned)
 fuzz: ## fuzz the canonicalizer for a minute
 	cd internal/jcs && $(GO) test -run='^$$' -fuzz=FuzzCanonicalize -fuzztime=60s .
 
-soak: ## the full soak: 10,000 jobs, 50 faults of each kind, separate processes (SOAK_SEED=N to change the seed)
-	$(GO) test ./test/soak -run TestSoak -count=1 -timeout 60m -v -soak.full -soak.seed=$${SOAK_SEED:-1}
+soak: ## the full soak: 10,000 jobs, 50 faults of each kind, separate processes (SOAK_SEED=N to change the seed, SOAK_EXECUTOR=mcp to reach the tools over MCP)
+	$(GO) test ./test/soak -run TestSoak -count=1 -timeout 60m -v -soak.full -soak.seed=$${SOAK_SEED:-1} -soak.executor=$${SOAK_EXECUTOR:-http}
 
 compose-check: ## validate docker-compose.yml (needs docker-compose: apt-get install -y docker-compose)
 	@if command -v docker-compose >/dev/null 2>&1; then docker-compose -f docker-compose.yml config -q; \

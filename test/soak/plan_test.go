@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/toolq/toolq/jobs"
@@ -89,6 +90,34 @@ const registryYAML = `tools:
         body: {type: string}
     http: {method: POST, url: "${TOOLQ_SANDBOX_URL}/v1/tickets", headers: {Sandbox-Latency-Ms: "1500"}}
 `
+
+// registryFor is registryYAML with the tools reached by executor: http
+// (the sandbox's HTTP API) or mcp (the same effects through the sandbox's
+// MCP server, over Streamable HTTP: every fault of the soak then runs for
+// the MCP executor).
+func registryFor(executor string) (string, error) {
+	switch executor {
+	case "http":
+		return registryYAML, nil
+	case "mcp":
+	default:
+		return "", fmt.Errorf("soak.executor %q: want http or mcp", executor)
+	}
+	reg := registryYAML
+	for _, r := range []struct{ http, mcp string }{
+		{`http: {method: POST, url: "${TOOLQ_SANDBOX_URL}/v1/payments"}`, `mcp: {url: "${TOOLQ_SANDBOX_URL}/mcp", tool: send_payment}`},
+		{`http: {method: POST, url: "${TOOLQ_SANDBOX_URL}/v1/tickets"}`, `mcp: {url: "${TOOLQ_SANDBOX_URL}/mcp", tool: create_ticket}`},
+		{`http: {method: GET, url: "${TOOLQ_SANDBOX_URL}/v1/orders"}`, `mcp: {url: "${TOOLQ_SANDBOX_URL}/mcp", tool: search_orders}`},
+		{`http: {method: POST, url: "${TOOLQ_SANDBOX_URL}/v1/tickets", headers: {Sandbox-Latency-Ms: "1500"}}`,
+			`mcp: {url: "${TOOLQ_SANDBOX_URL}/mcp", tool: create_ticket, headers: {Sandbox-Latency-Ms: "1500"}}`},
+	} {
+		if !strings.Contains(reg, r.http) {
+			return "", fmt.Errorf("registryYAML has no %s", r.http)
+		}
+		reg = strings.Replace(reg, r.http, r.mcp, 1)
+	}
+	return reg, nil
+}
 
 // The routes by which a job is published.
 const (

@@ -40,7 +40,19 @@ var (
 	flagFaults = flag.Int("soak.faults", int(envUint("TOOLQ_SOAK_FAULTS", 0)), "faults of each kind (env TOOLQ_SOAK_FAULTS; 0: 2, full 50)")
 	flagWindow = flag.Duration("soak.window", 0, "how long the load and the faults last (0: 25s, full 15m)")
 	flagKeep   = flag.Bool("soak.keep", false, "keep the run's directory (logs, stores, report) even when it passes")
+	flagExec   = flag.String("soak.executor", os.Getenv("TOOLQ_SOAK_EXECUTOR"), "how the consumers reach the sandbox, one soak each: http (its HTTP API), mcp (its MCP server over Streamable HTTP), or both, comma-separated (env TOOLQ_SOAK_EXECUTOR; empty: http,mcp, full http)")
 )
+
+// executors are the soaks to run, one per executor (see flagExec).
+func executors() []string {
+	switch {
+	case *flagExec != "":
+		return strings.Split(*flagExec, ",")
+	case *flagFull:
+		return []string{"http"}
+	}
+	return []string{"http", "mcp"}
+}
 
 func envUint(name string, def uint64) uint64 {
 	if v, err := strconv.ParseUint(os.Getenv(name), 10, 64); err == nil {
@@ -83,15 +95,16 @@ func sizeOf() size {
 
 // run is one soak: the processes, the proxies and what the driver did.
 type run struct {
-	t       *testing.T
-	dir     string
-	cluster *testenv.Cluster
-	dbURL   string
-	nats    *natsProc
-	sbURL   string // direct, for the driver and the checker
-	proxies map[string]*Proxy
-	cons    []*consumerProc
-	js      jetstream.JetStream
+	t        *testing.T
+	executor string // http or mcp: how the consumers reach the sandbox
+	dir      string
+	cluster  *testenv.Cluster
+	dbURL    string
+	nats     *natsProc
+	sbURL    string // direct, for the driver and the checker
+	proxies  map[string]*Proxy
+	cons     []*consumerProc
+	js       jetstream.JetStream
 
 	mu        sync.Mutex
 	published map[string]*Published
@@ -111,6 +124,13 @@ type run struct {
 }
 
 func TestSoak(t *testing.T) {
+	for _, executor := range executors() {
+		t.Run(executor, func(t *testing.T) { soak(t, executor) })
+	}
+}
+
+// soak is one run, with the sandbox's tools reached by executor.
+func soak(t *testing.T, executor string) {
 	sz := sizeOf()
 	seed := *flagSeed
 	dir, err := os.MkdirTemp("", "toolq-soak-")
@@ -124,7 +144,7 @@ func TestSoak(t *testing.T) {
 		}
 		os.RemoveAll(dir)
 	})
-	r := &run{t: t, dir: dir, published: map[string]*Published{}, routes: map[string]int{}, faults: map[string]int{},
+	r := &run{t: t, executor: executor, dir: dir, published: map[string]*Published{}, routes: map[string]int{}, faults: map[string]int{},
 		proxies: map[string]*Proxy{}, linkMu: map[string]*sync.Mutex{}}
 	r.setup()
 
@@ -132,6 +152,7 @@ func TestSoak(t *testing.T) {
 	defer cancel()
 	evs := plan(seed, sz.jobs)
 	fs := schedule(seed, sz.faults, sz.window, ackWait+toolLease/2, consumers)
+	t.Logf("soak: the consumers reach the sandbox's tools by %s", executor)
 	t.Logf("soak: seed %d, %d calls, %d publish events, %d faults over %v", seed, sz.jobs, len(evs), len(fs), sz.window)
 
 	watchCtx, stopWatch := context.WithCancel(ctx)
@@ -244,7 +265,11 @@ func (r *run) setup() {
 	}
 
 	registry := filepath.Join(r.dir, "tools.yaml")
-	if err := os.WriteFile(registry, []byte(registryYAML), 0o644); err != nil {
+	reg, err := registryFor(r.executor)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(registry, []byte(reg), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	u, _ := url.Parse(r.dbURL)
@@ -657,7 +682,7 @@ func getJSON(u string, v any) error {
 func (r *run) report(seed uint64, sz size, f Figures, vs []Violation, outcomes map[string]float64) string {
 	var b strings.Builder
 	p := func(format string, args ...any) { fmt.Fprintf(&b, format+"\n", args...) }
-	p("toolq soak, seed %d: %d calls, %d faults of each kind over %v, %d consumers", seed, sz.jobs, sz.faults, sz.window, consumers)
+	p("toolq soak, seed %d: %d calls, %d faults of each kind over %v, %d consumers, tools reached by the %s executor", seed, sz.jobs, sz.faults, sz.window, consumers, r.executor)
 	p("")
 	p("published")
 	p("  tool_use_ids %d, keys %d", f.ToolUseIDs, f.Keys)
