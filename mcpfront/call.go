@@ -1,0 +1,339 @@
+package mcpfront
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/toolq/toolq/internal/jcs"
+	"github.com/toolq/toolq/jobs"
+	"github.com/toolq/toolq/tools"
+)
+
+// call serves one tools/call of tool t:
+//
+//   - a _meta that names the call wrongly (a bad field, one of the two
+//     without the other) is refused, as is a write that it does not name;
+//   - a read it does not name runs here, at once;
+//   - args the tool's schema refuses are a rejected result (nothing ran);
+//   - otherwise the call is a job, published (a re-issue is the same job)
+//     and answered with its result, or with CodeNoResultYet when the result
+//     does not come within the wait.
+func (s *Server) call(ctx context.Context, t *tools.Tool, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+	args := json.RawMessage(req.Params.Arguments)
+	if len(args) == 0 {
+		args = json.RawMessage("{}")
+	}
+	id, named, err := identify(req.Params.Meta)
+	switch {
+	case err != nil:
+		return nil, invalidParams(err.Error())
+	case !named && t.Class == tools.Read:
+		return s.runRead(ctx, t, args), nil
+	case !named:
+		return nil, invalidParams(unnamedWrite(t))
+	}
+	if err := t.Validate(args); err != nil {
+		return rejected(err), nil
+	}
+	j := &jobs.Job{ConversationID: id.conversationID, TurnIndex: id.turnIndex, Ordinal: id.ordinal, Tool: t.Name, Args: args}
+	key, err := j.Key()
+	if err != nil {
+		var fe *jobs.FieldError
+		if errors.As(err, &fe) && fe.Field == "conversation_id" {
+			return nil, invalidParams(fmt.Sprintf("toolq: _meta %q: %s", MetaConversationID, fe.Rule))
+		}
+		return rejected(err), nil
+	}
+	// The tool_use_id follows from the key, so that a re-issue is the same
+	// job (JetStream drops the re-publication) and the same call.
+	j.ToolUseID = "mcp_" + key
+	if s.cfg.MaxBodySize > 0 {
+		if body, _ := json.Marshal(j); len(body) > s.cfg.MaxBodySize {
+			return rejected(fmt.Errorf("the job would be %d bytes, over the consumer's limit of %d", len(body), s.cfg.MaxBodySize)), nil
+		}
+	}
+	res, err := s.await(ctx, j, key)
+	if err != nil {
+		return nil, s.noResult(key, err)
+	}
+	return resultOf(res), nil
+}
+
+// identity is what a tools/call's _meta says of the call: the fields of
+// its key that neither the tool nor the arguments give.
+type identity struct {
+	conversationID string
+	turnIndex      int64
+	ordinal        int64
+}
+
+// identify reads the io.toolq fields of a _meta. named is false when it
+// has neither MetaConversationID nor MetaTurnIndex. The error names a field
+// that is there but wrong, or the one of the two that is missing.
+func identify(meta mcp.Meta) (id identity, named bool, err error) {
+	conv, hasConv := meta[MetaConversationID]
+	turn, hasTurn := meta[MetaTurnIndex]
+	ordinal, hasOrdinal := meta[MetaOrdinal]
+	switch {
+	case !hasConv && !hasTurn && hasOrdinal:
+		return id, false, fmt.Errorf("toolq: _meta has %q without %q and %q, which name the call", MetaOrdinal, MetaConversationID, MetaTurnIndex)
+	case !hasConv && !hasTurn:
+		return id, false, nil
+	case !hasConv:
+		return id, false, fmt.Errorf("toolq: _meta has %q without %q: send both (the conversation and the index of the assistant turn that made the call)", MetaTurnIndex, MetaConversationID)
+	case !hasTurn:
+		return id, false, fmt.Errorf("toolq: _meta has %q without %q: send both (the conversation and the index of the assistant turn that made the call)", MetaConversationID, MetaTurnIndex)
+	}
+	var ok bool
+	if id.conversationID, ok = conv.(string); !ok {
+		return id, false, fmt.Errorf("toolq: _meta %q: must be a string, got %s", MetaConversationID, describe(conv))
+	}
+	if id.turnIndex, ok = integer(turn); !ok {
+		return id, false, fmt.Errorf("toolq: _meta %q: must be an integer ≥ 0, got %s", MetaTurnIndex, describe(turn))
+	}
+	if hasOrdinal {
+		if id.ordinal, ok = integer(ordinal); !ok {
+			return id, false, fmt.Errorf("toolq: _meta %q: must be an integer ≥ 0, got %s", MetaOrdinal, describe(ordinal))
+		}
+	}
+	return id, true, nil
+}
+
+// integer reads a non-negative integer of a decoded _meta: a JSON number
+// with no fraction, at most 2^53 (above, a double cannot tell integers
+// apart, and clients in other languages would derive other keys).
+func integer(v any) (int64, bool) {
+	switch n := v.(type) {
+	case float64:
+		if n >= 0 && n <= 1<<53 && n == math.Trunc(n) {
+			return int64(n), true
+		}
+	case json.Number:
+		i, err := strconv.ParseInt(string(n), 10, 64)
+		return i, err == nil && i >= 0 && i <= 1<<53
+	case int64:
+		return n, n >= 0 && n <= 1<<53
+	case int:
+		return int64(n), n >= 0 && n <= 1<<53
+	}
+	return 0, false
+}
+
+func describe(v any) string {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Sprintf("%T", v)
+	}
+	if len(b) > 40 {
+		b = append(b[:40], "…"...)
+	}
+	return string(b)
+}
+
+// unnamedWrite is the refusal of a write called without the fields that
+// name it.
+func unnamedWrite(t *tools.Tool) string {
+	return fmt.Sprintf("toolq: %s is a write tool (%s): its tools/call must carry in _meta %q (the conversation, a string matching ^[A-Za-z0-9_:-]{1,128}$) "+
+		"and %q (the index of the assistant turn that made the call, an integer ≥ 0), and may carry %q (0, 1, … among identical calls of one turn; default 0). "+
+		"They make the call's key: the same call sent again (after a broken stream) is answered with its first result, and a call in a later turn runs again. "+
+		"toolq does not guess the turn: a guess would either swallow a deliberate second call or run a re-issue twice",
+		t.Name, t.Class, MetaConversationID, MetaTurnIndex, MetaOrdinal)
+}
+
+func invalidParams(msg string) error {
+	return &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: msg}
+}
+
+// noResult is the error of a call whose result did not come: it is queued
+// or running, and sending it again is safe.
+func (s *Server) noResult(key string, err error) error {
+	var why string
+	switch {
+	case errors.Is(err, context.DeadlineExceeded):
+		why = fmt.Sprintf("no result within %s", s.cfg.Wait)
+	case errors.Is(err, context.Canceled):
+		why = "the server stopped waiting (it is shutting down)"
+	default:
+		s.cfg.Logger.Warn("MCP call not queued or not answered", "key", key, "error", err)
+		why = err.Error()
+	}
+	return &jsonrpc.Error{Code: CodeNoResultYet, Message: fmt.Sprintf("toolq: call %s: %s. It may be queued or running: "+
+		"send the same tools/call again (same _meta and arguments) to get its result; it will not run twice", key, why)}
+}
+
+// runRead runs a read tool that no _meta names, here and at once, as the
+// worker runs reads: no key, no ledger.
+func (s *Server) runRead(ctx context.Context, t *tools.Tool, args json.RawMessage) *mcp.CallToolResult {
+	if err := t.Validate(args); err != nil {
+		return rejected(err)
+	}
+	canonical, err := jcs.CanonicalizeObject(args)
+	if err != nil { // Validate passed: cannot happen
+		return rejected(err)
+	}
+	out, err := t.Run(ctx, tools.Request{Tool: t.Name, Args: canonical, ToolUseID: "mcp_read"})
+	if err != nil {
+		_, te := tools.Classify(err)
+		return errorResult(jobs.StatusError, "", &jobs.ResultError{Code: te.Code, Message: te.Message})
+	}
+	return okResult("", out)
+}
+
+// resultOf is the MCP result of a job's result.
+func resultOf(r *jobs.Result) *mcp.CallToolResult {
+	if r.Status == jobs.StatusOK {
+		return okResult(r.Key, r.Output)
+	}
+	e := r.Error
+	if e == nil {
+		e = &jobs.ResultError{Code: string(r.Status)}
+	}
+	if r.Status == jobs.StatusIndeterminate {
+		e = &jobs.ResultError{Code: e.Code, Message: fmt.Sprintf("the outcome of this call is unknown (%s): toolq will not run it again by itself. "+
+			"An operator decides, with consumer ledger show %s and consumer ledger resolve %s; until then the same call is answered so", e.Message, r.Key, r.Key)}
+	}
+	return errorResult(r.Status, r.Key, e)
+}
+
+func okResult(key string, out json.RawMessage) *mcp.CallToolResult {
+	if len(out) == 0 {
+		out = json.RawMessage("null")
+	}
+	res := &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: string(out)}}, Meta: meta(jobs.StatusOK, key)}
+	if strings.HasPrefix(strings.TrimSpace(string(out)), "{") {
+		res.StructuredContent = out
+	}
+	return res
+}
+
+// errorResult is a result with isError: its text is the error as the
+// other clients give it to the model, {"status": …, "error": {code, message}}.
+func errorResult(status jobs.Status, key string, e *jobs.ResultError) *mcp.CallToolResult {
+	body, _ := json.Marshal(map[string]any{"status": status, "error": e})
+	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: string(body)}}, IsError: true, Meta: meta(status, key)}
+}
+
+func rejected(err error) *mcp.CallToolResult {
+	code := "invalid_args"
+	return errorResult(jobs.StatusRejected, "", &jobs.ResultError{Code: code, Message: err.Error()})
+}
+
+func meta(status jobs.Status, key string) mcp.Meta {
+	m := mcp.Meta{MetaStatus: string(status)}
+	if key != "" {
+		m[MetaKey] = key
+	}
+	return m
+}
+
+// flight is one call waiting for its result; a re-issue that comes while
+// it waits waits with it.
+type flight struct {
+	done chan struct{}
+	res  *jobs.Result
+	err  error
+}
+
+// await publishes the job and waits for its result, for at most
+// Config.Wait from its first request, and less if ctx ends first. The wait
+// does not end with the request that started it: a client whose stream
+// was cut sends the call again, and that request waits for the same
+// result.
+func (s *Server) await(ctx context.Context, j *jobs.Job, key string) (*jobs.Result, error) {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil, context.Canceled
+	}
+	f, ok := s.flights[key]
+	if !ok {
+		f = &flight{done: make(chan struct{})}
+		s.flights[key] = f
+		// The request's values (its span) without its end; the server's end.
+		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.Wait)
+		stop := context.AfterFunc(s.ctx, cancel)
+		go func() {
+			defer cancel()
+			defer stop()
+			f.res, f.err = s.publishAndAwait(fctx, j)
+			s.mu.Lock()
+			delete(s.flights, key)
+			s.mu.Unlock()
+			close(f.done)
+		}()
+	}
+	s.mu.Unlock()
+	select {
+	case <-f.done:
+		return f.res, f.err
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// publishAndAwait publishes the job and waits for its result: through the
+// reader of every conversation's results, expected before the job is
+// published; or, when JetStream drops the job as a re-publication (the
+// call re-issued within its duplicate window), from the start of the
+// conversation, since the result may have come before.
+func (s *Server) publishAndAwait(ctx context.Context, j *jobs.Job) (*jobs.Result, error) {
+	reader, err := s.results(ctx)
+	if err != nil {
+		return nil, err
+	}
+	aw := reader.ExpectIn(j.ConversationID, j.ToolUseID)
+	defer aw.Cancel()
+	pub, err := s.client.Publish(ctx, j)
+	if err != nil {
+		return nil, err
+	}
+	if !pub.Duplicate {
+		got, err := aw.Wait(ctx)
+		if err == nil {
+			return got[0], nil
+		}
+		if !errors.Is(err, jobs.ErrResultsClosed) {
+			return nil, err
+		}
+		s.cfg.Logger.Warn("MCP front door: the results reader stopped; reading the conversation instead", "error", err)
+		s.dropResults(reader)
+	}
+	return s.client.Await(ctx, j.ConversationID, j.ToolUseID)
+}
+
+// results is the reader of every conversation's results, started at the
+// first call and again after it stopped.
+func (s *Server) results(ctx context.Context) (*jobs.Results, error) {
+	s.readerMu.Lock()
+	defer s.readerMu.Unlock()
+	if s.ctx.Err() != nil {
+		return nil, context.Canceled
+	}
+	if s.reader == nil {
+		r, err := s.client.Results(ctx, "")
+		if err != nil {
+			return nil, err
+		}
+		s.reader = r
+	}
+	return s.reader, nil
+}
+
+// dropResults forgets a reader that stopped, so that the next call starts
+// another.
+func (s *Server) dropResults(r *jobs.Results) {
+	s.readerMu.Lock()
+	defer s.readerMu.Unlock()
+	if s.reader == r {
+		s.reader = nil
+		go r.Close()
+	}
+}

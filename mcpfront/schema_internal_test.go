@@ -1,0 +1,56 @@
+package mcpfront
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+)
+
+func TestObjectSchemaSaysTheArgsAreAnObject(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		schema, want, err string
+	}{
+		{`{"type":"object","required":["a"]}`, `{"type":"object","required":["a"]}`, ""},
+		{`{"required":["a"]}`, `{"required":["a"],"type":"object"}`, ""},
+		{`true`, `{"type":"object"}`, ""},
+		{`false`, "", "no call is valid"},
+		{`{"type":"array"}`, "", `type is array, not "object"`},
+		{`{"type":["object","null"]}`, "", `not "object"`},
+		{`[]`, "", "not a JSON object"},
+	} {
+		got, err := objectSchema(json.RawMessage(tc.schema))
+		switch {
+		case tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)):
+			t.Errorf("%s: error %v, want one saying %q", tc.schema, err, tc.err)
+		case tc.err == "" && (err != nil || string(got) != tc.want):
+			t.Errorf("%s: %s (%v), want %s", tc.schema, got, err, tc.want)
+		}
+	}
+}
+
+func TestIntegerTakesOnlyWhatEveryClientReadsAlike(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		v    any
+		want int64
+		ok   bool
+	}{
+		{float64(0), 0, true},
+		{float64(7), 7, true},
+		{float64(1 << 53), 1 << 53, true},
+		{float64(1<<53 + 2), 0, false},
+		{1.5, 0, false},
+		{-1.0, 0, false},
+		{json.Number("12"), 12, true},
+		{json.Number("1e2"), 0, false},
+		{"3", 0, false},
+		{nil, 0, false},
+		{true, 0, false},
+	} {
+		got, ok := integer(tc.v)
+		if ok != tc.ok || ok && got != tc.want {
+			t.Errorf("integer(%#v) = %d, %v; want %d, %v", tc.v, got, ok, tc.want, tc.ok)
+		}
+	}
+}
