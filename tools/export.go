@@ -56,13 +56,9 @@ func ParseFormat(s string) (Format, error) {
 // definitions of format f: one JSON array, whose elements are the format's
 // tool objects (for FormatMCP, the array is a tools/list result's tools).
 //
-// Each tool's schema is its SchemaJSON as written, with "type": "object"
-// added at the top when it has no type: every model API wants an object
-// schema there, and toolq takes only a JSON object as args whatever the
-// schema says, so the addition changes nothing toolq accepts. A schema
-// whose top-level type is anything else describes args no call can have:
-// Export refuses it with a *DefinitionError naming the tool. A tool with
-// no description is written without one (the model then sees only its
+// Each tool's schema is its InputSchema; a tool whose schema says its args
+// are not an object makes Export fail with that *DefinitionError. A tool
+// with no description is written without one (the model then sees only its
 // name and schema). For MCP, a read tool is annotated readOnlyHint: true;
 // every other class is a write: readOnlyHint: false and idempotentHint:
 // false, because toolq makes one call delivered twice take effect once,
@@ -74,9 +70,9 @@ func (r *Registry) Export(f Format) (json.RawMessage, error) {
 	}
 	out := make([]any, 0, len(r.names))
 	for _, t := range r.Tools() {
-		schema, err := objectSchema(t.SchemaJSON)
+		schema, err := t.InputSchema()
 		if err != nil {
-			return nil, &DefinitionError{Tool: t.Name, Field: "schema", Msg: err.Error()}
+			return nil, err
 		}
 		switch f {
 		case FormatAnthropic:
@@ -143,17 +139,24 @@ func mcpAnnotationsOf(c Class) mcpAnnotations {
 	return mcpAnnotations{IdempotentHint: &notIdempotent}
 }
 
-// objectSchema returns schema (a JSON object) with "type": "object" at the
-// top: as it is when it says so, with the member added first when it has
-// no type, and an error when its type is another.
-func objectSchema(schema json.RawMessage) (json.RawMessage, error) {
+// InputSchema returns the tool's schema as model APIs and MCP take it: an
+// object schema, "type": "object" at the top. A schema that says so is
+// SchemaJSON as written; one with no top-level type gets the member added
+// first, the rest as written (toolq takes only a JSON object as args
+// whatever the schema says, so this changes nothing toolq accepts). A
+// schema whose top-level type is another describes args no call can have:
+// the error is a *DefinitionError naming the tool and its schema.
+func (t *Tool) InputSchema() (json.RawMessage, error) {
+	bad := func(format string, args ...any) error {
+		return &DefinitionError{Tool: t.Name, Field: "schema", Msg: fmt.Sprintf(format, args...)}
+	}
 	var top map[string]json.RawMessage
-	if err := json.Unmarshal(schema, &top); err != nil {
-		return nil, fmt.Errorf("not a JSON object: %v", err)
+	if err := json.Unmarshal(t.SchemaJSON, &top); err != nil {
+		return nil, bad("not a JSON object: %v", err)
 	}
 	typ, ok := top["type"]
 	if !ok {
-		rest := bytes.TrimSpace(schema)[1:] // after the '{'
+		rest := bytes.TrimSpace(t.SchemaJSON)[1:] // after the '{'
 		sep := []byte(",")
 		if bytes.HasPrefix(bytes.TrimSpace(rest), []byte("}")) {
 			sep = nil
@@ -162,7 +165,7 @@ func objectSchema(schema json.RawMessage) (json.RawMessage, error) {
 	}
 	var s string
 	if json.Unmarshal(typ, &s) != nil || s != "object" {
-		return nil, fmt.Errorf(`the model's tool definitions need "type": "object" at the top (args are a JSON object), not "type": %s`, typ)
+		return nil, bad(`a model's tool definition needs "type": "object" at the top (args are a JSON object), not "type": %s`, typ)
 	}
-	return schema, nil
+	return t.SchemaJSON, nil
 }
