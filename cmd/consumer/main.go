@@ -14,7 +14,7 @@ func main() { cli.Main("consumer", cli.Traced("toolq-consumer", run)) }
 var commands = &cli.Commands{Name: "consumer", Default: "run", List: []cli.Command{
 	{Name: "run", Summary: "process jobs", Run: runWorker},
 	{Name: "migrate", Summary: "apply the ledger schema", Run: runMigrate},
-	{Name: "tools", Summary: "audit, import: which tools can take effect twice; an MCP server's tools as a registry file", Run: toolsCommands.Run},
+	{Name: "tools", Summary: "audit, export, import: which tools can take effect twice; the tools as a model's tool definitions; an MCP server's tools as a registry file", Run: toolsCommands.Run},
 	{Name: "ledger", Summary: "ls, show KEY, resolve KEY, purge: inspect and settle ledger rows", Run: ledgerCommands.Run},
 	{Name: "healthcheck", Summary: "exit 0 when a URL answers 2xx (default: this host's /readyz): for container healthchecks", Run: runHealthcheck},
 	cli.Version("consumer"),
@@ -22,6 +22,7 @@ var commands = &cli.Commands{Name: "consumer", Default: "run", List: []cli.Comma
 
 var toolsCommands = &cli.Commands{Name: "consumer tools", List: []cli.Command{
 	{Name: "audit", Summary: "which tools can take effect twice, and why (--tools FILE, --json)", Run: runToolsAudit},
+	{Name: "export", Summary: "print the tools as a model API's tool definitions (--format anthropic|openai|openai-responses|mcp, --tools FILE)", Run: runToolsExport},
 	{Name: "import", Summary: "print an MCP server's tools as a registry file to review (--mcp-url URL | --mcp-command CMD)", Run: runToolsImport},
 }}
 
