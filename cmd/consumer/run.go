@@ -184,6 +184,12 @@ func runWorker(ctx context.Context, args []string, stdio cli.IO, getenv func(str
 		return fmt.Errorf("ledger lookup service: %w", err)
 	}
 	cleanups = append(cleanups, func() { lookup.Stop() })
+	// And read their tool list from the registry that runs their calls.
+	toolList, err := worker.ServeTools(st.Conn, st.Tools, logger)
+	if err != nil {
+		return fmt.Errorf("tool list service: %w", err)
+	}
+	cleanups = append(cleanups, func() { toolList.Stop() })
 	// Ready once the worker has its streams and its durable consumer.
 	probe.started(st.Conn, st.Store)
 	if healthURL != "" {
