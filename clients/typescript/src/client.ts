@@ -39,6 +39,38 @@ export class LookupError extends Error {
     this.name = "LookupError";
   }
 }
+/** The subject of the consumers' tool list (a NATS micro service, toolq-tools). */
+export const TOOLS_SUBJECT = "toolq.tools.list";
+
+/** The APIs whose tool definitions the consumers answer with. */
+export type ToolFormat = "anthropic" | "openai" | "openai-responses" | "mcp";
+
+/** A JSON Schema whose top level is an object schema, as every format's input schema is. */
+export type ObjectSchema = { type: "object"; [member: string]: unknown };
+
+/** The tool definitions of each format: the registry's tools, in name order. */
+export interface ToolDefinitions {
+  /** The Messages API's tools. */
+  anthropic: { name: string; description?: string; input_schema: ObjectSchema }[];
+  /** Chat Completions' tools. */
+  openai: { type: "function"; function: { name: string; description?: string; parameters: ObjectSchema } }[];
+  /** The Responses API's function tools (strict mode off: the consumer checks args against the whole schema). */
+  "openai-responses": { type: "function"; name: string; description?: string; parameters: ObjectSchema; strict: false }[];
+  /** MCP Tool objects, as a tools/list result's tools. A write is never idempotentHint: a second call is another call. */
+  mcp: { name: string; description?: string; inputSchema: ObjectSchema; annotations: { readOnlyHint: boolean; idempotentHint?: boolean } }[];
+}
+
+/** A tool list the service refused (an unknown format: 400; a tool whose schema no API takes: 500). */
+export class ToolsError extends Error {
+  constructor(
+    readonly code: string,
+    readonly description: string,
+  ) {
+    super(`toolq: tool list refused: ${code} ${description}`);
+    this.name = "ToolsError";
+  }
+}
+
 /** The only version of the job and result bodies this client writes and reads. */
 export const VERSION = 1;
 
@@ -184,6 +216,21 @@ export class Client {
     const code = msg.headers?.get("Nats-Service-Error-Code");
     if (code) throw new LookupError(code, msg.headers?.get("Nats-Service-Error") ?? "");
     return msg.json<Lookup>();
+  }
+
+  /**
+   * The consumers' registry as the tool definitions of format (the tool
+   * list service, on toolq.tools.list), to hand the model as they are, so
+   * that the agent's tool list is the registry's. Consumers that run
+   * different registries each answer with their own. Throws a ToolsError
+   * when the service refuses the request, and NATS's RequestError when no
+   * consumer answers (isNoResponders()) or none in time.
+   */
+  async tools<F extends ToolFormat>(format: F, opts: { timeoutMs?: number } = {}): Promise<ToolDefinitions[F]> {
+    const msg = await this.nc.request(TOOLS_SUBJECT, JSON.stringify({ format }), { timeout: opts.timeoutMs ?? 5000 });
+    const code = msg.headers?.get("Nats-Service-Error-Code");
+    if (code) throw new ToolsError(code, msg.headers?.get("Nats-Service-Error") ?? "");
+    return msg.json<ToolDefinitions[F]>();
   }
 
   /** The sequence the next result will get: results of jobs published after this come at or after it. */

@@ -11,7 +11,7 @@ import { fileURLToPath } from "node:url";
 import path from "node:path";
 import { connect } from "@nats-io/transport-node";
 import { jetstreamManager } from "@nats-io/jetstream";
-import { Client, JOBS_STREAM, streamTurn, NOT_RUN, LookupError } from "../dist/index.js";
+import { Client, JOBS_STREAM, streamTurn, NOT_RUN, LookupError, ToolsError } from "../dist/index.js";
 
 const repo = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../../..");
 let dir, consumer, nc, client, sandboxURL, exited;
@@ -290,5 +290,40 @@ test("lookup answers an in-flight call and an indeterminate one", async () => {
     assert.ok(lost.error);
   } finally {
     await faults({ latency_ms: 0, drop_after_effect_rate: 0 });
+  }
+});
+
+test("tools answers the registry as each API's tool definitions, as tools export prints them", async () => {
+  for (const format of ["anthropic", "openai", "openai-responses", "mcp"]) {
+    const got = await waitFor("the tool list service", () => client.tools(format), 10_000);
+    const printed = JSON.parse(execFileSync(path.join(dir, "consumer"), ["tools", "export", "--format", format], { encoding: "utf8" }));
+    assert.deepEqual(got, printed, format);
+  }
+  const anthropic = await client.tools("anthropic");
+  assert.deepEqual(anthropic.map((t) => t.name), ["create_ticket", "search_orders", "send_payment"]);
+  assert.equal(anthropic[2].input_schema.type, "object");
+  assert.deepEqual(anthropic[2].input_schema.required, ["invoice_id", "amount_cents", "currency"]);
+  const mcp = await client.tools("mcp");
+  assert.deepEqual(mcp.map((t) => t.annotations.readOnlyHint), [false, true, false]);
+  await assert.rejects(client.tools("gemini"), (err) => err instanceof ToolsError && err.code === "400");
+});
+
+test("tools with no consumer answering fails with NATS's no responders", async () => {
+  // A NATS server of its own, with nothing serving the tool list.
+  const bin = path.join(dir, "nats-server");
+  execFileSync("go", ["build", "-o", bin, "github.com/nats-io/nats-server/v2"], { cwd: repo, stdio: "inherit" });
+  const port = await freePort();
+  const server = spawn(bin, ["-a", "127.0.0.1", "-p", String(port)], { stdio: "ignore" });
+  try {
+    const bare = await waitFor("the bare NATS server", () => connect({ servers: `127.0.0.1:${port}`, reconnect: false }));
+    try {
+      await assert.rejects(new Client(bare).tools("anthropic"), (err) => typeof err.isNoResponders === "function" && err.isNoResponders());
+    } finally {
+      await bare.close();
+    }
+  } finally {
+    const done = new Promise((r) => server.once("exit", r));
+    server.kill("SIGTERM");
+    await done;
   }
 });
