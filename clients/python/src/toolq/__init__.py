@@ -7,6 +7,7 @@ from toolq.client import (
     JOBS_STREAM,
     LOOKUP_SUBJECT,
     RESULTS_STREAM,
+    TOOLS_SUBJECT,
     Client,
     Job,
     Lookup,
@@ -17,6 +18,8 @@ from toolq.client import (
     ResultsReader,
     Status,
     ToolCall,
+    ToolFormat,
+    ToolsError,
     new_tool_use_id,
 )
 from toolq.key import (
@@ -55,6 +58,7 @@ __all__ = [
     "MAX_DEPTH",
     "NOT_RUN",
     "RESULTS_STREAM",
+    "TOOLS_SUBJECT",
     "Args",
     "Attempt",
     "AttemptAbandonedError",
@@ -80,6 +84,8 @@ __all__ = [
     "Status",
     "TooDeepError",
     "ToolCall",
+    "ToolFormat",
+    "ToolsError",
     "Turn",
     "TurnCommittedError",
     "UnsafeIntegerError",

@@ -26,6 +26,7 @@ __all__ = [
     "JOBS_STREAM",
     "LOOKUP_SUBJECT",
     "RESULTS_STREAM",
+    "TOOLS_SUBJECT",
     "Client",
     "Job",
     "Lookup",
@@ -36,6 +37,8 @@ __all__ = [
     "ResultsReader",
     "Status",
     "ToolCall",
+    "ToolFormat",
+    "ToolsError",
     "job_msg_id",
     "job_subject",
     "new_tool_use_id",
@@ -181,6 +184,24 @@ class LookupError(RuntimeError):
         self.description = description
 
 
+TOOLS_SUBJECT = "toolq.tools.list"
+
+#: The APIs whose tool definitions the consumers answer with: "anthropic" (the
+#: Messages API's tools), "openai" (Chat Completions' tools), "openai-responses"
+#: (the Responses API's function tools) or "mcp" (MCP Tool objects, as a
+#: tools/list result's tools).
+ToolFormat = Literal["anthropic", "openai", "openai-responses", "mcp"]
+
+
+class ToolsError(RuntimeError):
+    """A tool list the service refused (an unknown format: 400; a tool whose schema no API takes: 500)."""
+
+    def __init__(self, code: str, description: str) -> None:
+        super().__init__(f"toolq: tool list refused: {code} {description}")
+        self.code = code
+        self.description = description
+
+
 @dataclass(frozen=True)
 class ToolCall:
     """One tool_use block of a completed assistant turn."""
@@ -269,6 +290,20 @@ class Client:
             lease_remaining_ms=d.get("lease_remaining_ms", 0),
             updated_at=d.get("updated_at", ""),
         )
+
+    async def tools(self, format: ToolFormat, *, timeout: float = 5.0) -> list[dict[str, Any]]:
+        """The consumers' registry as the tool definitions of format (the
+        tool list service, on toolq.tools.list), to hand the model as they
+        are, so that the agent's tool list is the registry's. Consumers that
+        run different registries each answer with their own. Raises
+        ToolsError when the service refuses the request, and
+        nats.errors.NoRespondersError when no consumer answers."""
+        msg = await self.nc.request(TOOLS_SUBJECT, json.dumps({"format": format}).encode(), timeout=timeout)
+        headers = msg.headers or {}
+        if code := headers.get("Nats-Service-Error-Code"):
+            raise ToolsError(code, headers.get("Nats-Service-Error", ""))
+        definitions: list[dict[str, Any]] = json.loads(msg.data)
+        return definitions
 
     async def results_cursor(self) -> int:
         """The sequence the next result will get: every result of a job
