@@ -85,7 +85,13 @@ func (r *Registry) Export(f Format) (json.RawMessage, error) {
 			out = append(out, mcpTool{Name: t.Name, Description: t.Description, InputSchema: schema, Annotations: mcpAnnotationsOf(t.Class)})
 		}
 	}
-	return json.Marshal(out)
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false) // descriptions and patterns as written: "<", not "\u003c"
+	if err := enc.Encode(out); err != nil {
+		return nil, err
+	}
+	return bytes.TrimSuffix(b.Bytes(), []byte("\n")), nil
 }
 
 type anthropicTool struct {

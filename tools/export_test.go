@@ -59,7 +59,7 @@ func everyClass(t *testing.T) *tools.Registry {
 	}
 	defs = append(defs,
 		tools.Definition{Name: "no_description", Class: tools.Read, Schema: schema, Executor: exec},
-		tools.Definition{Name: "untyped", Description: "Its schema says no type.", Class: tools.KeyedWrite,
+		tools.Definition{Name: "untyped", Description: "Takes <n>, an integer & nothing else; its schema says no type.", Class: tools.KeyedWrite,
 			Schema: json.RawMessage(` {"properties": {"n": {"type": "integer"}}} `), Executor: exec},
 		tools.Definition{Name: "empty_schema", Description: "Takes any object.", Class: tools.Read, Schema: json.RawMessage(`{ }`), Executor: exec},
 	)
@@ -114,7 +114,8 @@ func TestExportValidatesAgainstEachFormatsSchema(t *testing.T) {
 
 // TestExportWritesEachToolOnce: every format carries each tool's name,
 // description and schema as the registry has them, in name order, so that
-// the model's definitions and toolq's cannot differ.
+// the model's definitions and toolq's cannot differ; text as written, not
+// HTML-escaped.
 func TestExportWritesEachToolOnce(t *testing.T) {
 	t.Parallel()
 	reg := everyClass(t)
@@ -131,6 +132,9 @@ func TestExportWritesEachToolOnce(t *testing.T) {
 		out, err := reg.Export(f)
 		if err != nil {
 			t.Fatal(err)
+		}
+		if !bytes.Contains(out, []byte("<n>, an integer & nothing else")) {
+			t.Errorf("%s: a description is not as written: %s", f, out)
 		}
 		var got []map[string]any
 		if err := json.Unmarshal(out, &got); err != nil {
