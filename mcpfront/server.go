@@ -24,9 +24,7 @@ package mcpfront
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
-	"fmt"
 	"log/slog"
 	"net/http"
 	"sync"
@@ -124,8 +122,9 @@ type Server struct {
 }
 
 // New returns the front door of cfg.Registry. A tool whose schema cannot
-// describe an object (the args of every call are one) is left out, with a
-// warning. Errors: a Config without Registry or JS.
+// describe an object (tools.Tool.InputSchema: the args of every call are
+// one) is left out, with a warning. Errors: a Config without Registry or
+// JS.
 func New(cfg Config) (*Server, error) {
 	cfg, err := cfg.withDefaults()
 	if err != nil {
@@ -138,7 +137,7 @@ func New(cfg Config) (*Server, error) {
 		Logger:       cfg.Logger,
 	})
 	for _, t := range cfg.Registry.Tools() {
-		schema, err := objectSchema(t.SchemaJSON)
+		schema, err := t.InputSchema()
 		if err != nil {
 			cfg.Logger.Warn("tool left out of the MCP server", "tool", t.Name, "error", err)
 			continue
@@ -185,36 +184,4 @@ func (s *Server) Close() {
 	if reader != nil {
 		reader.Close()
 	}
-}
-
-// objectSchema is the tool's schema as MCP wants it: a JSON object whose
-// type is "object". A schema that says nothing of the type gets it (the
-// args of a call are an object, whatever the schema); one that names
-// another type cannot describe a call.
-func objectSchema(doc json.RawMessage) (json.RawMessage, error) {
-	var v any
-	if err := json.Unmarshal(doc, &v); err != nil {
-		return nil, fmt.Errorf("schema: %w", err)
-	}
-	var m map[string]any
-	switch v := v.(type) {
-	case bool:
-		if !v {
-			return nil, errors.New("its schema is false: no call is valid")
-		}
-		m = map[string]any{}
-	case map[string]any:
-		m = v
-	default:
-		return nil, errors.New("its schema is not a JSON object")
-	}
-	switch typ, ok := m["type"]; {
-	case !ok:
-		m["type"] = "object"
-	case typ != "object":
-		return nil, fmt.Errorf(`its schema's type is %v, not "object": MCP takes only tools whose arguments are an object`, typ)
-	default:
-		return doc, nil
-	}
-	return json.Marshal(m)
 }

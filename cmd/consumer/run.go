@@ -23,6 +23,7 @@ import (
 	"github.com/toolq/toolq/internal/version"
 	"github.com/toolq/toolq/jobs"
 	"github.com/toolq/toolq/ledger"
+	"github.com/toolq/toolq/mcpfront"
 	"github.com/toolq/toolq/tools"
 	"github.com/toolq/toolq/tracing"
 	"github.com/toolq/toolq/worker"
@@ -47,6 +48,7 @@ func runWorker(ctx context.Context, args []string, stdio cli.IO, getenv func(str
 	batch := fs.Int("batch", 32, "jobs fetched per pull (their keys are claimed in one round trip)")
 	untilEmpty := fs.Bool("until-empty", false, "exit once nothing is pending and nothing is in flight")
 	healthAddr := fs.String("health-addr", "", "serve /healthz, /readyz and /metrics here")
+	mcpListen := fs.String("mcp-listen", "", "serve the registry's tools as an MCP server (Streamable HTTP) at /mcp on this address; empty: off")
 	debugPprof := fs.Bool("debug-pprof", false, "also serve Go's profiles under /debug/pprof/ on --health-addr (heap, goroutine, profile)")
 	shutdownTimeout := fs.Duration("shutdown-timeout", 30*time.Second, "on SIGTERM, how long running tools may finish")
 	durable := fs.String("durable", "toolq", "name of the durable consumer the workers share")
@@ -190,6 +192,16 @@ func runWorker(ctx context.Context, args []string, stdio cli.IO, getenv func(str
 		return fmt.Errorf("tool list service: %w", err)
 	}
 	cleanups = append(cleanups, func() { toolList.Stop() })
+	var mcpURL string
+	if *mcpListen != "" {
+		addr, stop, err := serveMCP(ctx, *mcpListen, mcpfront.Config{Registry: st.Tools, JS: st.JS, Logger: logger, MaxBodySize: *maxBody})
+		if err != nil {
+			return err
+		}
+		cleanups = append(cleanups, stop)
+		mcpURL = "http://" + addr + "/mcp"
+		banner = append(banner, "  mcp      "+mcpURL+" (tools/call with _meta io.toolq/conversation_id and io.toolq/turn_index)")
+	}
 	// Ready once the worker has its streams and its durable consumer.
 	probe.started(st.Conn, st.Store)
 	if healthURL != "" {
@@ -211,6 +223,9 @@ func runWorker(ctx context.Context, args []string, stdio cli.IO, getenv func(str
 		}
 		if healthURL != "" {
 			attrs = append(attrs, "health", healthURL)
+		}
+		if mcpURL != "" {
+			attrs = append(attrs, "mcp", mcpURL)
 		}
 		logger.Info("toolq consumer", attrs...)
 	} else {
@@ -313,6 +328,41 @@ func serveHealth(addr string, probe *readiness, metrics http.Handler, debugPprof
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go srv.Serve(l)
 	return l.Addr().String(), func() { srv.Close() }, nil
+}
+
+// serveMCP serves the registry's tools as an MCP server at /mcp. From
+// ctx's end (SIGTERM) it takes no new connection, while the worker drains
+// and the calls in flight get their results; stop, after the worker, ends
+// the calls still waiting (their clients are told to send them again) and
+// the server.
+func serveMCP(ctx context.Context, addr string, cfg mcpfront.Config) (string, func(), error) {
+	front, err := mcpfront.New(cfg)
+	if err != nil {
+		return "", nil, err
+	}
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		front.Close()
+		return "", nil, fmt.Errorf("--mcp-listen %s: %w", addr, err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/mcp", front.Handler())
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go srv.Serve(l)
+	draining := make(chan struct{})
+	stopDrain := context.AfterFunc(ctx, func() {
+		defer close(draining)
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		srv.Shutdown(sctx) // closes the listener, then waits for idle connections
+	})
+	return l.Addr().String(), func() {
+		if !stopDrain() {
+			<-draining
+		}
+		front.Close()
+		srv.Close()
+	}, nil
 }
 
 // newLogger logs to out, and to logs (OTEL_LOGS_EXPORTER) when it is not

@@ -37,11 +37,12 @@ class Consumer:
     nats_url: str
     sandbox_url: str
     data_dir: Path
+    mcp_url: str  # the front door: the demo tools as an MCP server (--mcp-listen)
 
     def payments(self, invoice_id: str) -> list[dict]:
         with urllib.request.urlopen(self.sandbox_url + "/v1/payments") as resp:
             body = json.load(resp)
-        items = body if isinstance(body, list) else body.get("data", body.get("payments", []))
+        items = body if isinstance(body, list) else body.get("data") or body.get("payments") or []  # none yet: "data": null
         return [p for p in items if p.get("invoice_id") == invoice_id]
 
 
@@ -51,7 +52,7 @@ def consumer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Consumer]:
         missing("go, to build the consumer the end-to-end tests run")
     tmp = tmp_path_factory.mktemp("toolq")
     subprocess.run(["go", "build", "-o", str(tmp / "consumer"), "./cmd/consumer"], cwd=REPO, check=True)
-    nats_port, sandbox_port = free_port(), free_port()
+    nats_port, sandbox_port, mcp_port = free_port(), free_port(), free_port()
     proc = subprocess.Popen(
         [
             str(tmp / "consumer"),
@@ -61,21 +62,29 @@ def consumer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Consumer]:
             f"127.0.0.1:{nats_port}",
             "--sandbox-listen",
             f"127.0.0.1:{sandbox_port}",
+            "--mcp-listen",
+            f"127.0.0.1:{mcp_port}",
             "--log-level",
             "warn",
         ],
         stdout=subprocess.DEVNULL,
         env={**os.environ, "OTEL_SDK_DISABLED": "true"},
     )
-    c = Consumer(nats_url=f"nats://127.0.0.1:{nats_port}", sandbox_url=f"http://127.0.0.1:{sandbox_port}", data_dir=tmp / "data")
+    c = Consumer(
+        nats_url=f"nats://127.0.0.1:{nats_port}",
+        sandbox_url=f"http://127.0.0.1:{sandbox_port}",
+        data_dir=tmp / "data",
+        mcp_url=f"http://127.0.0.1:{mcp_port}/mcp",
+    )
     deadline = time.monotonic() + 60
     while True:
         if proc.poll() is not None:
             pytest.fail(f"the consumer exited ({proc.returncode}) before it was ready")
         try:
             urllib.request.urlopen(c.sandbox_url + "/v1/payments", timeout=1).close()
-            with socket.create_connection(("127.0.0.1", nats_port), timeout=1):
-                break
+            for port in (nats_port, mcp_port):
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
         except OSError:
             if time.monotonic() > deadline:
                 proc.kill()
