@@ -157,10 +157,12 @@ func invalidParams(msg string) error {
 func (s *Server) noResult(key string, err error) error {
 	var why string
 	switch {
+	case errors.Is(err, errClosed):
+		why = "the server stopped waiting (it is shutting down)"
 	case errors.Is(err, context.DeadlineExceeded):
 		why = fmt.Sprintf("no result within %s", s.cfg.Wait)
 	case errors.Is(err, context.Canceled):
-		why = "the server stopped waiting (it is shutting down)"
+		why = "the request was cancelled"
 	default:
 		s.cfg.Logger.Warn("MCP call not queued or not answered", "key", key, "error", err)
 		why = err.Error()
@@ -234,6 +236,9 @@ func meta(status jobs.Status, key string) mcp.Meta {
 	return m
 }
 
+// errClosed ends the calls still waiting when the server closes.
+var errClosed = errors.New("mcpfront: server closed")
+
 // flight is one call waiting for its result; a re-issue that comes while
 // it waits waits with it.
 type flight struct {
@@ -251,7 +256,7 @@ func (s *Server) await(ctx context.Context, j *jobs.Job, key string) (*jobs.Resu
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
-		return nil, context.Canceled
+		return nil, errClosed
 	}
 	f, ok := s.flights[key]
 	if !ok {
@@ -264,6 +269,9 @@ func (s *Server) await(ctx context.Context, j *jobs.Job, key string) (*jobs.Resu
 			defer cancel()
 			defer stop()
 			f.res, f.err = s.publishAndAwait(fctx, j)
+			if f.err != nil && s.ctx.Err() != nil {
+				f.err = errClosed
+			}
 			s.mu.Lock()
 			delete(s.flights, key)
 			s.mu.Unlock()
@@ -315,7 +323,7 @@ func (s *Server) results(ctx context.Context) (*jobs.Results, error) {
 	s.readerMu.Lock()
 	defer s.readerMu.Unlock()
 	if s.ctx.Err() != nil {
-		return nil, context.Canceled
+		return nil, errClosed
 	}
 	if s.reader == nil {
 		r, err := s.client.Results(ctx, "")

@@ -55,6 +55,14 @@ func TestAReadWithoutMetaRuns(t *testing.T) {
 	if res.StructuredContent == nil {
 		t.Errorf("an object output is also the structured content")
 	}
+	if key(res) != "" {
+		t.Errorf("a read run without a job has a key: %v", res.Meta)
+	}
+	// Named, a read is a job like any call.
+	asJob := mustCall(t, cs, "search_orders", map[string]any{"query": "inv_"}, named("conv-read", 1))
+	if asJob.IsError || status(asJob) != "ok" || len(key(asJob)) != jobs.KeyLen {
+		t.Fatalf("named read: isError %v, _meta %v", asJob.IsError, asJob.Meta)
+	}
 }
 
 func TestAWriteWithoutMetaIsRefusedNamingTheFields(t *testing.T) {
