@@ -14,7 +14,11 @@ from pathlib import Path
 import nats
 import nats.errors
 import pytest
+from anthropic.types import ToolParam
 from conftest import REPO, Consumer, free_port, missing
+from openai.types.chat import ChatCompletionToolParam
+from openai.types.responses import FunctionToolParam
+from pydantic import TypeAdapter
 
 import toolq
 
@@ -55,6 +59,22 @@ async def test_tools_answers_the_registry_as_each_apis_tool_definitions(consumer
         with pytest.raises(toolq.ToolsError) as err:
             await client.tools("gemini")  # type: ignore[arg-type]
         assert err.value.code == "400"
+    finally:
+        await client.nc.close()
+
+
+async def test_tools_are_what_each_sdk_takes(consumer: Consumer) -> None:
+    # The SDKs' own types of a tool definition, strictly: a member they do
+    # not define, or of another type, fails.
+    client = toolq.Client(await nats.connect(consumer.nats_url))
+    try:
+        for format, sdk_type in [
+            ("anthropic", ToolParam),
+            ("openai", ChatCompletionToolParam),
+            ("openai-responses", FunctionToolParam),
+        ]:
+            definitions = await tools_when_served(client, format)
+            TypeAdapter(list[sdk_type], config={"extra": "forbid"}).validate_python(definitions, strict=True)
     finally:
         await client.nc.close()
 
