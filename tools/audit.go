@@ -19,6 +19,9 @@ func (t *Tool) Audit() Audit {
 	case t.Class == UnkeyedWrite:
 		a.Why = "at most once: claimed in the ledger before it runs; an unknown outcome becomes indeterminate " +
 			"for an operator to resolve and is never re-run automatically"
+	case t.Class == TransactionalWrite:
+		a.Why = "exactly once: its effect is a write in the ledger's own database, committed in one transaction with " +
+			"the call's ledger row; a call that did not commit left nothing and runs again, and one that did is never re-run"
 	case !t.ForwardsKey:
 		a.CanDoubleFire = true
 		a.Why = "a keyed write that does not forward its key: an ambiguous failure (timeout, reset, 5xx) is " +

@@ -22,6 +22,10 @@ type Config struct {
 	// `builtin: name`. NewRegistry does not use it: a Definition holds its
 	// Executor.
 	Builtins map[string]Executor
+	// TxBuiltins are the Go executors of transactional_write tools that a
+	// registry file can name with `builtin: name`. NewRegistry does not use
+	// it: a Definition holds its TxExecutor.
+	TxBuiltins map[string]TxExecutor
 }
 
 func (c Config) withDefaults() Config {

@@ -19,7 +19,7 @@ import (
 //
 //	tools:
 //	  - name: send_payment
-//	    class: keyed_write          # read | keyed_write | unkeyed_write
+//	    class: keyed_write          # read | keyed_write | unkeyed_write | transactional_write
 //	    ledger: true                # keyed_write only; default true
 //	    timeout: 10s
 //	    lease: 30s                  # default max(2×timeout, timeout+5s); must exceed timeout
@@ -36,6 +36,12 @@ import (
 //	  - name: echo
 //	    class: read
 //	    builtin: echo               # a Go function given in Config.Builtins
+//	  - name: record_refund
+//	    class: transactional_write  # its effect commits with its ledger row
+//	    schema: {type: object, properties: {order_id: {type: string}, amount_cents: {type: integer}}}
+//	    sql:                        # one statement in the ledger's database (see SQL)
+//	      statement: INSERT INTO refunds (order_id, amount_cents, idempotency_key) VALUES (@order_id, @amount_cents, @key) RETURNING id
+//	      output: row               # rows (default) | row | affected
 //
 // A top-level retention: 31d is every tool's default (see Retention).
 //
@@ -59,6 +65,7 @@ type toolSpec struct {
 	Schema      yaml.Node    `yaml:"schema"`
 	HTTP        *httpSpec    `yaml:"http"`
 	MCP         *mcpSpec     `yaml:"mcp"`
+	SQL         *sqlSpec     `yaml:"sql"`
 	Builtin     string       `yaml:"builtin"`
 }
 
@@ -76,6 +83,12 @@ type httpSpec struct {
 	IdempotencyForm      string            `yaml:"idempotency_form"`
 	IdempotencyBodyField string            `yaml:"idempotency_body_field"`
 	MaxResponseBytes     int64             `yaml:"max_response_bytes"`
+}
+
+type sqlSpec struct {
+	Statement      string `yaml:"statement"`
+	Output         string `yaml:"output"`
+	MaxOutputBytes int64  `yaml:"max_output_bytes"`
 }
 
 type mcpSpec struct {
@@ -186,6 +199,8 @@ func (s *toolSpec) definition(cfg Config) (Definition, error) {
 	}
 	if given := s.executors(); len(given) > 1 {
 		return d, bad(given[1], "a tool has one executor: %s, not more (%s)", strings.Join(executorFields, ", "), strings.Join(given, " and "))
+	} else if len(given) == 1 && d.Class == TransactionalWrite && given[0] != "sql" && given[0] != "builtin" {
+		return d, bad(given[0], "a transactional_write writes in the ledger's transaction: give it sql, or builtin naming a TxExecutor")
 	}
 	switch {
 	case s.HTTP != nil:
@@ -217,6 +232,21 @@ func (s *toolSpec) definition(cfg Config) (Definition, error) {
 		}
 		forwards := true // in _meta, whatever the header
 		d.Executor, d.Downstream, d.ForwardsKey = exec, exec.Downstream(), &forwards
+	case s.SQL != nil:
+		if d.Class != TransactionalWrite {
+			return d, bad("sql", "only a transactional_write runs SQL, in the ledger's transaction (this tool's class is %q)", d.Class)
+		}
+		exec, err := SQLExecutor(SQL{Statement: s.SQL.Statement, Output: s.SQL.Output, MaxOutputBytes: s.SQL.MaxOutputBytes})
+		if err != nil {
+			return d, bad("sql", "%v", err)
+		}
+		d.TxExecutor = exec
+	case s.Builtin != "" && d.Class == TransactionalWrite:
+		e, ok := cfg.TxBuiltins[s.Builtin]
+		if !ok {
+			return d, bad("builtin", "no built-in transactional executor called %q (a transactional_write's is a TxExecutor, in Config.TxBuiltins)", s.Builtin)
+		}
+		d.TxExecutor = e
 	case s.Builtin != "":
 		e, ok := cfg.Builtins[s.Builtin]
 		if !ok {
@@ -231,11 +261,11 @@ func (s *toolSpec) definition(cfg Config) (Definition, error) {
 
 // executorFields are the fields of a tool that name its executor; a tool
 // gives exactly one.
-var executorFields = []string{"http", "mcp", "builtin"}
+var executorFields = []string{"http", "mcp", "sql", "builtin"}
 
 // executors returns the executor fields s gives, in executorFields' order.
 func (s *toolSpec) executors() []string {
-	present := map[string]bool{"http": s.HTTP != nil, "mcp": s.MCP != nil, "builtin": s.Builtin != ""}
+	present := map[string]bool{"http": s.HTTP != nil, "mcp": s.MCP != nil, "sql": s.SQL != nil, "builtin": s.Builtin != ""}
 	var given []string
 	for _, f := range executorFields {
 		if present[f] {

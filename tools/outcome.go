@@ -70,6 +70,13 @@ const (
 	CodeCancelled   = "cancelled"    // NotSent before the call started; Ambiguous after
 	CodeTimeout     = "timeout"      // Ambiguous: the call outlived its timeout
 	CodeNotStarted  = "not_started"  // NotSent: the BeforeSend check stopped the call
+	// NotSent: Run was asked to run a transactional_write, which runs with
+	// RunTx only.
+	CodeTransactional = "transactional"
+	// Ambiguous: a transactional executor ended the transaction it was
+	// given (a COMMIT or ROLLBACK statement): what it wrote may have
+	// committed without the call's ledger row.
+	CodeTxEnded = "transaction_ended"
 )
 
 // NotSentError says the request never reached the downstream.

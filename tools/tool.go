@@ -37,10 +37,17 @@ const (
 	// UnkeyedWrite tools call a downstream with no dedupe: the ledger is
 	// always used and an uncertain outcome is never re-run automatically.
 	UnkeyedWrite Class = "unkeyed_write"
+	// TransactionalWrite tools write to the ledger's own Postgres database,
+	// in the transaction that completes their claim (a TxExecutor): the
+	// effect and the ledger row commit together or not at all, so a call
+	// that did not commit left nothing and simply runs again.
+	TransactionalWrite Class = "transactional_write"
 )
 
-// Valid reports whether c is one of the three classes.
-func (c Class) Valid() bool { return c == Read || c == KeyedWrite || c == UnkeyedWrite }
+// Valid reports whether c is one of the four classes.
+func (c Class) Valid() bool {
+	return c == Read || c == KeyedWrite || c == UnkeyedWrite || c == TransactionalWrite
+}
 
 // Defaults applied by NewRegistry to what a Definition leaves zero.
 const (
@@ -62,6 +69,9 @@ type Request struct {
 	Key       string          // the idempotency key; empty for read tools
 	Args      json.RawMessage // the arguments, canonical (RFC 8785)
 	ToolUseID string
+	// ConversationID and TurnIndex are the call's, as the job gives them.
+	ConversationID string
+	TurnIndex      int64
 	// Attempt is the ledger attempt: 1 for the key's first claim, one more
 	// for each takeover; 0 without a ledger. It is no fencing token across
 	// holders: after a Postgres crash that lost a keyed write's claim, the
@@ -118,6 +128,9 @@ type Definition struct {
 	Retention   time.Duration   // how long the ledger keeps its finished rows at least (0: not stated; see Retention)
 	Breaker     Breaker
 	Executor    Executor
+	// TxExecutor is the executor of a transactional_write, and of no other
+	// class (which take an Executor).
+	TxExecutor TxExecutor
 	// ForwardsKey says whether the executor hands the key downstream. HTTP
 	// executors set it from their configuration; for others it is taken as
 	// true for write classes (they receive Request.Key).
@@ -142,10 +155,11 @@ type Tool struct {
 	Downstream  string
 	SchemaJSON  json.RawMessage
 
-	executor Executor
-	schema   *jsonschema.Schema
-	slots    chan struct{}
-	breaker  *breaker
+	executor   Executor
+	txExecutor TxExecutor
+	schema     *jsonschema.Schema
+	slots      chan struct{}
+	breaker    *breaker
 }
 
 // Registry is the set of tools a consumer runs.
@@ -182,7 +196,10 @@ func (e *DefinitionError) Error() string {
 // schemas and returns the registry. Errors are *DefinitionError values naming
 // the tool and field: a bad or duplicate name, an unknown class, a ledger
 // setting the class forbids, an invalid schema, a lease not above the
-// timeout, a missing executor, breakers that disagree on one downstream.
+// timeout, a missing executor or one of the wrong kind for the class (a
+// TxExecutor is a transactional_write's, an Executor every other class's),
+// an SQL statement naming a parameter the schema does not declare, breakers
+// that disagree on one downstream.
 // Of cfg it uses the Logger.
 func NewRegistry(defs []Definition, cfg Config) (*Registry, error) {
 	cfg = cfg.withDefaults()
@@ -200,10 +217,18 @@ func NewRegistry(defs []Definition, cfg Config) (*Registry, error) {
 			return nil, bad("name", "defined twice")
 		}
 		if !d.Class.Valid() {
-			return nil, bad("class", "unknown class %q (want read, keyed_write or unkeyed_write)", d.Class)
+			return nil, bad("class", "unknown class %q (want read, keyed_write, unkeyed_write or transactional_write)", d.Class)
 		}
-		t := &Tool{Name: d.Name, Description: d.Description, Class: d.Class, executor: d.Executor, Downstream: d.Downstream}
-		if t.executor == nil {
+		t := &Tool{Name: d.Name, Description: d.Description, Class: d.Class, executor: d.Executor, txExecutor: d.TxExecutor, Downstream: d.Downstream}
+		transactional := d.Class == TransactionalWrite
+		switch {
+		case transactional && d.Executor != nil:
+			return nil, bad("executor", "a transactional_write runs in the ledger's transaction: give it a TxExecutor, not an Executor")
+		case transactional && d.TxExecutor == nil:
+			return nil, bad("tx_executor", "missing")
+		case !transactional && d.TxExecutor != nil:
+			return nil, bad("tx_executor", "only a transactional_write runs in the ledger's transaction; a %s takes an Executor", d.Class)
+		case !transactional && d.Executor == nil:
 			return nil, bad("executor", "missing")
 		}
 		switch {
@@ -216,13 +241,17 @@ func NewRegistry(defs []Definition, cfg Config) (*Registry, error) {
 				return nil, bad("ledger", "an unkeyed write always uses the ledger: nothing else stops a duplicate")
 			}
 			t.UsesLedger = true
+		case transactional:
+			if d.Ledger != nil && !*d.Ledger {
+				return nil, bad("ledger", "a transactional write always uses the ledger: its effect commits in the ledger's transaction")
+			}
+			t.UsesLedger = true
 		default:
 			t.UsesLedger = d.Ledger == nil || *d.Ledger
 		}
-		t.ForwardsKey = d.Class != Read
-		if d.ForwardsKey != nil {
-			t.ForwardsKey = *d.ForwardsKey && d.Class != Read
-		}
+		// A transactional write has no downstream to hand its key to (its
+		// executor has it in Request.Key).
+		t.ForwardsKey = (d.Class == KeyedWrite || d.Class == UnkeyedWrite) && (d.ForwardsKey == nil || *d.ForwardsKey)
 		t.Timeout = d.Timeout
 		if t.Timeout == 0 {
 			t.Timeout = DefaultTimeout
@@ -256,6 +285,11 @@ func NewRegistry(defs []Definition, cfg Config) (*Registry, error) {
 			return nil, bad("schema", "%v", err)
 		}
 		t.schema, t.SchemaJSON = sch, d.Schema
+		if sq, ok := d.TxExecutor.(*SQL); ok {
+			if err := sq.checkParams(d.Schema); err != nil {
+				return nil, bad("sql.statement", "%v", err)
+			}
+		}
 		if t.Downstream == "" {
 			t.Downstream = "tool:" + d.Name
 		}
@@ -342,8 +376,13 @@ func (t *Tool) Validate(args json.RawMessage) error {
 // open time as RetryAfter.
 //
 // With BeforeSend, Run calls the check once it holds a slot, right before
-// the call is sent; the timeout starts after it.
+// the call is sent; the timeout starts after it. A transactional_write does
+// not run here (see RunTx): Run sends nothing and answers NotSent with code
+// CodeTransactional.
 func (t *Tool) Run(ctx context.Context, req Request, opts ...RunOption) (json.RawMessage, error) {
+	if t.executor == nil {
+		return nil, NotSentError(CodeTransactional, "a transactional_write runs with RunTx, in the ledger's transaction", 0, nil)
+	}
 	if !t.ForwardsKey {
 		req.Key = ""
 	}

@@ -1,0 +1,363 @@
+package tools
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
+)
+
+// SQL is the executor of a transactional_write whose effect is one
+// statement in the ledger's own Postgres database, run in the transaction
+// that completes the call (see TxExecutor).
+//
+// Its parameters are named, @name, and bound as parameters, never written
+// into the statement's text: @name is the args' top-level member name,
+// which the tool's schema must declare in its top-level properties (an
+// absent member or null is NULL), or one of toolq's own: @key (the call's
+// idempotency key), @conversation_id, @turn_index and @tool_use_id. A
+// member is bound as text, which Postgres reads as the parameter's type: a
+// string as its value, a number as written in JSON (exactly: an integer, a
+// numeric or a float column takes it as is), true and false, an object or
+// an array as its JSON (for a json or jsonb parameter).
+type SQL struct {
+	// Statement is one SELECT, INSERT, UPDATE, DELETE, MERGE, WITH, VALUES
+	// or CALL statement. It may not end the transaction.
+	Statement string
+	// Output is what a call answers: "rows" (the default: the rows the
+	// statement returns, as an array of objects by column name), "row"
+	// (exactly one row, as an object; no row or more than one is a definite
+	// failure, and the transaction rolls back) or "affected"
+	// ({"rows_affected": n}). A column is a JSON number, boolean or JSON
+	// value for Postgres's numbers, booleans and json/jsonb, null for NULL,
+	// and otherwise the string Postgres writes for it (timestamps as
+	// 2026-01-02 03:04:05+00).
+	Output string
+	// MaxOutputBytes bounds the output (default 1 MiB): a larger one is a
+	// definite failure, and the transaction rolls back.
+	MaxOutputBytes int64
+
+	params []string // the names the statement binds, in the order of their first use
+}
+
+// The outputs of an SQL executor.
+const (
+	SQLRows     = "rows"
+	SQLRow      = "row"
+	SQLAffected = "affected"
+)
+
+// toolqParams are the parameters toolq binds itself, by name.
+var toolqParams = []string{"key", "conversation_id", "turn_index", "tool_use_id"}
+
+// sqlKinds are the statements an SQL executor runs: none of them can end
+// the transaction it runs in.
+var sqlKinds = []string{"SELECT", "INSERT", "UPDATE", "DELETE", "MERGE", "WITH", "VALUES", "CALL"}
+
+// SQLExecutor checks s and returns a copy with its defaults filled. It
+// fails for an empty statement, one that is not of the kinds Statement
+// lists (a BEGIN, COMMIT or SET among them), and an unknown output. The
+// parameters are checked against the tool's schema by NewRegistry.
+func SQLExecutor(s SQL) (*SQL, error) {
+	stmt := strings.TrimSpace(s.Statement)
+	if stmt == "" {
+		return nil, errors.New("statement: missing")
+	}
+	if kind := firstWord(stmt); !slices.Contains(sqlKinds, kind) {
+		return nil, fmt.Errorf("statement: a %s statement cannot run in the call's transaction (want one of %s)", cutWord(kind), strings.Join(sqlKinds, ", "))
+	}
+	switch s.Output {
+	case "":
+		s.Output = SQLRows
+	case SQLRows, SQLRow, SQLAffected:
+	default:
+		return nil, fmt.Errorf("output: %q: want rows, row or affected", s.Output)
+	}
+	if s.MaxOutputBytes < 0 {
+		return nil, errors.New("max_output_bytes: must be positive")
+	}
+	if s.MaxOutputBytes == 0 {
+		s.MaxOutputBytes = DefaultMaxResponse
+	}
+	var err error
+	if s.params, err = namedParams(s.Statement); err != nil {
+		return nil, fmt.Errorf("statement: %w", err)
+	}
+	return &s, nil
+}
+
+// Params returns the names the statement binds, in the order of their
+// first use.
+func (s *SQL) Params() []string { return slices.Clone(s.params) }
+
+// firstWord is the statement's first word, upper-cased, after comments,
+// white space and opening parentheses.
+func firstWord(stmt string) string {
+	for {
+		stmt = strings.TrimLeft(stmt, " \t\r\n(")
+		switch {
+		case strings.HasPrefix(stmt, "--"):
+			_, stmt, _ = strings.Cut(stmt, "\n")
+		case strings.HasPrefix(stmt, "/*"):
+			_, stmt, _ = strings.Cut(stmt, "*/")
+		default:
+			end := strings.IndexFunc(stmt, func(r rune) bool {
+				return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r == '_')
+			})
+			if end < 0 {
+				end = len(stmt)
+			}
+			return strings.ToUpper(stmt[:end])
+		}
+	}
+}
+
+func cutWord(w string) string {
+	if w == "" {
+		return "statement that does not begin with a keyword"
+	}
+	return w
+}
+
+// namedParams are the names of the @name parameters pgx's named arguments
+// find in stmt, in the order of their first use. It asks pgx's own lexer
+// (which leaves alone an @ in a string, a quoted identifier, a comment or
+// an operator such as @>): pgx writes $n for the n-th name, and the names
+// are where its text differs from stmt.
+func namedParams(stmt string) ([]string, error) {
+	rewritten, args, err := pgx.NamedArgs{}.RewriteQuery(context.Background(), nil, stmt, nil)
+	if err != nil {
+		return nil, err
+	}
+	names := make([]string, len(args))
+	for i, j := 0, 0; i < len(stmt) && j < len(rewritten); {
+		if stmt[i] == rewritten[j] {
+			i, j = i+1, j+1
+			continue
+		}
+		if stmt[i] != '@' || rewritten[j] != '$' {
+			return nil, fmt.Errorf("cannot read its parameters at byte %d", i)
+		}
+		end := i + 1
+		for end < len(stmt) && isNameByte(stmt[end]) {
+			end++
+		}
+		digits := j + 1
+		for digits < len(rewritten) && rewritten[digits] >= '0' && rewritten[digits] <= '9' {
+			digits++
+		}
+		n, err := strconv.Atoi(rewritten[j+1 : digits])
+		if err != nil || n < 1 || n > len(names) {
+			return nil, fmt.Errorf("cannot read its parameters at byte %d", i)
+		}
+		names[n-1] = stmt[i+1 : end]
+		i, j = end, digits
+	}
+	for _, n := range names {
+		if n == "" {
+			return nil, errors.New("cannot read its parameters")
+		}
+	}
+	return names, nil
+}
+
+func isNameByte(c byte) bool {
+	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_'
+}
+
+// checkParams checks that every parameter the statement binds is one of
+// toolq's or a top-level property of schema, and not both.
+func (s *SQL) checkParams(schema json.RawMessage) error {
+	var sch struct {
+		Properties map[string]json.RawMessage `json:"properties"`
+	}
+	if err := json.Unmarshal(schema, &sch); err != nil {
+		return fmt.Errorf("the schema is not an object: %v", err)
+	}
+	for _, p := range s.params {
+		_, declared := sch.Properties[p]
+		switch own := slices.Contains(toolqParams, p); {
+		case own && declared:
+			return fmt.Errorf("@%s is toolq's, and the schema declares an args member %q too: rename the member", p, p)
+		case !own && !declared:
+			return fmt.Errorf("@%s is neither a property the schema declares at its top level nor one of toolq's (@%s)", p, strings.Join(toolqParams, ", @"))
+		}
+	}
+	return nil
+}
+
+// ExecuteTx runs the statement in tx with the call's parameters, and
+// answers its output. A statement Postgres refuses for its data or its
+// text (SQLSTATE classes 22 data exception, 23 integrity constraint
+// violation, 42 syntax error or access rule violation, 44 check option
+// violation, P0 raised by PL/pgSQL) is a definite failure, with code
+// sqlstate_<code>; any other (a serialization failure, a deadlock, a lost
+// connection, a cancelled statement) is not sent: the transaction rolls
+// back, and nothing of it happened.
+func (s *SQL) ExecuteTx(ctx context.Context, tx pgx.Tx, req Request) (json.RawMessage, error) {
+	args, err := s.bind(req)
+	if err != nil {
+		return nil, err
+	}
+	if s.Output == SQLAffected {
+		tag, err := tx.Exec(ctx, s.Statement, args)
+		if err != nil {
+			return nil, sqlError(err)
+		}
+		return fmt.Appendf(nil, `{"rows_affected":%d}`, tag.RowsAffected()), nil
+	}
+	rows, err := tx.Query(ctx, s.Statement, pgx.QueryResultFormats{pgx.TextFormatCode}, args)
+	if err != nil {
+		return nil, sqlError(err)
+	}
+	defer rows.Close()
+	var out bytes.Buffer
+	n := 0
+	out.WriteByte('[')
+	for rows.Next() {
+		if n++; n > 1 {
+			out.WriteByte(',')
+		}
+		if err := writeRow(&out, rows.FieldDescriptions(), rows.RawValues()); err != nil {
+			return nil, err
+		}
+		if int64(out.Len()) > s.MaxOutputBytes {
+			return nil, DefiniteError("output_too_large", fmt.Sprintf("the statement's output exceeds %d bytes", s.MaxOutputBytes))
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, sqlError(err)
+	}
+	out.WriteByte(']')
+	if s.Output == SQLRows {
+		return out.Bytes(), nil
+	}
+	switch n {
+	case 0:
+		return nil, DefiniteError("no_row", "the statement returned no row")
+	case 1:
+		return bytes.TrimSuffix(bytes.TrimPrefix(out.Bytes(), []byte("[")), []byte("]")), nil
+	default:
+		return nil, DefiniteError("more_than_one_row", fmt.Sprintf("the statement returned %d rows, not one", n))
+	}
+}
+
+// bind names the statement's parameters' values: toolq's from req, the
+// others from the args' top-level members, each as text (see SQL).
+func (s *SQL) bind(req Request) (pgx.NamedArgs, error) {
+	var members map[string]json.RawMessage
+	if err := json.Unmarshal(req.Args, &members); err != nil {
+		return nil, DefiniteError("invalid_args", fmt.Sprintf("the args are not a JSON object: %v", err))
+	}
+	args := make(pgx.NamedArgs, len(s.params))
+	for _, p := range s.params {
+		switch p {
+		case "key":
+			args[p] = req.Key
+		case "conversation_id":
+			args[p] = req.ConversationID
+		case "turn_index":
+			args[p] = strconv.FormatInt(req.TurnIndex, 10)
+		case "tool_use_id":
+			args[p] = req.ToolUseID
+		default:
+			args[p] = textOf(members[p])
+		}
+	}
+	return args, nil
+}
+
+// textOf is a JSON value as the text it is bound as: nil for null or
+// absent, a string's value, any other value as written.
+func textOf(v json.RawMessage) any {
+	v = bytes.TrimSpace(v)
+	switch {
+	case len(v) == 0 || string(v) == "null":
+		return nil
+	case v[0] == '"':
+		var s string
+		if json.Unmarshal(v, &s) == nil {
+			return s
+		}
+	}
+	return string(v)
+}
+
+// writeRow writes one row, read in text format, as a JSON object by column
+// name, in the columns' order.
+func writeRow(out *bytes.Buffer, fields []pgconn.FieldDescription, values [][]byte) error {
+	out.WriteByte('{')
+	seen := make(map[string]bool, len(fields))
+	for i, f := range fields {
+		if seen[f.Name] {
+			return DefiniteError("duplicate_column", fmt.Sprintf("the statement returns two columns named %q: name them apart with AS", f.Name))
+		}
+		seen[f.Name] = true
+		if i > 0 {
+			out.WriteByte(',')
+		}
+		name, _ := json.Marshal(f.Name)
+		out.Write(name)
+		out.WriteByte(':')
+		writeValue(out, f.DataTypeOID, values[i])
+	}
+	out.WriteByte('}')
+	return nil
+}
+
+// writeValue writes a column's text as JSON (see SQL.Output).
+func writeValue(out *bytes.Buffer, oid uint32, text []byte) {
+	switch {
+	case text == nil:
+		out.WriteString("null")
+		return
+	case oid == pgtype.BoolOID:
+		out.WriteString(strconv.FormatBool(string(text) == "t"))
+		return
+	case oid == pgtype.JSONOID || oid == pgtype.JSONBOID:
+		if json.Valid(text) {
+			out.Write(text)
+			return
+		}
+	case numeric(oid) && json.Valid(text) && (text[0] == '-' || text[0] >= '0' && text[0] <= '9'):
+		out.Write(text) // NaN and Infinity are not JSON numbers: strings below
+		return
+	}
+	s, _ := json.Marshal(strings.ToValidUTF8(string(text), "\uFFFD"))
+	out.Write(s)
+}
+
+func numeric(oid uint32) bool {
+	switch oid {
+	case pgtype.Int2OID, pgtype.Int4OID, pgtype.Int8OID, pgtype.OIDOID, pgtype.Float4OID, pgtype.Float8OID, pgtype.NumericOID:
+		return true
+	}
+	return false
+}
+
+// sqlError classifies an error of the statement (see ExecuteTx).
+func sqlError(err error) error {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return err // a context's error, or the connection's: Classify reads it
+	}
+	msg := pgErr.Message
+	if pgErr.Detail != "" {
+		msg += ": " + pgErr.Detail
+	}
+	msg += " (SQLSTATE " + pgErr.Code + ")"
+	code := "sqlstate_" + pgErr.Code
+	switch pgErr.Code[:min(2, len(pgErr.Code))] {
+	case "22", "23", "42", "44", "P0":
+		return DefiniteError(code, msg)
+	}
+	return NotSentError(code, msg+"; the transaction rolled back", 0, err)
+}
