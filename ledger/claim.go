@@ -36,7 +36,8 @@ type Claim struct {
 	// The holder's first durable write (Complete and the rest wait for the
 	// disk) makes the claim durable with it: the WAL is written in order.
 	// Ask for it only for a call that may run again under the same key
-	// without a second effect (a keyed_write); it needs a Token. SQLite
+	// without a second effect (a keyed_write; a transactional_write, whose
+	// effect commits only with its fenced completion); it needs a Token. SQLite
 	// ignores it: its claims always wait.
 	AsyncCommit bool
 }

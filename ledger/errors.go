@@ -22,6 +22,10 @@ var (
 	ErrUnavailable      = errors.New("ledger: database unavailable")
 	ErrInvalidOutput    = errors.New("ledger: output is not valid JSON in UTF-8")
 	ErrResolved         = errors.New("ledger: row was resolved otherwise")
+	// ErrTxUnsupported: CompleteTx needs the Postgres ledger. The SQLite
+	// ledger is a file private to its consumer: no application keeps its
+	// data there, so there is no effect to commit with the row.
+	ErrTxUnsupported = errors.New("ledger: transactional writes need the Postgres ledger")
 )
 
 // DefaultTimeout bounds every call whose context has no deadline.
@@ -92,7 +96,7 @@ func (s *Store) retryConflicts(ctx context.Context, f func() error) error {
 }
 
 func isLedgerError(err error) bool {
-	for _, e := range []error{ErrNotFound, ErrFenced, ErrLeaseHeld, ErrMaterialMismatch, ErrNotIndeterminate, ErrUnavailable, ErrInvalidOutput, ErrResolved} {
+	for _, e := range []error{ErrNotFound, ErrFenced, ErrLeaseHeld, ErrMaterialMismatch, ErrNotIndeterminate, ErrUnavailable, ErrInvalidOutput, ErrResolved, ErrTxUnsupported} {
 		if errors.Is(err, e) {
 			return true
 		}

@@ -16,6 +16,7 @@ package ledger
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strings"
 )
@@ -32,6 +33,10 @@ type Store struct {
 type database interface {
 	claim(ctx context.Context, claims []Claim) ([]claimed, error)
 	completeBatch(ctx context.Context, cs []Completion) (map[Fence]bool, error)
+	// completeTx runs effect and the fenced completion of f in one
+	// transaction (Store.CompleteTx): effect's error comes back as an
+	// *effectError, a completion that matched no row as errNoMatch.
+	completeTx(ctx context.Context, f Fence, effect TxEffect) (json.RawMessage, error)
 	exec(ctx context.Context, query string, args namedArgs) (int64, error)
 	queryRows(ctx context.Context, query string, args namedArgs, each func(scanner) error) error
 	migrate(ctx context.Context) error
