@@ -8,6 +8,7 @@ import (
 	"runtime/debug"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
@@ -95,6 +96,8 @@ func (d *delivery) run() verdict {
 	case !row.LeaseExpired(): // another attempt is running
 		return d.awaitOther(row)
 	case d.tool.Class == tools.KeyedWrite: // its holder died mid-call: run again with the same key
+		return d.takeOver(row)
+	case d.tool.Class == tools.TransactionalWrite: // its holder died mid-call: its transaction did not commit
 		return d.takeOver(row)
 	default: // an unkeyed write whose holder died mid-call: the effect is unknown
 		return d.holderLost(row)
@@ -264,7 +267,9 @@ func (d *delivery) awaitOther(row ledger.Row) verdict {
 }
 
 // takeOver runs a keyed write again with the same key after its holder's
-// lease ran out: the downstream collapses a second effect.
+// lease ran out: the downstream collapses a second effect. A transactional
+// write runs again too: its holder's transaction never committed (a
+// committed one would have completed the row), so it left nothing.
 func (d *delivery) takeOver(row ledger.Row) verdict {
 	d.noteFinding(ledgerTakeover, &row)
 	taken, err := d.takeoverOf(row)
@@ -319,6 +324,9 @@ func (d *delivery) holderLost(row ledger.Row) verdict {
 // the delivery alive while it runs, record the outcome fenced by the
 // attempt, and publish the result.
 func (d *delivery) execute(row ledger.Row) verdict {
+	if d.tool.Class == tools.TransactionalWrite {
+		return d.executeTx(row)
+	}
 	fence := row.Fence()
 	keep := d.heartbeat(fence, d.leaseSince)
 	out, result, te := d.runTool(fence.Attempt, keep)
@@ -385,6 +393,141 @@ func (d *delivery) execute(row ledger.Row) verdict {
 	d.hook(AfterComplete)
 	row.UpdatedAt = time.Now().UTC()
 	return d.publish(d.resultOf(row), label)
+}
+
+// executeTx is step 4 for a transactional write: the tool's effect runs in
+// the ledger's transaction that completes the claim, so that the two
+// commit together or not at all. A call whose transaction did not commit
+// left nothing, and runs again: it is never indeterminate (unless its
+// executor ended the transaction itself, against its contract).
+func (d *delivery) executeTx(row ledger.Row) verdict {
+	fence := row.Fence()
+	keep := d.heartbeat(fence, d.leaseSince)
+	out, te, err := d.runToolTx(fence, keep)
+	keep.stop()
+	ctx, span := d.child(d.runCtx, "toolq.settle", trace.SpanKindClient, append(d.w.ledgerAttrs("settle"), tracing.KeyToolOutcome.String(outcomeOf(te, err).String()))...)
+	defer span.End()
+	store := d.w.cfg.Ledger
+	label := OutcomeOK
+	switch {
+	case err != nil: // the ledger's: the transaction did not commit, or the answer to its commit was lost
+		return d.uncommitted(ctx, row, nil, err)
+	case te == nil: // committed, with the completion
+		row.State, row.Result = ledger.Completed, out
+	case te.Outcome == tools.Definite: // the tool said no, and its transaction rolled back: that is the result from now on
+		info := infoOf(te)
+		if err := d.durably(ctx, "fail", func() error { return store.Fail(ctx, fence, info) }); err != nil {
+			return d.lostClaim(err)
+		}
+		row.State, row.Error, label = ledger.Failed, &info, OutcomeError
+	case te.Code == tools.CodeTxEnded: // its executor ended the transaction: what it wrote may have committed alone
+		info := infoOf(te)
+		if err := d.durably(ctx, "mark indeterminate", func() error { return store.MarkIndeterminate(ctx, fence, info) }); err != nil {
+			return d.lostClaim(err)
+		}
+		d.countIndeterminate()
+		d.w.log.ErrorContext(d.ctx, "a transactional executor ended its transaction; left indeterminate: resolve it with consumer ledger resolve", d.attrs("error", te.Error())...)
+		row.State, row.Error, label = ledger.Indeterminate, &info, OutcomeIndeterminate
+	default: // not sent, or failed: the transaction rolled back, and nothing happened
+		return d.uncommitted(ctx, row, te, nil)
+	}
+	d.hook(AfterComplete)
+	row.UpdatedAt = time.Now().UTC()
+	return d.publish(d.resultOf(row), label)
+}
+
+// uncommitted hands back a transactional call whose transaction did not
+// commit: te is the tool's error (its try counts, unless it was held
+// back), or err the ledger's. The claim is released for the next delivery,
+// under its fence: a release that is fenced out means the claim is no
+// longer this delivery's, or that the transaction committed after all (the
+// answer to its commit was lost), which the row then shows.
+func (d *delivery) uncommitted(ctx context.Context, row ledger.Row, te *tools.Error, err error) verdict {
+	switch {
+	case isFenced(err):
+		return d.lostClaim(err)
+	case te != nil && isFenced(te): // the claim lapsed while the call waited for its slot
+		return d.unsentOnLostClaim(te)
+	}
+	var tries int64
+	if te != nil && !d.heldBack(te) {
+		var cerr error
+		if tries, cerr = d.failedTry(ctx, row); cerr != nil {
+			return d.lostClaim(cerr)
+		}
+	}
+	fence := row.Fence()
+	rerr := d.durably(ctx, "release", func() error { return d.w.cfg.Ledger.Release(ctx, fence) })
+	switch {
+	case rerr == nil && te != nil:
+		return d.notSent(te, tries)
+	case rerr == nil: // nothing happened, for no fault of the call's
+		return retryUncounted(d.w.backoff(d), fmt.Errorf("the transaction did not commit: %w", err))
+	case !isFenced(rerr):
+		return d.lostClaim(rerr)
+	}
+	var got ledger.Row
+	gerr := d.durably(ctx, "read the row", func() (err error) {
+		got, err = d.w.cfg.Ledger.Get(ctx, d.key)
+		return err
+	})
+	if gerr != nil || got.State != ledger.Completed || got.ClaimToken != fence.Token || got.Attempt != fence.Attempt {
+		return d.lostClaim(rerr)
+	}
+	d.w.log.InfoContext(d.ctx, "the transaction had committed before the answer to its commit was lost", d.attrs("attempt", got.Attempt)...)
+	d.hook(AfterComplete)
+	return d.publish(d.resultOf(got), OutcomeOK)
+}
+
+// runToolTx runs a transactional tool under a client span: its effect in
+// the ledger's transaction that completes the claim. te is the tool's
+// error (its transaction did not commit), err the ledger's.
+func (d *delivery) runToolTx(fence ledger.Fence, keep *keepalive) (out json.RawMessage, te *tools.Error, err error) {
+	ctx, span := d.child(d.startCtx, "execute_tool "+d.tool.Name, trace.SpanKindInternal,
+		tracing.ExecuteTool, tracing.GenAIToolName.String(d.tool.Name), tracing.GenAIToolCallID.String(d.job.ToolUseID),
+		tracing.GenAIToolType.String("function"),
+		tracing.KeyTool.String(d.tool.Name), tracing.KeyToolClass.String(string(d.tool.Class)),
+		tracing.KeyDownstream.String(d.tool.Downstream), tracing.KeyAttempt.Int64(fence.Attempt))
+	defer span.End()
+	start := time.Now()
+	defer func() { d.w.observeTool(d, start, outcomeOf(te, err)) }()
+	inTx := func(ctx context.Context, effect func(context.Context, pgx.Tx) (json.RawMessage, error)) (json.RawMessage, error) {
+		// A holder holds a call for a lease: its transaction ends by then
+		// (the tool's timeout is shorter), or the server ends it.
+		ctx, cancel := context.WithTimeout(ctx, d.tool.Lease)
+		defer cancel()
+		return d.w.cfg.Ledger.CompleteTx(ctx, fence, func(ctx context.Context, tx pgx.Tx) (json.RawMessage, error) {
+			out, err := effect(ctx, tx)
+			d.hook(DuringTool) // the tool has answered; nothing is committed
+			return out, err
+		})
+	}
+	out, err = d.tool.RunTx(ctx, d.request(fence.Attempt), inTx, tools.BeforeSend(keep.beforeSend))
+	if errors.As(err, &te) {
+		err = nil
+	}
+	span.SetAttributes(tracing.KeyToolOutcome.String(outcomeOf(te, err).String()))
+	switch {
+	case te != nil:
+		span.SetAttributes(tracing.KeyErrorCode.String(te.Code))
+		span.SetStatus(codes.Error, te.Code)
+	case err != nil:
+		span.RecordError(err)
+		span.SetStatus(codes.Error, "ledger")
+	}
+	return out, te, err
+}
+
+// outcomeOf is a transactional call's outcome as the tool's metrics and
+// spans count it: a transaction the ledger did not commit sent nothing.
+func outcomeOf(te *tools.Error, err error) tools.Outcome {
+	switch {
+	case te != nil:
+		return te.Outcome
+	case err != nil:
+		return tools.NotSent
+	}
+	return tools.Success
 }
 
 // unsentOnLostClaim hands back a call that was never sent because its
@@ -457,7 +600,13 @@ func (d *delivery) callTool(ctx context.Context, attempt int64, keep *keepalive)
 			out, err = nil, tools.AmbiguousError("panic", fmt.Sprintf("the executor panicked: %v", p), 0, nil)
 		}
 	}()
-	return d.tool.Run(ctx, tools.Request{Tool: d.job.Tool, Key: d.key, Args: d.material.Canonical, ToolUseID: d.job.ToolUseID, Attempt: attempt}, tools.BeforeSend(keep.beforeSend))
+	return d.tool.Run(ctx, d.request(attempt), tools.BeforeSend(keep.beforeSend))
+}
+
+// request is the call as an executor gets it.
+func (d *delivery) request(attempt int64) tools.Request {
+	return tools.Request{Tool: d.job.Tool, Key: d.key, Args: d.material.Canonical, ToolUseID: d.job.ToolUseID,
+		ConversationID: d.job.ConversationID, TurnIndex: d.job.TurnIndex, Attempt: attempt}
 }
 
 // resultOf is the result of this job as the ledger row records it: a

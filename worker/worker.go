@@ -95,6 +95,13 @@ func (c *Config) fill() error {
 	if c.JS == nil || c.Ledger == nil || c.Tools == nil {
 		return errors.New("worker: JS, Ledger and Tools are required")
 	}
+	for _, t := range c.Tools.Tools() {
+		if t.Class == tools.TransactionalWrite && c.Ledger.Backend() != "postgres" {
+			return fmt.Errorf("worker: tool %q is a transactional_write, whose effect commits in the ledger's own transaction: "+
+				"that needs the Postgres ledger, and this one is %s (give the consumer a postgres:// database URL, "+
+				"or make the tool another class)", t.Name, c.Ledger.Backend())
+		}
+	}
 	if c.Owner == "" {
 		host, _ := os.Hostname()
 		c.Owner = fmt.Sprintf("%s:%d", host, os.Getpid())
@@ -470,10 +477,12 @@ func (w *Worker) claimOf(d *delivery) ledger.Claim {
 		// A keyed write whose key goes downstream may run again under the
 		// same key, as a takeover runs it: a claim the ledger loses in a
 		// crash costs a repeat the downstream collapses, so it need not
-		// wait for the disk. Any other write's claim is what stops its
-		// second run (a keyed write that does not forward its key has no
-		// downstream to collapse one): it waits.
-		AsyncCommit: d.tool.Class == tools.KeyedWrite && d.tool.ForwardsKey,
+		// wait for the disk. So for a transactional write: its effect
+		// commits only with a completion fenced by the claim's token, and
+		// that commit makes the claim durable with it. Any other write's
+		// claim is what stops its second run (a keyed write that does not
+		// forward its key has no downstream to collapse one): it waits.
+		AsyncCommit: d.tool.Class == tools.KeyedWrite && d.tool.ForwardsKey || d.tool.Class == tools.TransactionalWrite,
 	}
 }
 
