@@ -132,6 +132,9 @@ type options struct {
 	inFlight   time.Duration
 	meters     metric.MeterProvider          // default: the global one
 	propagator propagation.TextMapPropagator // default: the global one
+	// transactional adds record_refund, a transactional_write, to the
+	// registry (Postgres only), and its refunds table to the database.
+	transactional bool
 }
 
 func setup(t *testing.T, o options) *env {
@@ -152,7 +155,12 @@ func setup(t *testing.T, o options) *env {
 	srv := httptest.NewServer(e.sandbox)
 	t.Cleanup(srv.Close)
 	e.sbURL = srv.URL
-	if e.registry, err = testRegistry(e.sbURL, slog.New(slog.NewTextHandler(e.logs, nil)), e.gate); err != nil {
+	var extra []string
+	if o.transactional {
+		createRefunds(t, e.dbURL)
+		extra = append(extra, refundToolYAML)
+	}
+	if e.registry, err = testRegistry(e.sbURL, slog.New(slog.NewTextHandler(e.logs, nil)), e.gate, extra...); err != nil {
 		t.Fatal(err)
 	}
 	// The connection keeps reconnecting across restarts of the server.
@@ -179,9 +187,10 @@ func refusedURL() string {
 	return "http://" + addr
 }
 
-// testRegistry loads registryYAML; gate, when not nil, holds every call of
-// the gated_write tool until it is closed.
-func testRegistry(sandboxURL string, logger *slog.Logger, gate chan struct{}) (*tools.Registry, error) {
+// testRegistry loads registryYAML and the tools of extra after it; gate,
+// when not nil, holds every call of the gated_write tool until it is
+// closed.
+func testRegistry(sandboxURL string, logger *slog.Logger, gate chan struct{}, extra ...string) (*tools.Registry, error) {
 	refused := refusedURL()
 	gated := tools.ExecutorFunc(func(ctx context.Context, r tools.Request) (json.RawMessage, error) {
 		if gate != nil {
@@ -193,7 +202,7 @@ func testRegistry(sandboxURL string, logger *slog.Logger, gate chan struct{}) (*
 		}
 		return json.RawMessage(`{"ran":true}`), nil
 	})
-	return tools.Parse([]byte(registryYAML), "test registry", tools.Config{
+	return tools.Parse([]byte(registryYAML+strings.Join(extra, "")), "test registry", tools.Config{
 		Logger: logger,
 		Getenv: func(k string) string {
 			return map[string]string{"TOOLQ_SANDBOX_URL": sandboxURL, "REFUSED_URL": refused}[k]

@@ -31,6 +31,8 @@ type helperSpec struct {
 	KillAt     string `json:"kill_at"`   // a worker.FaultPoint: SIGKILL itself there
 	KillTool   string `json:"kill_tool"` // only for jobs of this tool
 	AckWaitMS  int    `json:"ack_wait_ms"`
+	// Transactional adds record_refund to the registry (options.transactional).
+	Transactional bool `json:"transactional"`
 }
 
 func netListen() (net.Listener, error) { return net.Listen("tcp", "127.0.0.1:0") }
@@ -62,7 +64,11 @@ func helperMain() bool {
 			select {}
 		}
 	}
-	reg, err := testRegistry(spec.SandboxURL, logger, nil)
+	var extra []string
+	if spec.Transactional {
+		extra = append(extra, refundToolYAML)
+	}
+	reg, err := testRegistry(spec.SandboxURL, logger, nil, extra...)
 	if err != nil {
 		fail(err)
 	}
