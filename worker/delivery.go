@@ -461,8 +461,10 @@ func (d *delivery) uncommitted(ctx context.Context, row ledger.Row, te *tools.Er
 	switch {
 	case rerr == nil && te != nil:
 		return d.notSent(te, tries)
-	case rerr == nil: // nothing happened, for no fault of the call's
+	case rerr == nil && transient(err): // nothing happened, for no fault of the call's
 		return retryUncounted(d.w.backoff(d), fmt.Errorf("the transaction did not commit: %w", err))
+	case rerr == nil: // nothing happened, and not an outage: counted, so that it ends at the limit
+		return retryAfter(d.w.backoff(d), fmt.Errorf("the transaction did not commit: %w", err))
 	case !isFenced(rerr):
 		return d.lostClaim(rerr)
 	}
