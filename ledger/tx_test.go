@@ -16,8 +16,8 @@ import (
 	"github.com/toolq/toolq/ledger"
 )
 
-// txStore is a migrated Postgres ledger, reached through url (default: the
-// database itself), with a table of effects in the same database, reached
+// txStore is a migrated Postgres ledger, reached through via(its URL)
+// when via is set, with a table of effects in the same database, reached
 // directly through the pool.
 func txStore(t *testing.T, via func(dbURL string) string) (*ledger.Store, *pgxpool.Pool) {
 	t.Helper()
@@ -31,9 +31,6 @@ func txStore(t *testing.T, via func(dbURL string) string) (*ledger.Store, *pgxpo
 	if _, err := pool.Exec(ctx, `CREATE TABLE effects (key text PRIMARY KEY, n int)`); err != nil {
 		t.Fatal(err)
 	}
-	if via != nil {
-		dbURL = via(dbURL)
-	}
 	s, err := ledger.OpenPostgres(ctx, dbURL)
 	if err != nil {
 		t.Fatal(err)
@@ -41,6 +38,12 @@ func txStore(t *testing.T, via func(dbURL string) string) (*ledger.Store, *pgxpo
 	t.Cleanup(s.Close)
 	if err := s.Migrate(ctx); err != nil {
 		t.Fatal(err)
+	}
+	if via != nil { // migrated directly: nothing but the test's own statements through via
+		if s, err = ledger.OpenPostgres(ctx, via(dbURL)); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(s.Close)
 	}
 	return s, pool
 }
@@ -209,7 +212,7 @@ func TestCompleteTxWhoseCommitAnswerIsLost(t *testing.T) {
 	c := newClaim(time.Minute)
 	c.Token = newToken()
 	row := mustClaim(t, s, c)
-	proxy.CutResponse("commit")
+	proxy.CutResponse("commit\x00") // pgx's COMMIT, a simple query
 	_, err := s.CompleteTx(ctx, row.Fence(), insertEffect(c.Key))
 	if err == nil || proxy.Cuts() != 1 {
 		t.Fatalf("err = %v after %d cuts", err, proxy.Cuts())
