@@ -100,6 +100,8 @@ type mcpSpec struct {
 	IdempotencyHeader string            `yaml:"idempotency_header"`
 	IdempotencyForm   string            `yaml:"idempotency_form"`
 	MaxResponseBytes  int64             `yaml:"max_response_bytes"`
+	InheritEnv        bool              `yaml:"inherit_env"`
+	IsError           string            `yaml:"is_error"`
 }
 
 // Load reads the registry file at path with cfg (see Parse). Errors name
@@ -281,7 +283,8 @@ func (s *mcpSpec) executor(name string, getenv func(string) string) (*MCP, error
 	bad := func(field string, err error) error {
 		return &DefinitionError{Tool: name, Field: "mcp." + field, Msg: err.Error()}
 	}
-	m := MCP{Tool: s.Tool, IdempotencyHeader: s.IdempotencyHeader, IdempotencyForm: s.IdempotencyForm, MaxResponseBytes: s.MaxResponseBytes}
+	m := MCP{Tool: s.Tool, IdempotencyHeader: s.IdempotencyHeader, IdempotencyForm: s.IdempotencyForm, MaxResponseBytes: s.MaxResponseBytes,
+		InheritEnv: s.InheritEnv, IsError: s.IsError}
 	if m.Tool == "" {
 		m.Tool = name
 	}

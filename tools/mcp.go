@@ -5,12 +5,15 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/url"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
@@ -35,9 +38,13 @@ type MCP struct {
 	// Command starts a local server that speaks MCP over stdio: the program
 	// and its arguments.
 	Command []string
-	// Env is added to the environment a Command server starts with (it
-	// inherits the consumer's).
+	// Env is the environment a Command server starts with, on top of
+	// HOME, LOGNAME, PATH, SHELL, TERM, USER and the locale (LANG, LC_*,
+	// TZ, TMPDIR) of the consumer's: a server does not inherit the
+	// consumer's credentials (DATABASE_URL, NATS_*) unless InheritEnv.
 	Env map[string]string
+	// InheritEnv gives a Command server the consumer's whole environment.
+	InheritEnv bool
 	// Headers are sent with every HTTP request; values may hold secrets.
 	Headers map[string]string
 	// Tool is the tool's name on the server (default: the registry's name).
@@ -49,6 +56,11 @@ type MCP struct {
 	// (an RFC 8941 string, the default) or raw.
 	IdempotencyForm  string
 	MaxResponseBytes int64 // the output's limit (default 1 MiB)
+	// IsError is what a result with isError: true means: "definite" (the
+	// default: the tool answered no, as MCP reports tool errors) or
+	// "ambiguous", for a server whose tools may fail after acting (the
+	// official SDKs turn any error of a handler into isError).
+	IsError string
 	// Client sends the HTTP requests (default: one with IdleConnsPerHost
 	// idle connections).
 	Client *http.Client
@@ -82,6 +94,16 @@ func MCPExecutor(m MCP) (*MCP, error) {
 	}
 	if len(m.Env) > 0 && m.URL != "" {
 		return nil, errors.New("env is for command: a server at a url has its own environment")
+	}
+	switch m.IsError {
+	case "":
+		m.IsError = "definite"
+	case "definite", "ambiguous":
+	default:
+		return nil, fmt.Errorf("is_error %q: want definite or ambiguous", m.IsError)
+	}
+	if m.InheritEnv && m.URL != "" {
+		return nil, errors.New("inherit_env is for command: a server at a url has its own environment")
 	}
 	switch m.IdempotencyForm {
 	case "":
@@ -140,7 +162,8 @@ func (m *MCP) server() string {
 	env, _ := json.Marshal(m.Env)
 	headers, _ := json.Marshal(m.Headers)
 	command, _ := json.Marshal(m.Command)
-	return strings.Join([]string{m.URL, string(command), string(env), string(headers), m.IdempotencyHeader, m.IdempotencyForm}, "\x00")
+	return strings.Join([]string{m.URL, string(command), string(env), string(headers), m.IdempotencyHeader, m.IdempotencyForm,
+		strconv.FormatBool(m.InheritEnv)}, "\x00")
 }
 
 // Close ends the executor's sessions (and stops a stdio server).
@@ -149,86 +172,160 @@ func (m *MCP) Close() error { return m.pool.close() }
 // connect opens a session with the server.
 func (m *MCP) connect(ctx context.Context) (*mcp.ClientSession, error) {
 	client := mcp.NewClient(&mcp.Implementation{Name: "toolq", Version: version.Get().Version}, nil)
-	var t mcp.Transport
 	if m.URL != "" {
-		t = &mcp.StreamableClientTransport{Endpoint: m.URL, HTTPClient: m.Client, DisableStandaloneSSE: true}
+		// Not wrapped: the SDK's own connection keeps the session's protocol
+		// version for its headers; how far a call got is traced by
+		// mcpTransport.
+		return client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: m.URL, HTTPClient: m.Client, DisableStandaloneSSE: true}, nil)
+	}
+	cmd := exec.Command(m.Command[0], m.Command[1:]...)
+	cmd.Stderr = os.Stderr
+	cmd.Env = serverEnv(m.Env, m.InheritEnv)
+	s, err := client.Connect(ctx, trackedTransport{&mcp.CommandTransport{Command: cmd, TerminateDuration: time.Second}}, nil)
+	if err == nil {
+		m.pool.procs.Store(s, cmd)
+	}
+	return s, err
+}
+
+// inheritedEnv are the variables a stdio server gets from the consumer's
+// environment: what a program needs to run, never the consumer's
+// credentials.
+var inheritedEnv = []string{"HOME", "LOGNAME", "PATH", "SHELL", "TERM", "USER", "LANG", "TZ", "TMPDIR"}
+
+// serverEnv is the environment of a stdio server.
+func serverEnv(extra map[string]string, inherit bool) []string {
+	var env []string
+	if inherit {
+		env = os.Environ()
 	} else {
-		cmd := exec.Command(m.Command[0], m.Command[1:]...)
-		cmd.Stderr = os.Stderr
-		if len(m.Env) > 0 {
-			cmd.Env = os.Environ()
-			for k, v := range m.Env {
-				cmd.Env = append(cmd.Env, k+"="+v)
+		for _, kv := range os.Environ() {
+			name, _, _ := strings.Cut(kv, "=")
+			if slices.Contains(inheritedEnv, name) || strings.HasPrefix(name, "LC_") {
+				env = append(env, kv)
 			}
 		}
-		t = &mcp.CommandTransport{Command: cmd, TerminateDuration: 2 * time.Second}
 	}
-	return client.Connect(ctx, trackedTransport{t}, nil)
+	for _, k := range slices.Sorted(maps.Keys(extra)) {
+		env = append(env, k+"="+extra[k])
+	}
+	return env
 }
 
 // Execute sends one tools/call and classifies what happened:
 //
-//	no session could be opened; the call not written; HTTP 429, 404
-//	(session gone) or 503 with Retry-After before an answer              → NotSent
-//	a JSON-RPC error the server answered (bad params, unknown tool)       → Definite
-//	a JSON-RPC internal or server error (-32603, -32000…-32099)           → Ambiguous: the tool may have run
-//	a result with isError: true                                           → Definite
+//	no session could be opened; the call not written                      → NotSent
+//	its POST answered 429, or 503 with Retry-After                        → NotSent, retry after that
+//	its POST answered 400, 401, 403 or 404 on a session that served calls
+//	before (the server restarted, or expired the session)                 → NotSent, and sent on a new session
+//	its POST answered another 4xx (but 408)                               → Definite: the server refused it
+//	its POST answered 408 or 5xx                                          → Ambiguous
+//	a JSON-RPC error the server answered: parse error, invalid request,
+//	method not found, invalid params (-32700, -32600…-32602)              → Definite
+//	any other JSON-RPC error (internal, server, application, code 0)      → Ambiguous: the tool may have run
+//	a result with isError: true                                           → Definite (IsError "ambiguous": Ambiguous)
 //	a stream cut, a timeout or the server gone once the call was written  → Ambiguous
 //	a result                                                              → Success
 //
-// A session that was idle in the pool and turns out gone (the server
-// restarted) costs nothing: the call was not sent, and it is sent once more
-// on a new session.
+// A stdio server that does not read the call within a second after the
+// timeout is killed (a partial line can never complete): the call was not
+// sent.
 func (m *MCP) Execute(ctx context.Context, req Request) (json.RawMessage, error) {
 	for try := 0; ; try++ {
-		out, reused, err := m.callOnce(ctx, req)
+		out, err := m.callOnce(ctx, req)
 		var te *Error
-		if err != nil && reused && try == 0 && errors.As(err, &te) && te.Outcome == NotSent && ctx.Err() == nil {
+		if err != nil && try == 0 && errors.As(err, &te) && te.Code == codeSessionGone && ctx.Err() == nil {
 			continue
 		}
 		return out, err
 	}
 }
 
-// callOnce sends the call on one session; reused reports a session that
-// had served calls before.
-func (m *MCP) callOnce(ctx context.Context, req Request) (out json.RawMessage, reused bool, err error) {
+// codeSessionGone: the server refused the call's session, which it knew
+// no more (see Execute).
+const codeSessionGone = "mcp_session_gone"
+
+// callOnce sends the call on one session.
+func (m *MCP) callOnce(ctx context.Context, req Request) (json.RawMessage, error) {
 	s, reused, err := m.pool.get(ctx)
 	if err != nil {
-		return nil, false, NotSentError("mcp_connect", "could not open a session with the MCP server: "+oneLine(err.Error()), 0, err)
+		return nil, NotSentError("mcp_connect", "could not open a session with the MCP server: "+oneLine(err.Error()), 0, err)
 	}
 	p := new(mcpProgress)
 	params := &mcp.CallToolParams{Name: m.Tool, Arguments: req.Args}
 	if req.Key != "" {
 		params.Meta = mcp.Meta{MetaIdempotencyKey: req.Key}
 	}
+	stop := m.killIfStuck(ctx, s)
 	res, callErr := s.CallTool(context.WithValue(ctx, mcpCallKey{}, &mcpCall{req: req, progress: p}), params)
-	out, err = m.classify(res, callErr, p, ctx)
+	stop()
+	out, err := m.classify(res, callErr, p, reused, ctx)
 	m.pool.put(s, healthy(err))
-	return out, reused, err
+	if !healthy(err) {
+		m.pool.procs.Delete(s)
+	}
+	return out, err
+}
+
+// killIfStuck kills a stdio server whose call has not returned a second
+// after ctx ended: a server that stopped reading its stdin blocks the
+// write of a large call, which no context interrupts. The returned func
+// disarms it.
+func (m *MCP) killIfStuck(ctx context.Context, s *mcp.ClientSession) (stop func()) {
+	v, ok := m.pool.procs.Load(s)
+	if !ok {
+		return func() {}
+	}
+	cmd := v.(*exec.Cmd)
+	var mu sync.Mutex
+	var timer *time.Timer
+	stopped := false
+	after := context.AfterFunc(ctx, func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if !stopped {
+			timer = time.AfterFunc(time.Second, func() { cmd.Process.Kill() })
+		}
+	})
+	return func() {
+		after()
+		mu.Lock()
+		defer mu.Unlock()
+		stopped = true
+		if timer != nil {
+			timer.Stop()
+		}
+	}
 }
 
 // healthy reports whether a session that gave err can serve the next call:
-// it answered (a result or a JSON-RPC error). After a transport failure or
-// a timeout it is closed.
+// the server answered the call (a result, or a JSON-RPC error in a 2xx).
+// After a transport failure, a refused POST or a timeout it is closed.
 func healthy(err error) bool {
 	var te *Error
 	switch {
 	case err == nil:
 		return true
 	case errors.As(err, &te):
-		return te.Code == "mcp_tool_error" || serverError(te.Err) != nil
+		return te.Code == codeToolError || strings.HasPrefix(te.Code, "jsonrpc_")
 	}
 	return false
 }
 
+// codeToolError: a result with isError.
+const codeToolError = "mcp_tool_error"
+
 // classify maps what CallTool returned to an outcome (see Execute).
-func (m *MCP) classify(res *mcp.CallToolResult, err error, p *mcpProgress, ctx context.Context) (json.RawMessage, error) {
+func (m *MCP) classify(res *mcp.CallToolResult, err error, p *mcpProgress, reused bool, ctx context.Context) (json.RawMessage, error) {
 	if err != nil {
-		return nil, m.classifyError(err, p, ctx)
+		return nil, m.classifyError(err, p, reused, ctx)
 	}
 	if res.IsError {
-		return nil, DefiniteError("mcp_tool_error", snippet([]byte(contentText(res.Content))))
+		msg := snippet([]byte(contentText(res.Content)))
+		if m.IsError == "ambiguous" {
+			return nil, AmbiguousError(codeToolError, "the MCP tool reported an error, which may have come after it acted: "+msg, 0, nil)
+		}
+		return nil, DefiniteError(codeToolError, msg)
 	}
 	var out []byte
 	if res.StructuredContent != nil {
@@ -250,25 +347,34 @@ func (m *MCP) classify(res *mcp.CallToolResult, err error, p *mcpProgress, ctx c
 	return out, nil
 }
 
-func (m *MCP) classifyError(err error, p *mcpProgress, ctx context.Context) error {
+func (m *MCP) classifyError(err error, p *mcpProgress, reused bool, ctx context.Context) error {
+	status, retry := p.answer()
+	refused := status != 0 && (status < 200 || status > 299)
+	code := "http_" + strconv.Itoa(status)
+	switch {
+	case refused && status == http.StatusTooManyRequests:
+		return NotSentError(code, oneLine(err.Error()), max(retry, DefaultNotSentDelay), err)
+	case refused && status == http.StatusServiceUnavailable && retry > 0:
+		return NotSentError(code, oneLine(err.Error()), retry, err)
+	case refused && reused && (status == http.StatusBadRequest || status == http.StatusUnauthorized || status == http.StatusForbidden || status == http.StatusNotFound):
+		return NotSentError(codeSessionGone, "the MCP server refused the session (HTTP "+strconv.Itoa(status)+"): "+oneLine(err.Error()), 0, err)
+	case refused && status >= 400 && status < 500 && status != http.StatusRequestTimeout:
+		return &Error{Outcome: Definite, Code: code, Message: "the MCP server refused the call: " + oneLine(err.Error()), Err: err}
+	case refused:
+		return AmbiguousError(code, "the MCP server failed while handling the call, which may have taken effect: "+oneLine(err.Error()), 0, err)
+	}
 	if wire := serverError(err); wire != nil {
 		code := "jsonrpc_" + strconv.FormatInt(wire.Code, 10)
 		msg := oneLine(wire.Message)
-		if wire.Code == jsonrpc.CodeInternalError || (wire.Code <= -32000 && wire.Code >= -32099) {
-			return AmbiguousError(code, "the MCP server failed while handling the call, which may have taken effect: "+msg, 0, err)
+		switch wire.Code {
+		case jsonrpc.CodeParseError, jsonrpc.CodeInvalidRequest, jsonrpc.CodeMethodNotFound, jsonrpc.CodeInvalidParams:
+			return &Error{Outcome: Definite, Code: code, Message: msg, Err: err}
 		}
-		return &Error{Outcome: Definite, Code: code, Message: msg, Err: err}
+		return AmbiguousError(code, "the MCP server failed while handling the call, which may have taken effect: "+msg, 0, err)
 	}
-	status, retry := p.answer()
 	switch {
 	case !p.sent.Load():
 		return NotSentError("not_sent", "the call was not sent to the MCP server: "+oneLine(err.Error()), 0, err)
-	case status == http.StatusTooManyRequests:
-		return NotSentError("http_429", oneLine(err.Error()), max(retry, DefaultNotSentDelay), err)
-	case status == http.StatusServiceUnavailable && retry > 0:
-		return NotSentError("http_503", oneLine(err.Error()), retry, err)
-	case errors.Is(err, mcp.ErrSessionMissing) && status == http.StatusNotFound:
-		return NotSentError("mcp_session_gone", "the MCP server no longer knows the session: "+oneLine(err.Error()), 0, err)
 	case ctx.Err() != nil:
 		return AmbiguousError(CodeTimeout, "no answer from the MCP server after the call was sent: "+oneLine(err.Error()), 0, err)
 	default:
@@ -284,8 +390,14 @@ const (
 	codeRejected      = -32005 // "rejected by transport"
 )
 
-// serverError is the JSON-RPC error the server answered, if err holds one.
+// serverError is the JSON-RPC error the server answered, if err holds one:
+// not one the SDK made itself for a connection that closed, nor one it made
+// reading a line it could not take (a transportError).
 func serverError(err error) *jsonrpc.Error {
+	var te *transportError
+	if errors.As(err, &te) {
+		return nil
+	}
 	var wire *jsonrpc.Error
 	if !errors.As(err, &wire) {
 		return nil

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"unicode"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"go.yaml.in/yaml/v3"
@@ -89,6 +90,7 @@ func registryFile(m MCP, init *mcp.InitializeResult, listed []*mcp.Tool) ([]byte
 	if init != nil && init.ServerInfo != nil {
 		where += fmt.Sprintf(" (%s %s)", init.ServerInfo.Name, init.ServerInfo.Version)
 	}
+	where = printable(where)
 	var list yaml.Node
 	list.Kind = yaml.SequenceNode
 	taken := map[string]bool{}
@@ -109,6 +111,7 @@ func registryFile(m MCP, init *mcp.InitializeResult, listed []*mcp.Tool) ([]byte
 		"  keyed_write    only if the server honours the key toolq sends in _meta\n" +
 		"                 (io.toolq/idempotency-key) or the Idempotency-Key header\n" +
 		"Set timeout, concurrency and breaker as the server needs (docs/tools.md)."
+	quoteTabbedLines(doc)
 	var buf bytes.Buffer
 	enc := yaml.NewEncoder(&buf)
 	enc.SetIndent(2)
@@ -118,6 +121,10 @@ func registryFile(m MCP, init *mcp.InitializeResult, listed []*mcp.Tool) ([]byte
 	if err := enc.Close(); err != nil {
 		return nil, err
 	}
+	// What a server lists must not make a file that does not load.
+	if _, err := Parse(buf.Bytes(), "import", Config{Getenv: func(string) string { return "x" }}); err != nil {
+		return nil, fmt.Errorf("the tools the server lists do not make a registry toolq can load: %w", err)
+	}
 	return buf.Bytes(), nil
 }
 
@@ -126,8 +133,12 @@ func registryEntry(m MCP, t *mcp.Tool, name string) (*yaml.Node, error) {
 	if err != nil {
 		return nil, fmt.Errorf("input schema: %w", err)
 	}
+	var value any
+	if err := json.Unmarshal(schema, &value); err != nil {
+		return nil, fmt.Errorf("input schema: %w", err)
+	}
 	var schemaNode yaml.Node
-	if err := yaml.Unmarshal(schema, &schemaNode); err != nil {
+	if err := schemaNode.Encode(value); err != nil {
 		return nil, fmt.Errorf("input schema: %w", err)
 	}
 	class, why := UnkeyedWrite, "proposed: the server does not say the tool is read-only"
@@ -143,8 +154,7 @@ func registryEntry(m MCP, t *mcp.Tool, name string) (*yaml.Node, error) {
 	classNode := scalar(string(class))
 	classNode.LineComment = why
 	add("class", classNode)
-	blockStyle(schemaNode.Content[0])
-	add("schema", schemaNode.Content[0])
+	add("schema", &schemaNode)
 	exec := &yaml.Node{Kind: yaml.MappingNode}
 	addTo := func(n *yaml.Node, k string, v *yaml.Node) { n.Content = append(n.Content, scalar(k), v) }
 	if m.URL != "" {
@@ -175,24 +185,31 @@ func registryEntry(m MCP, t *mcp.Tool, name string) (*yaml.Node, error) {
 	return entry, nil
 }
 
-// blockStyle writes n's mappings and lists one member a line, as the rest
-// of a registry file is written (JSON read as YAML is in flow style).
-func blockStyle(n *yaml.Node) {
-	n.Style = 0 // the encoder still quotes a string that would read as another type
-	if n.Kind == yaml.ScalarNode && strings.Contains(n.Value, "\n") && n.Tag == "!!str" {
-		n.Style = yaml.LiteralStyle
+func scalar(v string) *yaml.Node {
+	return &yaml.Node{Kind: yaml.ScalarNode, Value: v, Tag: "!!str"} // the encoder picks a style that reads back
+
+}
+
+// quoteTabbedLines writes in double quotes the strings of n that have
+// several lines and a tab: yaml.v3 writes them as a block it cannot read
+// back.
+func quoteTabbedLines(n *yaml.Node) {
+	if n.Kind == yaml.ScalarNode && strings.Contains(n.Value, "\n") && strings.Contains(n.Value, "\t") {
+		n.Style = yaml.DoubleQuotedStyle
 	}
 	for _, c := range n.Content {
-		blockStyle(c)
+		quoteTabbedLines(c)
 	}
 }
 
-func scalar(v string) *yaml.Node {
-	n := &yaml.Node{Kind: yaml.ScalarNode, Value: v, Tag: "!!str"}
-	if strings.Contains(v, "\n") {
-		n.Style = yaml.LiteralStyle
-	}
-	return n
+// printable is s with its control characters replaced, for a comment.
+func printable(s string) string {
+	return strings.Map(func(r rune) rune {
+		if unicode.IsControl(r) || r == '\u2028' || r == '\u2029' {
+			return '?'
+		}
+		return r
+	}, s)
 }
 
 func sortedKeys(m map[string]string) []string {

@@ -5,6 +5,8 @@ package tools
 
 import (
 	"context"
+	"encoding/json"
+	"io"
 	"net/http"
 	"net/http/httptrace"
 	"strconv"
@@ -28,10 +30,13 @@ type sessionPool struct {
 	connect func(context.Context) (*mcp.ClientSession, error)
 	shared  bool
 
-	mu     sync.Mutex
-	idle   []*mcp.ClientSession // !shared: sessions that served a call and may serve another
-	one    *mcp.ClientSession   // shared: the session, once open
-	closed bool
+	procs sync.Map // *mcp.ClientSession → the *exec.Cmd of its stdio server
+
+	mu         sync.Mutex
+	idle       []*mcp.ClientSession // !shared: sessions that served a call and may serve another
+	one        *mcp.ClientSession   // shared: the session, once open
+	connecting chan struct{}        // shared: closed when the attempt under way ends
+	closed     bool
 }
 
 // maxIdleSessions bounds the idle sessions kept per server.
@@ -50,15 +55,7 @@ func (p *sessionPool) get(ctx context.Context) (s *mcp.ClientSession, reused boo
 		return nil, false, errPoolClosed
 	}
 	if p.shared {
-		defer p.mu.Unlock() // one process: opened once, under the lock
-		if p.one == nil {
-			if p.one, err = p.connect(ctx); err != nil {
-				p.one = nil
-				return nil, false, err
-			}
-			return p.one, false, nil
-		}
-		return p.one, true, nil
+		return p.getShared(ctx)
 	}
 	if n := len(p.idle); n > 0 {
 		s = p.idle[n-1]
@@ -69,6 +66,50 @@ func (p *sessionPool) get(ctx context.Context) (s *mcp.ClientSession, reused boo
 	p.mu.Unlock()
 	s, err = p.connect(ctx)
 	return s, false, err
+}
+
+// getShared returns the one session of a stdio server, opening it if no
+// call is already doing so; a call waiting for another's attempt gives up
+// when its ctx ends. Called with p.mu held; returns with it released.
+func (p *sessionPool) getShared(ctx context.Context) (*mcp.ClientSession, bool, error) {
+	for {
+		switch {
+		case p.closed:
+			p.mu.Unlock()
+			return nil, false, errPoolClosed
+		case p.one != nil:
+			s := p.one
+			p.mu.Unlock()
+			return s, true, nil
+		case p.connecting != nil:
+			wait := p.connecting
+			p.mu.Unlock()
+			select {
+			case <-wait:
+			case <-ctx.Done():
+				return nil, false, ctx.Err()
+			}
+			p.mu.Lock()
+			continue
+		}
+		done := make(chan struct{})
+		p.connecting = done
+		p.mu.Unlock()
+		s, err := p.connect(ctx)
+		p.mu.Lock()
+		p.connecting = nil
+		close(done)
+		if err == nil && p.closed {
+			p.mu.Unlock()
+			s.Close()
+			return nil, false, errPoolClosed
+		}
+		if err == nil {
+			p.one = s
+		}
+		p.mu.Unlock()
+		return s, false, err
+	}
 }
 
 // put gives a session back after a call; one that is not healthy is closed.
@@ -158,6 +199,23 @@ func (t trackedTransport) Connect(ctx context.Context) (mcp.Connection, error) {
 
 type trackedConn struct{ mcp.Connection }
 
+// Read marks its errors as the transport's: an error the SDK makes of a
+// line it cannot take (a JSON-RPC message with no id, say) ends every call
+// in flight, and is no answer of the server to any of them.
+func (c trackedConn) Read(ctx context.Context) (jsonrpc.Message, error) {
+	msg, err := c.Connection.Read(ctx)
+	if err != nil {
+		return nil, &transportError{err}
+	}
+	return msg, nil
+}
+
+// transportError is an error of reading the connection.
+type transportError struct{ err error }
+
+func (e *transportError) Error() string { return e.err.Error() }
+func (e *transportError) Unwrap() error { return e.err }
+
 func (c trackedConn) Write(ctx context.Context, msg jsonrpc.Message) error {
 	err := c.Connection.Write(ctx, msg)
 	if call := callOf(ctx); call != nil && err == nil {
@@ -182,7 +240,10 @@ func (t mcpTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		r.Header.Set(k, v)
 	}
 	call := callOf(req.Context())
-	if call == nil || req.Method != http.MethodPost {
+	if call == nil || req.Method != http.MethodPost || !isToolsCall(req) {
+		// The session's other requests, and a notifications/cancelled the
+		// SDK sends in the call's context, carry no key and say nothing of
+		// how far the call got.
 		return t.next.RoundTrip(r)
 	}
 	if call.req.Key != "" && t.m.IdempotencyHeader != "-" {
@@ -207,4 +268,20 @@ func (t mcpTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		p.mu.Unlock()
 	}
 	return resp, err
+}
+
+// isToolsCall reports whether the body of an SDK request is a tools/call.
+func isToolsCall(req *http.Request) bool {
+	if req.GetBody == nil {
+		return false
+	}
+	body, err := req.GetBody()
+	if err != nil {
+		return false
+	}
+	defer body.Close()
+	var msg struct {
+		Method string `json:"method"`
+	}
+	return json.NewDecoder(io.LimitReader(body, 1<<22)).Decode(&msg) == nil && msg.Method == "tools/call"
 }

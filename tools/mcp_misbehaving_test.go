@@ -1,0 +1,557 @@
+package tools_test
+
+// The mcp executor against servers that misbehave: lines that are no
+// answer, errors after the effect, forgotten sessions, stdin that is not
+// read, hostile tool lists.
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/toolq/toolq/internal/testenv"
+	"github.com/toolq/toolq/tools"
+)
+
+// ---------------------------------------------------------------------------
+// A fake stdio MCP server: this test binary started again with
+// TOOLQ_FAKE_MCP_STDIO set to the mode.
+
+func TestFakeStdioMCPServer(t *testing.T) {
+	mode := os.Getenv("TOOLQ_FAKE_MCP_STDIO")
+	if mode == "" {
+		t.Skip("the fake stdio MCP server of these tests, started by them")
+	}
+	fakeStdioServer(mode, os.Getenv("TOOLQ_FAKE_MCP_EFFECTS"), os.Getenv("TOOLQ_FAKE_MCP_PID"))
+	os.Exit(0)
+}
+
+// fakeStdioCommand is the command (and env) that starts the fake server.
+func fakeStdioCommand(t *testing.T, mode string) (m tools.MCP, effects, pidFile string) {
+	t.Helper()
+	dir := t.TempDir()
+	effects, pidFile = filepath.Join(dir, "effects"), filepath.Join(dir, "pid")
+	return tools.MCP{
+		Command: []string{os.Args[0], "-test.run=^TestFakeStdioMCPServer$"},
+		Env:     map[string]string{"TOOLQ_FAKE_MCP_STDIO": mode, "TOOLQ_FAKE_MCP_EFFECTS": effects, "TOOLQ_FAKE_MCP_PID": pidFile},
+		Tool:    "pay",
+	}, effects, pidFile
+}
+
+func fakeStdioServer(mode, effects, pidFile string) {
+	os.WriteFile(pidFile, []byte(strconv.Itoa(os.Getpid())), 0o644)
+	if mode == "mute" { // starts, never answers, and outlives its stdin
+		io.Copy(io.Discard, os.Stdin)
+		time.Sleep(time.Hour)
+	}
+	in := bufio.NewReader(os.Stdin)
+	write := func(v any) {
+		b, _ := json.Marshal(v)
+		os.Stdout.Write(append(b, '\n'))
+	}
+	for {
+		line, err := in.ReadBytes('\n')
+		if err != nil {
+			return
+		}
+		var msg struct {
+			ID     json.RawMessage `json:"id"`
+			Method string          `json:"method"`
+			Params json.RawMessage `json:"params"`
+		}
+		json.Unmarshal(line, &msg)
+		switch {
+		case msg.Method == "notifications/initialized" && mode == "stop-reading":
+			time.Sleep(time.Hour) // busy: stdin is no longer read
+		case msg.ID == nil: // other notifications
+		case msg.Method == "initialize":
+			var p struct {
+				ProtocolVersion string `json:"protocolVersion"`
+			}
+			json.Unmarshal(msg.Params, &p)
+			write(map[string]any{"jsonrpc": "2.0", "id": msg.ID, "result": map[string]any{
+				"protocolVersion": p.ProtocolVersion, "capabilities": map[string]any{"tools": map[string]any{}},
+				"serverInfo": map[string]any{"name": "fake", "version": "1"}}})
+		case msg.Method == "tools/call":
+			f, _ := os.OpenFile(effects, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+			f.Write([]byte("paid\n")) // the effect
+			f.Close()
+			switch mode {
+			case "env": // what the consumer's environment gave the server
+				write(map[string]any{"jsonrpc": "2.0", "id": msg.ID, "result": map[string]any{"content": []any{map[string]any{"type": "text",
+					"text": "DATABASE_URL=" + os.Getenv("DATABASE_URL") + " NATS_PASSWORD=" + os.Getenv("NATS_PASSWORD")}}}})
+			case "id-null-error":
+				// What JSON-RPC 2.0 says a server answers to input it could
+				// not parse (an error whose id is null); here it follows an
+				// effect, as it would for a line of another, concurrent call.
+				os.Stdout.Write([]byte(`{"jsonrpc":"2.0","id":null,"error":{"code":-32700,"message":"Parse error"}}` + "\n"))
+			default:
+				write(map[string]any{"jsonrpc": "2.0", "id": msg.ID, "result": map[string]any{"content": []any{map[string]any{"type": "text", "text": "paid"}}}})
+			}
+		default:
+			write(map[string]any{"jsonrpc": "2.0", "id": msg.ID, "error": map[string]any{"code": -32601, "message": "method not found"}})
+		}
+	}
+}
+
+func effectCount(t *testing.T, path string) int {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return 0
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.Count(string(b), "paid\n")
+}
+
+// A stdio server that writes one line that is JSON-RPC but neither a request
+// nor a response with an id (e.g. {"jsonrpc":"2.0","id":null,"error":…},
+// JSON-RPC's own answer to input it cannot parse) ends the SDK's read loop
+// with an error the SDK makes itself: jsonrpc2.ErrInvalidRequest, a
+// *jsonrpc.Error with code -32600. Every call in flight on the shared
+// session is retired with it; serverError takes it for the server's answer,
+// and a call that was written, and acted on, is classified Definite ("the
+// downstream answered no"). It must be Ambiguous.
+func TestMCPStdioCallInFlightWhenTheServerWritesAnIDLessLineIsNotDefinite(t *testing.T) {
+	t.Parallel()
+	m, effects, _ := fakeStdioCommand(t, "id-null-error")
+	tool := mcpTool(t, tools.UnkeyedWrite, m, 10*time.Second)
+	_, outcome, te := callKeyed(t, tool, "key_1", `{"amount_cents":500}`)
+	if n := effectCount(t, effects); n != 1 {
+		t.Fatalf("%d effects, want the 1 made before the server's line", n)
+	}
+	if outcome != tools.Ambiguous {
+		t.Fatalf("a call the server acted on gave %v %+v: want ambiguous (the line was not an answer to it)", outcome, te)
+	}
+}
+
+// A stdio server that stops reading its stdin (busy, or hung) while a call's
+// arguments are bigger than the pipe's buffer: the SDK's ioConn.Write blocks
+// in the pipe write, which no context interrupts, so the call outlives its
+// timeout for as long as the server does not read (forever, for a hung
+// server), and holds its concurrency slot and the session's write lock (every
+// other call of that server waits too). Tool.Run waits for Execute. Nor does
+// Registry.Close stop the server ("the consumer stops it at shutdown"): the
+// SDK's Close waits for the call in flight before it closes stdin, so the
+// consumer's shutdown hangs with it.
+func TestMCPStdioCallEndsByItsTimeoutWhenTheServerStopsReading(t *testing.T) {
+	t.Parallel()
+	m, _, pidFile := fakeStdioCommand(t, "stop-reading")
+	exec, err := tools.MCPExecutor(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg, err := tools.NewRegistry([]tools.Definition{{Name: "t", Class: tools.UnkeyedWrite, Schema: json.RawMessage(anySchema),
+		Executor: exec, Downstream: exec.Downstream(), Timeout: time.Second}}, tools.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tool, _ := reg.Lookup("t")
+	args := `{"blob":"` + strings.Repeat("x", 1<<20) + `"}`
+	start := time.Now()
+	done := make(chan tools.Outcome, 1)
+	go func() {
+		_, outcome, _ := callKeyed(t, tool, "key_1", args)
+		done <- outcome
+	}()
+	var pid int
+	testenv.Eventually(t, 20*time.Second, "the fake server started", func() bool {
+		b, err := os.ReadFile(pidFile)
+		pid, _ = strconv.Atoi(strings.TrimSpace(string(b)))
+		return err == nil && pid > 0
+	})
+	select {
+	case outcome := <-done:
+		t.Logf("returned after %v: %v", time.Since(start).Round(time.Millisecond), outcome)
+		reg.Close()
+		return
+	case <-time.After(8 * time.Second):
+	}
+	closed := make(chan struct{})
+	go func() { reg.Close(); close(closed) }()
+	closeHung := false
+	select {
+	case <-closed:
+	case <-time.After(5 * time.Second):
+		closeHung = true
+	}
+	syscall.Kill(pid, syscall.SIGKILL) // unblock the write, to end the test
+	outcome := <-done
+	<-closed
+	t.Fatalf("a call with a 1 s timeout was still running after 8 s (it returned %v only once the server was killed, after %v); Registry.Close hung: %v",
+		outcome, time.Since(start).Round(time.Millisecond), closeHung)
+}
+
+// A stdio server is a program toolq starts, often third-party code (npx -y
+// some-mcp-server). connect gives it the consumer's whole environment
+// (cmd.Env = os.Environ() + env, or nil: inherit), and the consumer takes its
+// credentials from the environment: DATABASE_URL (the ledger's Postgres),
+// NATS_PASSWORD, NATS_TOKEN, NATS_NKEY… A tool server that can write the
+// ledger can forge or erase the claims and completions the promise rests on.
+// The official TypeScript SDK's StdioClientTransport inherits only a short
+// list (HOME, LOGNAME, PATH, SHELL, TERM, USER: getDefaultEnvironment) plus
+// the env it is given. (Not parallel: it sets the process environment.)
+func TestMCPStdioServerDoesNotInheritTheConsumersCredentials(t *testing.T) {
+	t.Setenv("DATABASE_URL", "postgres://toolq:ledger-secret@db/toolq")
+	t.Setenv("NATS_PASSWORD", "nats-secret")
+	m, _, _ := fakeStdioCommand(t, "env")
+	tool := mcpTool(t, tools.Read, m, 10*time.Second)
+	out, outcome, te := callKeyed(t, tool, "", `{}`)
+	if outcome != tools.Success {
+		t.Fatalf("%v %+v", outcome, te)
+	}
+	if strings.Contains(string(out), "secret") {
+		t.Fatalf("the stdio server was given the consumer's credentials: %s", out)
+	}
+}
+
+// A stdio server's one session is opened under sessionPool.mu, a plain
+// mutex: while one call waits for the server's initialize (up to its whole
+// timeout, then the SDK's Close of the failed session: closing stdin and
+// TerminateDuration before SIGTERM), every other call of that server waits
+// on the mutex past its own timeout, then opens its own attempt. Calls queue:
+// the n-th returns after about n × (timeout + 2 s).
+func TestMCPStdioCallsWaitingForTheServerToStartEndByTheirTimeout(t *testing.T) {
+	t.Parallel()
+	m, _, _ := fakeStdioCommand(t, "mute")
+	tool := mcpTool(t, tools.UnkeyedWrite, m, time.Second)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var took []time.Duration
+	for i := range 3 {
+		wg.Go(func() {
+			start := time.Now()
+			_, outcome, te := callKeyed(t, tool, "key_"+strconv.Itoa(i), `{}`)
+			if outcome != tools.NotSent {
+				t.Errorf("call %d: %v %+v, want not sent (no session)", i, outcome, te)
+			}
+			mu.Lock()
+			took = append(took, time.Since(start).Round(100*time.Millisecond))
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	for _, d := range took {
+		if d > 3*time.Second {
+			t.Fatalf("calls with a 1 s timeout took %v", took)
+		}
+	}
+}
+
+// ---------------------------------------------------------------------------
+// Servers built with the official Go SDK, over Streamable HTTP.
+
+func goSDKServer(t *testing.T, add func(*mcp.Server), wrap func(http.Handler) http.Handler) string {
+	t.Helper()
+	srv := mcp.NewServer(&mcp.Implementation{Name: "hostile", Version: "1"}, nil)
+	add(srv)
+	var h http.Handler = mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, nil)
+	if wrap != nil {
+		h = wrap(h)
+	}
+	ts := httptest.NewServer(h)
+	t.Cleanup(ts.Close)
+	return ts.URL
+}
+
+// The Go SDK turns any error that is not a *jsonrpc.Error, returned by a
+// tool handler (raw ToolHandler) or made by the SDK itself after the handler
+// ran (typed handler: "validating tool output", "marshaling output"), into a
+// JSON-RPC error with code 0 (jsonrpc2.toWireError). classifyError reads
+// every code but -32603 and -32000…-32099 as Definite, so code 0, which
+// comes after the effect, reads as "the server answered no".
+func TestMCPJSONRPCErrorWithCodeZeroAfterTheEffectIsNotDefinite(t *testing.T) {
+	t.Parallel()
+	type receipt struct {
+		AmountCents int `json:"amount_cents"`
+	}
+	var effects atomic.Int32
+	url := goSDKServer(t, func(srv *mcp.Server) {
+		srv.AddTool(&mcp.Tool{Name: "pay_raw", InputSchema: json.RawMessage(`{"type":"object"}`)},
+			func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+				effects.Add(1) // the charge
+				return nil, errors.New("charged, but the receipt could not be stored")
+			})
+		mcp.AddTool(srv, &mcp.Tool{Name: "pay_typed",
+			OutputSchema: json.RawMessage(`{"type":"object","required":["amount_cents"],"properties":{"amount_cents":{"type":"integer","minimum":1}}}`)},
+			func(ctx context.Context, req *mcp.CallToolRequest, in map[string]any) (*mcp.CallToolResult, receipt, error) {
+				effects.Add(1) // the charge; the SDK then finds the output off its schema
+				return nil, receipt{}, nil
+			})
+	}, nil)
+	for _, name := range []string{"pay_raw", "pay_typed"} {
+		t.Run(name, func(t *testing.T) {
+			before := effects.Load()
+			tool := mcpTool(t, tools.UnkeyedWrite, tools.MCP{URL: url + "/mcp", Tool: name}, 5*time.Second)
+			_, outcome, te := callKeyed(t, tool, "key_"+name, `{}`)
+			if effects.Load() != before+1 {
+				t.Fatalf("the tool did not act")
+			}
+			if outcome != tools.Ambiguous {
+				t.Fatalf("an error that came after the effect gave %v %+v, want ambiguous", outcome, te)
+			}
+		})
+	}
+}
+
+// isError: true is how both official SDKs report any error of a tool
+// handler (Go: a typed handler's returned error; TypeScript: an exception
+// the handler threw), one after the effect included. By default it is the
+// tool's answer (definite), as MCP designs it; a registry entry with
+// is_error: ambiguous reads it as uncertain, for servers whose tools fail
+// after acting.
+func TestMCPIsErrorAfterTheEffectIsAmbiguousWhereTheRegistrySaysSo(t *testing.T) {
+	t.Parallel()
+	var effects atomic.Int32
+	url := goSDKServer(t, func(srv *mcp.Server) {
+		mcp.AddTool(srv, &mcp.Tool{Name: "pay"},
+			func(ctx context.Context, req *mcp.CallToolRequest, in map[string]any) (*mcp.CallToolResult, any, error) {
+				effects.Add(1) // the charge
+				return nil, nil, errors.New("charged, but writing the receipt failed")
+			})
+	}, nil)
+	for _, tc := range []struct {
+		isError string
+		want    tools.Outcome
+	}{{"", tools.Definite}, {"ambiguous", tools.Ambiguous}} {
+		tool := mcpTool(t, tools.UnkeyedWrite, tools.MCP{URL: url + "/mcp", Tool: "pay", IsError: tc.isError}, 5*time.Second)
+		_, outcome, te := callKeyed(t, tool, "key_"+tc.isError, `{}`)
+		if outcome != tc.want {
+			t.Fatalf("is_error %q: a tool error after the effect gave %v %+v, want %v", tc.isError, outcome, te, tc.want)
+		}
+	}
+	if effects.Load() != 2 {
+		t.Fatalf("%d effects, want 2", effects.Load())
+	}
+}
+
+// sessionRecorder notes the session ids a server hands out.
+type sessionRecorder struct {
+	http.ResponseWriter
+	known *sync.Map
+}
+
+func (w sessionRecorder) note() {
+	if sid := w.Header().Get("Mcp-Session-Id"); sid != "" {
+		w.known.Store(sid, true)
+	}
+}
+func (w sessionRecorder) WriteHeader(code int)        { w.note(); w.ResponseWriter.WriteHeader(code) }
+func (w sessionRecorder) Write(b []byte) (int, error) { w.note(); return w.ResponseWriter.Write(b) }
+func (w sessionRecorder) Flush()                      { w.ResponseWriter.(http.Flusher).Flush() }
+func (w sessionRecorder) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// Python SDK servers (StreamableHTTPSessionManager, as quoted by projects
+// built on it) answer a request for a session they do not know (restarted,
+// or the session expired) with 404 and a JSON-RPC error whose id is the
+// placeholder string "server-error", code -32600 (INVALID_REQUEST), "Session
+// not found"; the SDK's transport gives all its errors that id. (Older
+// releases answer 400 in plain text: the server-everything case, ambiguous.)
+// Any JSON-RPC error body with a non-null id does this. The Go SDK decodes that
+// body (a string id is valid) and returns the server's error: Execute
+// classifies it Definite (jsonrpc_-32600) instead of "session gone", does
+// not retry on a new session, and healthy() keeps the dead session in the
+// pool, which the next call takes again: every call after a restart of the
+// server fails, definitely, for as long as the consumer runs.
+func TestMCPSessionAPythonSDKServerForgotIsReplacedNotDefinite(t *testing.T) {
+	t.Parallel()
+	var effects atomic.Int32
+	var known sync.Map
+	var current atomic.Pointer[http.Handler]
+	restart := func() {
+		known.Clear()
+		srv := mcp.NewServer(&mcp.Implementation{Name: "python-like", Version: "1"}, nil)
+		srv.AddTool(&mcp.Tool{Name: "create_ticket", InputSchema: json.RawMessage(`{"type":"object"}`)},
+			func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+				effects.Add(1)
+				return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "ticket"}}}, nil
+			})
+		var h http.Handler = mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, nil)
+		current.Store(&h)
+	}
+	restart()
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if sid := r.Header.Get("Mcp-Session-Id"); sid != "" {
+			if _, ok := known.Load(sid); !ok { // python-sdk streamable_http_manager._send_session_not_found
+				w.Header().Set("Content-Type", "application/json")
+				w.WriteHeader(http.StatusNotFound)
+				io.WriteString(w, `{"jsonrpc":"2.0","id":"server-error","error":{"code":-32600,"message":"Session not found"}}`)
+				return
+			}
+		}
+		(*current.Load()).ServeHTTP(sessionRecorder{w, &known}, r)
+	}))
+	t.Cleanup(ts.Close)
+	tool := mcpTool(t, tools.UnkeyedWrite, tools.MCP{URL: ts.URL, Tool: "create_ticket"}, 5*time.Second)
+	if _, outcome, te := callKeyed(t, tool, "key_1", `{}`); outcome != tools.Success {
+		t.Fatalf("first call: %v %+v", outcome, te)
+	}
+	restart() // same effects kept; its sessions are gone
+	var failed []string
+	for i := 2; i <= 4; i++ {
+		if _, outcome, te := callKeyed(t, tool, "key_"+strconv.Itoa(i), `{}`); outcome != tools.Success {
+			failed = append(failed, outcome.String()+" "+te.Code)
+		}
+	}
+	if len(failed) > 0 {
+		t.Fatalf("after the server restarted, calls gave %v (effects: %d): want each sent once on a new session", failed, effects.Load())
+	}
+}
+
+// The SDK sets Mcp-Protocol-Version on every request after initialize from
+// streamableClientConn.sessionUpdated, which it calls through the optional
+// clientConnection interface. trackedConn embeds only mcp.Connection, so the
+// SDK's type assertion fails, sessionUpdated is never called, and no request
+// of the session carries the header (the 2025-06-18 transport: "the client
+// MUST include the MCP-Protocol-Version header on all subsequent requests").
+// A server that enforces it answers 400, which Execute classifies ambiguous:
+// every unkeyed write indeterminate.
+func TestMCPToolsCallCarriesTheProtocolVersionHeader(t *testing.T) {
+	t.Parallel()
+	var versions sync.Map // method → Mcp-Protocol-Version
+	url := goSDKServer(t, func(srv *mcp.Server) {
+		srv.AddTool(&mcp.Tool{Name: "echo", InputSchema: json.RawMessage(`{"type":"object"}`)},
+			func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+				return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "ok"}}}, nil
+			})
+	}, recordPosts(func(method string, h http.Header) { versions.Store(method, h.Get("Mcp-Protocol-Version")) }))
+	tool := mcpTool(t, tools.Read, tools.MCP{URL: url, Tool: "echo"}, 5*time.Second)
+	if _, outcome, te := callKeyed(t, tool, "", `{}`); outcome != tools.Success {
+		t.Fatalf("%v %+v", outcome, te)
+	}
+	v, _ := versions.Load("tools/call")
+	if v == "" {
+		t.Fatalf("the tools/call POST had no Mcp-Protocol-Version header")
+	}
+}
+
+// recordPosts calls note with the JSON-RPC method and the headers of every
+// POST, before the server handles it.
+func recordPosts(note func(method string, h http.Header)) func(http.Handler) http.Handler {
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.Method == http.MethodPost {
+				body, _ := io.ReadAll(r.Body)
+				r.Body = io.NopCloser(bytes.NewReader(body))
+				var msg struct {
+					Method string `json:"method"`
+				}
+				json.Unmarshal(body, &msg)
+				note(msg.Method, r.Header.Clone())
+			}
+			next.ServeHTTP(w, r)
+		})
+	}
+}
+
+// The key's header is for tools/call. mcpTransport adds it to every POST
+// whose context carries the call, and the SDK sends notifications/cancelled
+// (after a timeout) with context.WithoutCancel of the call's context: the
+// notification carries the call's Idempotency-Key too. An HTTP idempotency
+// layer in front of the server (what the header is for) sees a second,
+// different request under the same key. The notification's answer is also
+// recorded as the call's HTTP status (p.status), and its connection marks
+// the call sent. (The notification races with the pool's Close of the
+// session after the timeout, so the test times out a few calls.)
+func TestMCPIdempotencyKeyHeaderIsSentOnToolsCallOnly(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	var leaked []string
+	url := goSDKServer(t, func(srv *mcp.Server) {
+		srv.AddTool(&mcp.Tool{Name: "slow", InputSchema: json.RawMessage(`{"type":"object"}`)},
+			func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+				select {
+				case <-ctx.Done():
+				case <-time.After(500 * time.Millisecond):
+				}
+				return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "done"}}}, nil
+			})
+	}, recordPosts(func(method string, h http.Header) {
+		if k := h.Get("Idempotency-Key"); k != "" && method != "tools/call" {
+			mu.Lock()
+			leaked = append(leaked, method+" with Idempotency-Key "+k)
+			mu.Unlock()
+		}
+	}))
+	tool := mcpTool(t, tools.KeyedWrite, tools.MCP{URL: url, Tool: "slow"}, 100*time.Millisecond)
+	for i := range 150 {
+		if _, outcome, te := callKeyed(t, tool, "key_"+strconv.Itoa(i), `{}`); outcome != tools.Ambiguous {
+			t.Fatalf("%v %+v, want the timeout's ambiguous", outcome, te)
+		}
+		time.Sleep(30 * time.Millisecond)
+		mu.Lock()
+		n := len(leaked)
+		mu.Unlock()
+		if n > 0 {
+			break
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(leaked) > 0 {
+		t.Fatalf("requests other than tools/call carried the call's key: %v", leaked)
+	}
+}
+
+// ---------------------------------------------------------------------------
+// tools import
+
+// `tools import` must write a file that loads (the acceptance: "tools import
+// --mcp writes a registry that tools audit accepts") whatever harmless text
+// a server lists. Three inputs break it: a multi-line description that
+// starts with a tab (scalar() forces a literal block, which yaml.v3 writes
+// but cannot read back), a control character in the server's name (written
+// raw into the head comment), and U+0085 in a property name of the schema
+// (json.Marshal writes it raw; yaml.Unmarshal of that JSON reads it as a
+// line break in a key and fails, and the import aborts).
+func TestMCPImportOfAnyToolListWritesAFileThatLoads(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name, serverName, description, propName string
+	}{
+		{"description starting with a tab", "srv", "\tUsage: pay an invoice\n\tthen wait", "amount"},
+		{"control character in the server's name", "srv\x1b[31m", "Pay an invoice.", "amount"},
+		{"NEL in a property name", "srv", "Pay an invoice.", "amount\u0085cents"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			srv := mcp.NewServer(&mcp.Implementation{Name: tc.serverName, Version: "1"}, nil)
+			srv.AddTool(&mcp.Tool{Name: "pay", Description: tc.description,
+				InputSchema: json.RawMessage(`{"type":"object","properties":{` + strconv.Quote(tc.propName) + `:{"type":"integer"}}}`)},
+				func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+					return &mcp.CallToolResult{}, nil
+				})
+			ts := httptest.NewServer(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, nil))
+			defer ts.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			file, err := tools.ImportMCP(ctx, tools.MCP{URL: ts.URL}, nil)
+			if err != nil {
+				t.Fatalf("import failed: %v", err)
+			}
+			reg, err := tools.Parse(file, "imported.yaml", tools.Config{})
+			if err != nil {
+				t.Fatalf("the imported file does not load: %v\n%s", err, file)
+			}
+			reg.Close()
+		})
+	}
+}
