@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 )
 
@@ -149,7 +150,9 @@ func mcpAnnotationsOf(c Class) mcpAnnotations {
 // object schema, "type": "object" at the top. A schema that says so is
 // SchemaJSON as written; one with no top-level type gets the member added
 // first, the rest as written (toolq takes only a JSON object as args
-// whatever the schema says, so this changes nothing toolq accepts). A
+// whatever the schema says, so this changes nothing toolq accepts); one
+// whose type is an array that holds "object" ("type": ["object", "null"])
+// gets "type": "object" in its place, for the same reason. A
 // schema whose top-level type is another describes args no call can have:
 // the error is a *DefinitionError naming the tool and its schema.
 func (t *Tool) InputSchema() (json.RawMessage, error) {
@@ -170,8 +173,40 @@ func (t *Tool) InputSchema() (json.RawMessage, error) {
 		return append(append([]byte(`{"type":"object"`), sep...), rest...), nil
 	}
 	var s string
-	if json.Unmarshal(typ, &s) != nil || s != "object" {
-		return nil, bad(`a model's tool definition needs "type": "object" at the top (args are a JSON object), not "type": %s`, typ)
+	if json.Unmarshal(typ, &s) == nil && s == "object" {
+		return t.SchemaJSON, nil
 	}
-	return t.SchemaJSON, nil
+	var types []string
+	if json.Unmarshal(typ, &types) == nil && slices.Contains(types, "object") {
+		return withObjectType(t.SchemaJSON)
+	}
+	return nil, bad(`a model's tool definition needs "type": "object" at the top (args are a JSON object), not "type": %s`, typ)
+}
+
+// withObjectType is schema, an object whose top-level "type" is an array,
+// with that member's value replaced by "object", the rest as written. Model
+// APIs take only "type": "object" at the top; toolq takes only an object
+// as args, so the array's other types admit no call.
+func withObjectType(schema json.RawMessage) (json.RawMessage, error) {
+	dec := json.NewDecoder(bytes.NewReader(schema))
+	if _, err := dec.Token(); err != nil { // '{'
+		return nil, err
+	}
+	for dec.More() {
+		name, err := dec.Token()
+		if err != nil {
+			return nil, err
+		}
+		from := dec.InputOffset() // after the name: the ':' and the value follow
+		var value json.RawMessage
+		if err := dec.Decode(&value); err != nil {
+			return nil, err
+		}
+		if name == "type" {
+			to := dec.InputOffset()
+			out := append(append(append([]byte(nil), schema[:from]...), `:"object"`...), schema[to:]...)
+			return out, nil
+		}
+	}
+	return nil, errors.New(`tools: the schema has no "type"`)
 }

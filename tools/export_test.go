@@ -197,7 +197,7 @@ func TestExportAddsTheObjectTypeASchemaLeavesOut(t *testing.T) {
 func TestExportRefusesASchemaForArgsThatAreNotAnObject(t *testing.T) {
 	t.Parallel()
 	exec := tools.ExecutorFunc(func(context.Context, tools.Request) (json.RawMessage, error) { return nil, nil })
-	for _, schema := range []string{`{"type":"string"}`, `{"type":["object","null"]}`} {
+	for _, schema := range []string{`{"type":"string"}`, `{"type":["string","null"]}`} {
 		reg, err := tools.NewRegistry([]tools.Definition{{Name: "odd", Class: tools.Read, Schema: json.RawMessage(schema), Executor: exec}}, tools.Config{})
 		if err != nil {
 			t.Fatal(err)
@@ -208,6 +208,47 @@ func TestExportRefusesASchemaForArgsThatAreNotAnObject(t *testing.T) {
 			if !errors.As(err, &de) || de.Tool != "odd" || de.Field != "schema" {
 				t.Errorf("%s %s: %v, want a DefinitionError naming odd's schema", schema, f, err)
 			}
+		}
+	}
+}
+
+// TestExportTakesTypeObjectInItsArrayForm: a schema whose type is an
+// array holding "object" (args are an object, and the registry runs the
+// tool's calls) is exported with "type": "object" in its place, the rest
+// as written, rather than failing the whole registry's export.
+func TestExportTakesTypeObjectInItsArrayForm(t *testing.T) {
+	t.Parallel()
+	exec := tools.ExecutorFunc(func(context.Context, tools.Request) (json.RawMessage, error) { return json.RawMessage(`{}`), nil })
+	reg, err := tools.NewRegistry([]tools.Definition{
+		{Name: "a_tool", Class: tools.Read, Executor: exec, Schema: json.RawMessage(`{"type":["object"],"properties":{"q":{"type":"string"}}}`)},
+		{Name: "b_tool", Class: tools.Read, Executor: exec, Schema: json.RawMessage(`{"type":"object"}`)},
+		{Name: "c_tool", Class: tools.Read, Executor: exec, Schema: json.RawMessage(`{"properties":{"q":{"type":"string"}}, "type" : ["object","null"]}`)},
+	}, tools.Config{})
+	if err != nil {
+		t.Fatalf("the registry refuses the schema: %v", err)
+	}
+	tool, _ := reg.Lookup("a_tool")
+	if err := tool.Validate(json.RawMessage(`{"q":"x"}`)); err != nil {
+		t.Fatalf("toolq refuses the args: %v", err)
+	}
+	out, err := reg.Export(tools.FormatAnthropic)
+	if err != nil {
+		t.Fatalf("the registry runs a_tool's calls, but its tool list cannot be exported at all: %v", err)
+	}
+	var got []struct {
+		Name        string          `json:"name"`
+		InputSchema json.RawMessage `json:"input_schema"`
+	}
+	if err := json.Unmarshal(out, &got); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{
+		"a_tool": `{"type":"object","properties":{"q":{"type":"string"}}}`,
+		"c_tool": `{"properties":{"q":{"type":"string"}},"type":"object"}`,
+	}
+	for _, g := range got {
+		if w, ok := want[g.Name]; ok && string(g.InputSchema) != w {
+			t.Errorf("%s: %s, want %s", g.Name, g.InputSchema, w)
 		}
 	}
 }
