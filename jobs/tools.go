@@ -25,7 +25,8 @@ type ToolsRequest struct {
 }
 
 // ErrToolsRefused is a tool list the service answered with an error (an
-// unknown format: 400; a tool whose schema no API takes: 500).
+// unknown format: 400; a tool whose schema no API takes: 500; a list
+// larger than the NATS server's max_payload: 413).
 var ErrToolsRefused = errors.New("jobs: tool list refused")
 
 // Tools asks the consumers for their registry's tools as the tool

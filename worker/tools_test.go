@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -84,6 +85,32 @@ func TestToolsRefusesARegistryNoAPITakes(t *testing.T) {
 	defer cancel()
 	if got, err := client.Tools(ctx, "anthropic"); !errors.Is(err, jobs.ErrToolsRefused) || !strings.Contains(err.Error(), `500 tool "odd": schema`) {
 		t.Errorf("%s %v", got, err)
+	}
+}
+
+// TestToolsAnswersAListTooLargeForNATSWithAnError: a registry whose tool
+// list exceeds the connection's max payload (1 MiB by default) cannot be
+// sent; the agent gets 413 naming the size and the limit, not a timeout.
+func TestToolsAnswersAListTooLargeForNATSWithAnError(t *testing.T) {
+	t.Parallel()
+	var defs []tools.Definition
+	exec := tools.ExecutorFunc(func(context.Context, tools.Request) (json.RawMessage, error) { return json.RawMessage(`{}`), nil })
+	for i := range 120 {
+		defs = append(defs, tools.Definition{Name: fmt.Sprintf("tool_%03d", i), Class: tools.Read, Executor: exec,
+			Description: strings.Repeat("A long, imported description. ", 340), // ~10 KB each, ~1.2 MB in all
+			Schema:      json.RawMessage(`{"type":"object"}`)})
+	}
+	reg, err := tools.NewRegistry(defs, tools.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	client, nc := serveTools(t, reg)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	_, err = client.Tools(ctx, "anthropic")
+	if !errors.Is(err, jobs.ErrToolsRefused) || !strings.Contains(err.Error(), "413") ||
+		!strings.Contains(err.Error(), fmt.Sprintf("max_payload of %d", nc.MaxPayload())) {
+		t.Fatalf("want an error that says the list is too large, got %v", err)
 	}
 }
 
