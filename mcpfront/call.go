@@ -8,11 +8,15 @@ import (
 	"math"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/toolq/toolq/internal/jcs"
+	"github.com/toolq/toolq/internal/pull"
 	"github.com/toolq/toolq/jobs"
 	"github.com/toolq/toolq/tools"
 )
@@ -55,13 +59,27 @@ func (s *Server) call(ctx context.Context, t *tools.Tool, req *mcp.CallToolReque
 	// The tool_use_id follows from the key, so that a re-issue is the same
 	// job (JetStream drops the re-publication) and the same call.
 	j.ToolUseID = "mcp_" + key
-	if s.cfg.MaxBodySize > 0 {
-		if body, _ := json.Marshal(j); len(body) > s.cfg.MaxBodySize {
-			return rejected(fmt.Errorf("the job would be %d bytes, over the consumer's limit of %d", len(body), s.cfg.MaxBodySize)), nil
-		}
+	// Measured as published: Publish keeps the version and created_at set
+	// here, so the body sized is the body sent.
+	j.Version, j.CreatedAt = jobs.Version, time.Now().UTC()
+	body, err := json.Marshal(j)
+	if err != nil {
+		return rejected(err), nil
+	}
+	if s.cfg.MaxBodySize > 0 && len(body) > s.cfg.MaxBodySize {
+		return tooLarge(key, fmt.Sprintf("the job is %d bytes, over the consumer's limit of %d (--max-body-size)", len(body), s.cfg.MaxBodySize)), nil
+	}
+	if limit := s.cfg.JS.Conn().MaxPayload(); int64(len(body)) > limit {
+		return tooLarge(key, fmt.Sprintf("the job is %d bytes, over the NATS server's max_payload of %d", len(body), limit)), nil
 	}
 	res, err := s.await(ctx, j, key)
-	if err != nil {
+	var notRun *notRunError
+	switch {
+	case errors.Is(err, nats.ErrMaxPayload): // the headers took it over
+		return tooLarge(key, fmt.Sprintf("the job (%d bytes and its headers) is over the NATS server's max_payload of %d", len(body), s.cfg.JS.Conn().MaxPayload())), nil
+	case errors.As(err, &notRun):
+		return nil, &jsonrpc.Error{Code: CodeNoResultYet, Message: notRun.Error()}
+	case err != nil:
 		return nil, s.noResult(key, err)
 	}
 	return resultOf(res), nil
@@ -79,6 +97,11 @@ type identity struct {
 // has neither MetaConversationID nor MetaTurnIndex. The error names a field
 // that is there but wrong, or the one of the two that is missing.
 func identify(meta mcp.Meta) (id identity, named bool, err error) {
+	for name := range meta {
+		if strings.HasPrefix(strings.ToLower(name), metaPrefix) && name != MetaConversationID && name != MetaTurnIndex && name != MetaOrdinal {
+			return id, false, fmt.Errorf("toolq: _meta %q is not a field toolq reads: a call is named by %q, %q and %q (optional)", name, MetaConversationID, MetaTurnIndex, MetaOrdinal)
+		}
+	}
 	conv, hasConv := meta[MetaConversationID]
 	turn, hasTurn := meta[MetaTurnIndex]
 	ordinal, hasOrdinal := meta[MetaOrdinal]
@@ -97,32 +120,37 @@ func identify(meta mcp.Meta) (id identity, named bool, err error) {
 		return id, false, fmt.Errorf("toolq: _meta %q: must be a string, got %s", MetaConversationID, describe(conv))
 	}
 	if id.turnIndex, ok = integer(turn); !ok {
-		return id, false, fmt.Errorf("toolq: _meta %q: must be an integer ≥ 0, got %s", MetaTurnIndex, describe(turn))
+		return id, false, fmt.Errorf("toolq: _meta %q: must be an integer from 0 to 2^53−1, got %s", MetaTurnIndex, describe(turn))
 	}
 	if hasOrdinal {
 		if id.ordinal, ok = integer(ordinal); !ok {
-			return id, false, fmt.Errorf("toolq: _meta %q: must be an integer ≥ 0, got %s", MetaOrdinal, describe(ordinal))
+			return id, false, fmt.Errorf("toolq: _meta %q: must be an integer from 0 to 2^53−1, got %s", MetaOrdinal, describe(ordinal))
 		}
 	}
 	return id, true, nil
 }
 
+// maxInteger is the largest integer a _meta field takes, 2^53−1: a
+// double holds every integer up to it, and 2^53 is also what 2^53+1
+// decodes to, so taking it would take one turn for the next.
+const maxInteger = 1<<53 - 1
+
 // integer reads a non-negative integer of a decoded _meta: a JSON number
-// with no fraction, at most 2^53 (above, a double cannot tell integers
-// apart, and clients in other languages would derive other keys).
+// with no fraction, at most maxInteger (above, a double cannot tell
+// integers apart, and clients in other languages would derive other keys).
 func integer(v any) (int64, bool) {
 	switch n := v.(type) {
 	case float64:
-		if n >= 0 && n <= 1<<53 && n == math.Trunc(n) {
+		if n >= 0 && n <= maxInteger && n == math.Trunc(n) {
 			return int64(n), true
 		}
 	case json.Number:
 		i, err := strconv.ParseInt(string(n), 10, 64)
-		return i, err == nil && i >= 0 && i <= 1<<53
+		return i, err == nil && i >= 0 && i <= maxInteger
 	case int64:
-		return n, n >= 0 && n <= 1<<53
+		return n, n >= 0 && n <= maxInteger
 	case int:
-		return int64(n), n >= 0 && n <= 1<<53
+		return int64(n), n >= 0 && n <= maxInteger
 	}
 	return 0, false
 }
@@ -163,6 +191,8 @@ func (s *Server) noResult(key string, err error) error {
 		why = fmt.Sprintf("no result within %s", s.cfg.Wait)
 	case errors.Is(err, context.Canceled):
 		why = "the request was cancelled"
+	case errors.Is(err, errRunningAgain):
+		why = "an operator resolved its unknown outcome as not run, and it is running again"
 	default:
 		s.cfg.Logger.Warn("MCP call not queued or not answered", "key", key, "error", err)
 		why = err.Error()
@@ -228,6 +258,13 @@ func rejected(err error) *mcp.CallToolResult {
 	return errorResult(jobs.StatusRejected, "", &jobs.ResultError{Code: code, Message: err.Error()})
 }
 
+// tooLarge is the result of a call whose job cannot be queued: it would be
+// dead-lettered, or the broker refuses it. Nothing ran, and the same call
+// sent again is refused the same way.
+func tooLarge(key, why string) *mcp.CallToolResult {
+	return errorResult(jobs.StatusRejected, key, &jobs.ResultError{Code: "too_large", Message: why + ": nothing ran; send smaller arguments"})
+}
+
 func meta(status jobs.Status, key string) mcp.Meta {
 	m := mcp.Meta{MetaStatus: string(status)}
 	if key != "" {
@@ -238,6 +275,10 @@ func meta(status jobs.Status, key string) mcp.Meta {
 
 // errClosed ends the calls still waiting when the server closes.
 var errClosed = errors.New("mcpfront: server closed")
+
+// errRunningAgain is a call whose indeterminate result an operator
+// resolved as not run, and which runs again now.
+var errRunningAgain = errors.New("mcpfront: the call runs again")
 
 // flight is one call waiting for its result; a re-issue that comes while
 // it waits waits with it.
@@ -269,6 +310,9 @@ func (s *Server) await(ctx context.Context, j *jobs.Job, key string) (*jobs.Resu
 			defer cancel()
 			defer stop()
 			f.res, f.err = s.publishAndAwait(fctx, j)
+			if f.err == nil && f.res.Status == jobs.StatusIndeterminate {
+				f.res, f.err = s.settled(fctx, f.res)
+			}
 			if f.err != nil && s.ctx.Err() != nil {
 				f.err = errClosed
 			}
@@ -305,16 +349,102 @@ func (s *Server) publishAndAwait(ctx context.Context, j *jobs.Job) (*jobs.Result
 	}
 	if !pub.Duplicate {
 		got, err := aw.Wait(ctx)
-		if err == nil {
+		switch {
+		case err == nil && got[0].Key == pub.Key:
 			return got[0], nil
-		}
-		if !errors.Is(err, jobs.ErrResultsClosed) {
+		case err == nil: // another call's result, with this tool_use_id: read on
+		case !errors.Is(err, jobs.ErrResultsClosed):
 			return nil, err
+		default:
+			s.cfg.Logger.Warn("MCP front door: the results reader stopped; reading the conversation instead", "error", err)
+			s.dropResults(reader)
 		}
-		s.cfg.Logger.Warn("MCP front door: the results reader stopped; reading the conversation instead", "error", err)
-		s.dropResults(reader)
 	}
-	return s.client.Await(ctx, j.ConversationID, j.ToolUseID)
+	return s.awaitKey(ctx, j.ConversationID, j.ToolUseID, pub.Key)
+}
+
+// awaitKey reads the conversation's results from the start until it has
+// read every result published before it started and holds one addressed
+// to toolUseID with the given key: the latest such, since an operator's
+// resolution as not run and the run that follows answer after an
+// indeterminate. A result with another key (a job published with the same
+// tool_use_id by someone else) is another call's, and skipped.
+func (s *Server) awaitKey(ctx context.Context, conversationID, toolUseID, key string) (*jobs.Result, error) {
+	cons, err := s.cfg.JS.OrderedConsumer(ctx, jobs.ResultsStream, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{jobs.ResultSubject(conversationID)},
+		DeliverPolicy:  jetstream.DeliverAllPolicy,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("mcpfront: read the results of %s: %w", conversationID, err)
+	}
+	iter, err := cons.Messages()
+	if err != nil {
+		return nil, fmt.Errorf("mcpfront: read the results of %s: %w", conversationID, err)
+	}
+	it := pull.New(iter, s.cfg.JS.Conn())
+	defer it.Stop()
+	stop := context.AfterFunc(ctx, it.Stop)
+	defer stop()
+	var got *jobs.Result
+	caughtUp := false // read every result the stream held when it was last asked
+	for got == nil || !caughtUp {
+		msg, err := it.Next()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			return nil, fmt.Errorf("mcpfront: read the results of %s: %w", conversationID, err)
+		}
+		meta, err := msg.Metadata()
+		caughtUp = err != nil || meta.NumPending == 0
+		if r, err := jobs.DecodeResult(msg.Data()); err == nil && r.ToolUseID == toolUseID && r.Key == key {
+			got = r
+		}
+	}
+	return got, nil
+}
+
+// settled is the answer to a call whose result is indeterminate. The
+// results stream keeps that result after an operator resolved the call in
+// the ledger, so the ledger (through the consumers' lookup service) is
+// asked: a call resolved as done is answered with the operator's output, a
+// failed one with its error; one resolved as not run is a notRunError. If
+// the lookup fails (no consumer serves it), the indeterminate result
+// stands.
+func (s *Server) settled(ctx context.Context, r *jobs.Result) (*jobs.Result, error) {
+	l, err := s.client.Lookup(ctx, r.Key)
+	if err != nil {
+		s.cfg.Logger.Warn("MCP front door: ledger lookup failed; the call is answered indeterminate", "key", r.Key, "error", err)
+		return r, nil
+	}
+	resolved := *r
+	resolved.Output, resolved.Error = nil, nil
+	switch l.State {
+	case jobs.LookupCompleted:
+		resolved.Status, resolved.Output = jobs.StatusOK, l.Output
+	case jobs.LookupFailed:
+		resolved.Status, resolved.Error = jobs.StatusError, l.Error
+	case jobs.LookupUnknown:
+		return nil, &notRunError{key: r.Key}
+	case jobs.LookupInFlight: // released and running again
+		return nil, errRunningAgain
+	default:
+		return r, nil
+	}
+	return &resolved, nil
+}
+
+// notRunError is a call whose indeterminate result an operator resolved as
+// not run (or whose ledger row is gone): its row is released, and the call
+// runs at its next delivery. The same job published again is dropped
+// within the jobs stream's duplicate window, so the client is told when to
+// send it again.
+type notRunError struct{ key string }
+
+func (e *notRunError) Error() string {
+	return fmt.Sprintf("toolq: call %s: its outcome was unknown, and an operator resolved it as not run (consumer ledger resolve --not-run): "+
+		"it runs at its next delivery. The same tools/call sent again within the jobs stream's duplicate window (2 minutes by default) "+
+		"after its first is dropped as a re-publication: send it again after that, or have the operator run it now (publisher replay); it will not run twice", e.key)
 }
 
 // results is the reader of every conversation's results, started at the

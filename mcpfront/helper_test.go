@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -17,6 +18,7 @@ import (
 	"github.com/toolq/toolq/embedded"
 	"github.com/toolq/toolq/internal/testenv"
 	"github.com/toolq/toolq/mcpfront"
+	"github.com/toolq/toolq/tools"
 	"github.com/toolq/toolq/worker"
 )
 
@@ -43,6 +45,13 @@ func setup(t *testing.T, faults sandbox.Faults, cfg ...func(*mcpfront.Config)) *
 	if _, err := st.StartWorker(ctx, worker.Config{Logger: quiet}); err != nil {
 		t.Fatal(err)
 	}
+	// The ledger lookup, which every consumer serves: the front door asks it
+	// of a call answered indeterminate.
+	lookup, err := worker.ServeLookup(st.Conn, st.Store, quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { lookup.Stop() })
 	b := &bundle{st: st}
 	b.front, b.addr = serve(t, st, quiet, cfg...)
 	return b
@@ -59,11 +68,19 @@ func serve(t *testing.T, st *embedded.Stack, logger *slog.Logger, cfg ...func(*m
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(front.Close)
+	return front, serveFront(t, front)
+}
+
+// serveFront serves front over HTTP at /mcp until the test ends, and
+// returns its host:port.
+func serveFront(t *testing.T, front *mcpfront.Server) string {
+	t.Helper()
 	mux := http.NewServeMux()
 	mux.Handle("/mcp", front.Handler())
 	srv := httptest.NewServer(mux)
-	t.Cleanup(func() { srv.Close(); front.Close() })
-	return front, strings.TrimPrefix(srv.URL, "http://")
+	t.Cleanup(srv.Close) // before front.Close: cleanups run last first
+	return strings.TrimPrefix(srv.URL, "http://")
 }
 
 // connect opens a new MCP client session to the front door at addr (a
@@ -162,6 +179,67 @@ func asJSON(t *testing.T, v any) string {
 		t.Fatal(err)
 	}
 	return string(b)
+}
+
+// notes is a keyed write whose executor counts its effects by text.
+type notes struct {
+	mu   sync.Mutex
+	runs map[string]int
+}
+
+func (n *notes) count(text string) int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.runs[text]
+}
+
+// noteStack starts a stack whose registry is one keyed write, store_note
+// (args {"text": any string}), and a worker with wcfg; the caller serves
+// the front door.
+func noteStack(t *testing.T, wcfg worker.Config) (*embedded.Stack, *notes) {
+	t.Helper()
+	n := &notes{runs: map[string]int{}}
+	exec := tools.ExecutorFunc(func(ctx context.Context, r tools.Request) (json.RawMessage, error) {
+		var a struct{ Text string }
+		if err := json.Unmarshal(r.Args, &a); err != nil {
+			return nil, tools.DefiniteError("bad_args", err.Error())
+		}
+		n.mu.Lock()
+		n.runs[a.Text]++
+		n.mu.Unlock()
+		return json.RawMessage(`{"stored":true}`), nil
+	})
+	reg, err := tools.NewRegistry([]tools.Definition{{
+		Name: "store_note", Class: tools.KeyedWrite, Executor: exec,
+		Schema: json.RawMessage(`{"type":"object","properties":{"text":{"type":"string"}},"required":["text"],"additionalProperties":false}`),
+	}}, tools.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	st, err := embedded.Start(context.Background(), embedded.Config{Tools: reg, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(st.Close)
+	wcfg.Logger = quiet
+	if _, err := st.StartWorker(context.Background(), wcfg); err != nil {
+		t.Fatal(err)
+	}
+	return st, n
+}
+
+func streamMsgs(t *testing.T, st *embedded.Stack, name string) uint64 {
+	t.Helper()
+	s, err := st.JS.Stream(context.Background(), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.State.Msgs
 }
 
 func TestMain(m *testing.M) { testenv.Main(m) }

@@ -103,11 +103,11 @@ func TestAMetaThatNamesTheCallWronglyIsRefused(t *testing.T) {
 	}{
 		{mcp.Meta{mcpfront.MetaConversationID: "c1"}, `without "io.toolq/turn_index"`},
 		{mcp.Meta{mcpfront.MetaTurnIndex: 1}, `without "io.toolq/conversation_id"`},
-		{mcp.Meta{mcpfront.MetaConversationID: "c1", mcpfront.MetaTurnIndex: "1"}, `"io.toolq/turn_index": must be an integer ≥ 0, got "1"`},
-		{mcp.Meta{mcpfront.MetaConversationID: "c1", mcpfront.MetaTurnIndex: -1}, `"io.toolq/turn_index": must be an integer ≥ 0, got -1`},
+		{mcp.Meta{mcpfront.MetaConversationID: "c1", mcpfront.MetaTurnIndex: "1"}, `"io.toolq/turn_index": must be an integer from 0 to 2^53−1, got "1"`},
+		{mcp.Meta{mcpfront.MetaConversationID: "c1", mcpfront.MetaTurnIndex: -1}, `"io.toolq/turn_index": must be an integer from 0 to 2^53−1, got -1`},
 		{mcp.Meta{mcpfront.MetaConversationID: "c1", mcpfront.MetaTurnIndex: 1.5}, `got 1.5`},
-		{mcp.Meta{mcpfront.MetaConversationID: "c1", mcpfront.MetaTurnIndex: 1 << 60}, `"io.toolq/turn_index": must be an integer ≥ 0`},
-		{mcp.Meta{mcpfront.MetaConversationID: "c1", mcpfront.MetaTurnIndex: 1, mcpfront.MetaOrdinal: "0"}, `"io.toolq/ordinal": must be an integer ≥ 0`},
+		{mcp.Meta{mcpfront.MetaConversationID: "c1", mcpfront.MetaTurnIndex: 1 << 60}, `"io.toolq/turn_index": must be an integer from 0 to 2^53−1`},
+		{mcp.Meta{mcpfront.MetaConversationID: "c1", mcpfront.MetaTurnIndex: 1, mcpfront.MetaOrdinal: "0"}, `"io.toolq/ordinal": must be an integer from 0 to 2^53−1`},
 		{mcp.Meta{mcpfront.MetaConversationID: 7, mcpfront.MetaTurnIndex: 1}, `"io.toolq/conversation_id": must be a string, got 7`},
 		{mcp.Meta{mcpfront.MetaConversationID: "c|1", mcpfront.MetaTurnIndex: 1}, `"io.toolq/conversation_id": must match ^[A-Za-z0-9_:-]{1,128}$`},
 	} {

@@ -5,6 +5,8 @@ import (
 	"testing"
 )
 
+// TestIntegerTakesOnlyWhatEveryClientReadsAlike: integers from 0 to
+// 2^53−1, the ones a double holds apart from their neighbours.
 func TestIntegerTakesOnlyWhatEveryClientReadsAlike(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
@@ -14,8 +16,11 @@ func TestIntegerTakesOnlyWhatEveryClientReadsAlike(t *testing.T) {
 	}{
 		{float64(0), 0, true},
 		{float64(7), 7, true},
-		{float64(1 << 53), 1 << 53, true},
+		{float64(1<<53 - 1), 1<<53 - 1, true},
+		{float64(1 << 53), 0, false}, // also what 2^53+1 decodes to
 		{float64(1<<53 + 2), 0, false},
+		{json.Number("9007199254740992"), 0, false},
+		{int64(1<<53 - 1), 1<<53 - 1, true},
 		{1.5, 0, false},
 		{-1.0, 0, false},
 		{json.Number("12"), 12, true},

@@ -24,7 +24,9 @@ package mcpfront
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"sync"
@@ -56,9 +58,13 @@ const (
 	// or indeterminate.
 	MetaStatus = "io.toolq/status"
 	// MetaClass, in a tool's description, is its class: read,
-	// keyed_write or unkeyed_write.
+	// keyed_write, unkeyed_write or transactional_write.
 	MetaClass = "io.toolq/class"
 )
+
+// metaPrefix starts every name toolq reads in _meta: a request's other
+// io.toolq/ names (a misspelt ordinal) are refused, not ignored.
+const metaPrefix = "io.toolq/"
 
 // CodeNoResultYet is the JSON-RPC error code of a call that has no result
 // within Config.Wait, or whose wait the server's end cut short: it is
@@ -123,7 +129,7 @@ type Server struct {
 
 // New returns the front door of cfg.Registry. A tool whose schema cannot
 // describe an object (tools.Tool.InputSchema: the args of every call are
-// one) is left out, with a warning. Errors: a Config without Registry or
+// one), or that the MCP SDK refuses, is left out, with a warning. Errors: a Config without Registry or
 // JS.
 func New(cfg Config) (*Server, error) {
 	cfg, err := cfg.withDefaults()
@@ -142,15 +148,9 @@ func New(cfg Config) (*Server, error) {
 			cfg.Logger.Warn("tool left out of the MCP server", "tool", t.Name, "error", err)
 			continue
 		}
-		s.mcp.AddTool(&mcp.Tool{
-			Name:        t.Name,
-			Description: t.Description,
-			InputSchema: schema,
-			Annotations: &mcp.ToolAnnotations{ReadOnlyHint: t.Class == tools.Read},
-			Meta:        mcp.Meta{MetaClass: string(t.Class)},
-		}, func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
-			return s.call(ctx, t, req)
-		})
+		if err := s.addTool(t, schema); err != nil {
+			cfg.Logger.Warn("tool left out of the MCP server", "tool", t.Name, "error", err)
+		}
 	}
 	// Stateless: no session to lose. A client that re-issues a call after a
 	// cut may come back on a new connection, to another consumer behind
@@ -158,6 +158,27 @@ func New(cfg Config) (*Server, error) {
 	s.handler = mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s.mcp },
 		&mcp.StreamableHTTPOptions{Stateless: true, Logger: cfg.Logger})
 	return s, nil
+}
+
+// addTool serves t. The SDK panics on a schema it refuses (an
+// x-mcp-header annotation on a property it cannot bind to a header) that
+// the registry takes: that panic is the tool's error, not the server's end.
+func (s *Server) addTool(t *tools.Tool, schema json.RawMessage) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("mcpfront: the MCP SDK refuses the tool's schema: %v", p)
+		}
+	}()
+	s.mcp.AddTool(&mcp.Tool{
+		Name:        t.Name,
+		Description: t.Description,
+		InputSchema: schema,
+		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: t.Class == tools.Read},
+		Meta:        mcp.Meta{MetaClass: string(t.Class)},
+	}, func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		return s.call(ctx, t, req)
+	})
+	return nil
 }
 
 const instructions = "Calls of write tools are made once through toolq: each tools/call carries in _meta " +
