@@ -69,6 +69,8 @@ const metaPrefix = "io.toolq/"
 // CodeNoResultYet is the JSON-RPC error code of a call that has no result
 // within Config.Wait, or whose wait the server's end cut short: it is
 // queued or running, and the same tools/call sent again gets its result.
+// It is also the code of a call an operator resolved as not run, whose
+// message says when the same call sent again runs.
 const CodeNoResultYet = -32001
 
 // DefaultWait is Config.Wait's default: below the 60 s after which MCP
