@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -27,7 +28,8 @@ func (b Breaker) withDefaults() Breaker {
 
 // breaker wraps a gobreaker circuit breaker for one downstream. Not-sent and
 // ambiguous failures count against it; definite failures (the downstream
-// answered) count as successes, and cancellations are not counted.
+// answered) count as successes, and cancellations and transaction
+// conflicts are not counted.
 type breaker struct {
 	cb       *gobreaker.CircuitBreaker[json.RawMessage]
 	settings Breaker
@@ -55,7 +57,10 @@ func newBreaker(name string, s Breaker, logger *slog.Logger) *breaker {
 		},
 		IsExcluded: func(err error) bool {
 			var te *Error
-			return errors.As(err, &te) && te.Code == CodeCancelled
+			// Cancelled calls say nothing of the downstream; neither does a
+			// transaction rolled back for contention (SQLSTATE class 40:
+			// serialization failure, deadlock), which goes through retried.
+			return errors.As(err, &te) && (te.Code == CodeCancelled || strings.HasPrefix(te.Code, "sqlstate_40"))
 		},
 		OnStateChange: func(name string, from, to gobreaker.State) {
 			if to == gobreaker.StateOpen {

@@ -169,6 +169,9 @@ func (m *MCP) server() string {
 // Close ends the executor's sessions (and stops a stdio server).
 func (m *MCP) Close() error { return m.pool.close() }
 
+// mcpResumes is how many times a cut response stream is resumed.
+const mcpResumes = 3
+
 // connect opens a session with the server.
 func (m *MCP) connect(ctx context.Context) (*mcp.ClientSession, error) {
 	client := mcp.NewClient(&mcp.Implementation{Name: "toolq", Version: version.Get().Version}, nil)
@@ -176,7 +179,12 @@ func (m *MCP) connect(ctx context.Context) (*mcp.ClientSession, error) {
 		// Not wrapped: the SDK's own connection keeps the session's protocol
 		// version for its headers; how far a call got is traced by
 		// mcpTransport.
-		return client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: m.URL, HTTPClient: m.Client, DisableStandaloneSSE: true}, nil)
+		//
+		// A response stream cut mid-call is resumed with its Last-Event-ID
+		// (the server may still answer it) at most mcpResumes times, 1 s,
+		// 1.5 s and 2.25 s apart: the SDK's default of five, up to 13 s and
+		// more on a loaded machine, holds a slot for a server that is gone.
+		return client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: m.URL, HTTPClient: m.Client, DisableStandaloneSSE: true, MaxRetries: mcpResumes}, nil)
 	}
 	cmd := exec.Command(m.Command[0], m.Command[1:]...)
 	cmd.Stderr = os.Stderr

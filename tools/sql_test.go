@@ -184,7 +184,6 @@ func TestSQLErrorsAreClassifiedBySQLState(t *testing.T) {
 	t.Parallel()
 	pool := sqlDB(t, `CREATE FUNCTION fail_with(code text) RETURNS int LANGUAGE plpgsql AS $$
 		BEGIN RAISE EXCEPTION 'failing with %', code USING ERRCODE = code; END $$`)
-	tool := sqlTool(t, `{type: object, properties: {code: {type: string}}}`, `{statement: "SELECT fail_with(@code)"}`)
 	for code, want := range map[string]tools.Outcome{
 		"23505": tools.Definite, // unique_violation
 		"23502": tools.Definite, // not_null_violation
@@ -197,11 +196,42 @@ func TestSQLErrorsAreClassifiedBySQLState(t *testing.T) {
 		"53300": tools.NotSent,  // too_many_connections
 		"57014": tools.NotSent,  // query_canceled
 	} {
+		// A tool of its own for each code: five not-sent failures in a row
+		// would open one tool's breaker.
+		tool := sqlTool(t, `{type: object, properties: {code: {type: string}}}`, `{statement: "SELECT fail_with(@code)"}`)
 		_, err := runSQL(t, pool, tool, fmt.Sprintf(`{"code":%q}`, code))
 		var te *tools.Error
 		if !errors.As(err, &te) || te.Outcome != want || te.Code != "sqlstate_"+code {
 			t.Errorf("SQLSTATE %s: got %v, want %s", code, err, want)
 		}
+	}
+}
+
+// TestSQLConflictsDoNotOpenTheBreaker: a serialization failure or a
+// deadlock is contention between calls, not a sick database; retried, the
+// call goes through, so a run of them must not stop the tool's calls.
+func TestSQLConflictsDoNotOpenTheBreaker(t *testing.T) {
+	t.Parallel()
+	pool := sqlDB(t, `CREATE FUNCTION fail_with(code text) RETURNS int LANGUAGE plpgsql AS $$
+		BEGIN IF code <> '' THEN RAISE EXCEPTION 'failing with %', code USING ERRCODE = code; END IF; RETURN 1; END $$`)
+	tool := sqlTool(t, `{type: object, properties: {code: {type: string}}}`, `{statement: "SELECT fail_with(@code) AS ok", output: row}`)
+	for i := 0; i < 12; i++ {
+		code := []string{"40001", "40P01"}[i%2]
+		_, err := runSQL(t, pool, tool, fmt.Sprintf(`{"code":%q}`, code))
+		var te *tools.Error
+		if !errors.As(err, &te) || te.Outcome != tools.NotSent || te.Code != "sqlstate_"+code {
+			t.Fatalf("conflict %d (%s): got %v, want not sent with its SQLSTATE", i, code, err)
+		}
+	}
+	if out, err := runSQL(t, pool, tool, `{"code":""}`); err != nil || string(out) != `{"ok":1}` {
+		t.Fatalf("after twelve conflicts: %s, %v; want the call run", out, err)
+	}
+	// A database that refuses connections is another matter.
+	for i := 0; i < 5; i++ {
+		runSQL(t, pool, tool, `{"code":"53300"}`)
+	}
+	if _, err := runSQL(t, pool, tool, `{"code":""}`); !errors.Is(err, tools.ErrBreakerOpen) {
+		t.Fatalf("after five too_many_connections: %v, want the breaker open", err)
 	}
 }
 

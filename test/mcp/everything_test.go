@@ -210,7 +210,10 @@ func killDuring(t *testing.T, pid func() int, call func() (tools.Outcome, *tools
 		if r.outcome != tools.Ambiguous {
 			t.Fatalf("a server killed mid-call gave %v %+v, want ambiguous", r.outcome, r.te)
 		}
-	case <-time.After(20 * time.Second):
+		if r.te.Code == tools.CodeTimeout {
+			t.Fatalf("the call ended by its timeout (%+v), not by its server's death", r.te)
+		}
+	case <-time.After(40 * time.Second): // the tool's timeout is 30 s
 		t.Fatal("the call did not end after its server was killed")
 	}
 }
