@@ -636,7 +636,7 @@ func TestListAndCounts(t *testing.T) {
 		if all, _ := s.List(ctx, ledger.Filter{}); len(all) != 3 {
 			t.Fatalf("all rows: %d, want 3 (a released row is not listed)", len(all))
 		}
-		if len(counts) != 5 || counts["in_flight"] != 2 || counts["completed"] != 1 || counts["stale"] != 1 || counts["failed"] != 0 {
+		if len(counts) != 6 || counts["in_flight"] != 2 || counts["completed"] != 1 || counts["stale"] != 1 || counts["failed"] != 0 {
 			t.Fatalf("counts %v", counts)
 		}
 		if _, err := s.List(ctx, ledger.Filter{State: "bogus"}); err == nil {

@@ -26,6 +26,13 @@ var (
 	// ledger is a file private to its consumer: no application keeps its
 	// data there, so there is no effect to commit with the row.
 	ErrTxUnsupported = errors.New("ledger: transactional writes need the Postgres ledger")
+	// ErrNotAwaiting: a decision or a waiter for a call that is not
+	// awaiting approval (decided, expired, or never asked); the error says
+	// where it is.
+	ErrNotAwaiting = errors.New("ledger: the call is not awaiting approval")
+	// ErrDecisionRefused: a decision that does not match the call it names
+	// (another approver group, another args digest).
+	ErrDecisionRefused = errors.New("ledger: decision refused")
 )
 
 // DefaultTimeout bounds every call whose context has no deadline.
@@ -96,7 +103,7 @@ func (s *Store) retryConflicts(ctx context.Context, f func() error) error {
 }
 
 func isLedgerError(err error) bool {
-	for _, e := range []error{ErrNotFound, ErrFenced, ErrLeaseHeld, ErrMaterialMismatch, ErrNotIndeterminate, ErrUnavailable, ErrInvalidOutput, ErrResolved, ErrTxUnsupported} {
+	for _, e := range []error{ErrNotFound, ErrFenced, ErrLeaseHeld, ErrMaterialMismatch, ErrNotIndeterminate, ErrUnavailable, ErrInvalidOutput, ErrResolved, ErrTxUnsupported, ErrNotAwaiting, ErrDecisionRefused} {
 		if errors.Is(err, e) {
 			return true
 		}

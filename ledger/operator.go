@@ -37,7 +37,10 @@ type Filter struct {
 	ConversationID string
 	OlderThan      time.Duration // last updated more than this ago
 	NewerThan      time.Duration // last updated at most this ago
-	Limit          int           // 0: 100
+	// Approval selects by ApprovalStatus: "any" for every call that needed
+	// approval, or one status.
+	Approval string
+	Limit    int // 0: 100
 }
 
 // Get returns the row of key, or ErrNotFound.
@@ -64,7 +67,7 @@ func (s *Store) List(ctx context.Context, f Filter) ([]Row, error) {
 	ctx, cancel := withDefaultTimeout(ctx)
 	defer cancel()
 	if f.State != "" && !f.State.Valid() {
-		return nil, fmt.Errorf("ledger: list: unknown state %q (want in_flight, completed, failed or indeterminate)", f.State)
+		return nil, fmt.Errorf("ledger: list: unknown state %q (want in_flight, completed, failed, indeterminate or awaiting_approval)", f.State)
 	}
 	if f.Limit <= 0 {
 		f.Limit = 100
@@ -78,7 +81,7 @@ func (s *Store) List(ctx context.Context, f Filter) ([]Row, error) {
 		query = q.listStale
 	}
 	args := namedArgs{"state": string(f.State), "limit": f.Limit, "tool": f.Tool, "conversation": f.ConversationID,
-		"older_ms": f.OlderThan.Milliseconds(), "newer_ms": f.NewerThan.Milliseconds()}
+		"older_ms": f.OlderThan.Milliseconds(), "newer_ms": f.NewerThan.Milliseconds(), "approval": f.Approval}
 	rows := []Row{}
 	err := s.db.queryRows(ctx, query, args, func(sc scanner) error {
 		var r Row
@@ -99,7 +102,8 @@ func (s *Store) List(ctx context.Context, f Filter) ([]Row, error) {
 func (s *Store) Counts(ctx context.Context) (map[string]int64, error) {
 	ctx, cancel := withDefaultTimeout(ctx)
 	defer cancel()
-	counts := map[string]int64{string(InFlight): 0, string(Completed): 0, string(Failed): 0, string(Indeterminate): 0, "stale": 0}
+	counts := map[string]int64{string(InFlight): 0, string(Completed): 0, string(Failed): 0, string(Indeterminate): 0,
+		string(AwaitingApproval): 0, "stale": 0}
 	err := s.db.queryRows(ctx, s.db.sql().counts, nil, func(sc scanner) error {
 		var state string
 		var n int64

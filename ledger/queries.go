@@ -20,6 +20,9 @@ type queries struct {
 	// An operator's resolution, which appends its event to the history.
 	resolveNotRun, resolveCompleted string
 
+	// Approvals (approval.go).
+	awaitApproval, addWaiter, approve, deny, expire, unanswered, waitersAnswered string
+
 	// Retention.
 	purge, purgeCount, recordPurge, lastPurge string
 }

@@ -11,7 +11,8 @@ const pgCols = `key, conversation_id, turn_index, tool, ordinal, args_digest, st
 	greatest(0, (extract(epoch from (lease_until - now())) * 1000)::bigint),
 	first_tool_use_id, trace_id, span_id, result, error,
 	(extract(epoch from created_at) * 1000)::bigint, (extract(epoch from updated_at) * 1000)::bigint,
-	history, failures, claim_token, (extract(epoch from answered_at) * 1000)::bigint`
+	history, failures, claim_token, (extract(epoch from answered_at) * 1000)::bigint,
+	approval_status, (extract(epoch from approval_expires_at) * 1000)::bigint, approval, waiters`
 
 // pgFenced is the WHERE of a write by the holder of one claim. The attempt
 // alone does not name a claim: a claim that Postgres lost in a crash before
@@ -24,7 +25,8 @@ const pgFenced = `WHERE key = @key AND attempt = @attempt AND claim_token = @tok
 const pgListFilter = `(@state::text = '' OR state = @state::text) AND (@tool::text = '' OR tool = @tool::text)
 	AND (@conversation::text = '' OR conversation_id = @conversation::text)
 	AND (@older_ms::bigint = 0 OR updated_at < now() - @older_ms::bigint * interval '1 millisecond')
-	AND (@newer_ms::bigint = 0 OR updated_at >= now() - @newer_ms::bigint * interval '1 millisecond')`
+	AND (@newer_ms::bigint = 0 OR updated_at >= now() - @newer_ms::bigint * interval '1 millisecond')
+	AND (@approval::text = '' OR approval_status = @approval::text OR (@approval::text = 'any' AND approval_status <> ''))`
 
 // pgPurgeable are the rows a purge with cutoff @cutoff_ms (Unix
 // milliseconds) deletes: finished before it, answered no call since
@@ -78,6 +80,25 @@ var postgresQueries = &queries{
 		history = ` + pgAppendEvent + ` WHERE key = @key AND state = 'indeterminate'`,
 	resolveCompleted: `UPDATE toolq_ledger SET state = 'completed', result = @result, updated_at = now(),
 		history = ` + pgAppendEvent + ` WHERE key = @key AND state = 'indeterminate'`,
+
+	awaitApproval: `UPDATE toolq_ledger SET state = 'awaiting_approval', approval_status = 'awaiting', approval = @approval,
+		approval_expires_at = now() + @ttl_ms::bigint * interval '1 millisecond', waiters = @waiters, lease_until = now(), updated_at = now()
+		` + pgFenced + ` RETURNING ` + pgCols,
+	addWaiter: `UPDATE toolq_ledger SET waiters = CASE WHEN waiters::jsonb ? @id::text THEN waiters
+		ELSE (waiters::jsonb || jsonb_build_array(@id::text))::text END
+		WHERE key = @key AND state = 'awaiting_approval' RETURNING ` + pgCols,
+	approve: `UPDATE toolq_ledger SET state = 'released', approval_status = 'approved', lease_until = now(), updated_at = now(),
+		history = ` + pgAppendEvent + ` WHERE key = @key AND state = 'awaiting_approval' AND approval_expires_at > now() RETURNING ` + pgCols,
+	deny: `UPDATE toolq_ledger SET state = 'failed', approval_status = 'denied', error = @error, lease_until = now(), updated_at = now(),
+		history = ` + pgAppendEvent + ` WHERE key = @key AND state = 'awaiting_approval' AND approval_expires_at > now() RETURNING ` + pgCols,
+	expire: `UPDATE toolq_ledger SET state = 'failed', approval_status = 'expired', error = @error, lease_until = now(), updated_at = now(),
+		history = ` + pgAppendEvent + ` WHERE key IN (SELECT key FROM toolq_ledger WHERE waiters <> '[]' AND state = 'awaiting_approval'
+			AND approval_expires_at <= now() ORDER BY approval_expires_at LIMIT @limit)
+		AND state = 'awaiting_approval' AND approval_expires_at <= now() RETURNING ` + pgCols,
+	unanswered: `SELECT ` + pgCols + ` FROM toolq_ledger WHERE waiters <> '[]'
+		AND state IN ('completed', 'failed', 'indeterminate', 'released')
+		AND updated_at <= now() - @older_ms::bigint * interval '1 millisecond' ORDER BY updated_at LIMIT @limit`,
+	waitersAnswered: `UPDATE toolq_ledger SET waiters = '[]' WHERE key = @key AND state IN ('completed', 'failed', 'indeterminate')`,
 
 	purge:      `DELETE FROM toolq_ledger WHERE key IN (SELECT key FROM toolq_ledger WHERE ` + pgPurgeable + ` LIMIT @batch)`,
 	purgeCount: `SELECT count(*) FROM toolq_ledger WHERE ` + pgPurgeable,

@@ -10,7 +10,8 @@ const sqliteNow = "CAST(unixepoch('subsec') * 1000 AS INTEGER)"
 // sqliteCols are the columns scanRow reads.
 const sqliteCols = `key, conversation_id, turn_index, tool, ordinal, args_digest, state, attempt, owner,
 	lease_until, max(0, lease_until - ` + sqliteNow + `), first_tool_use_id, trace_id, span_id, result, error,
-	created_at, updated_at, history, failures, claim_token, answered_at`
+	created_at, updated_at, history, failures, claim_token, answered_at,
+	approval_status, approval_expires_at, approval, waiters`
 
 // sqliteFenced is the WHERE of a write by the holder of one claim (see
 // pgFenced).
@@ -20,7 +21,8 @@ const sqliteFenced = `WHERE key = @key AND attempt = @attempt AND claim_token = 
 const sqliteListFilter = `(@state = '' OR state = @state) AND (@tool = '' OR tool = @tool)
 	AND (@conversation = '' OR conversation_id = @conversation)
 	AND (@older_ms = 0 OR updated_at < ` + sqliteNow + ` - @older_ms)
-	AND (@newer_ms = 0 OR updated_at >= ` + sqliteNow + ` - @newer_ms)`
+	AND (@newer_ms = 0 OR updated_at >= ` + sqliteNow + ` - @newer_ms)
+	AND (@approval = '' OR approval_status = @approval OR (@approval = 'any' AND approval_status <> ''))`
 
 // sqlitePurgeable are the rows a purge deletes (see pgPurgeable; 3600000 ms
 // is answeredEvery).
@@ -69,6 +71,28 @@ var sqliteQueries = &queries{
 		updated_at = ` + sqliteNow + `, history = ` + sqliteAppendEvent + ` WHERE key = @key AND state = 'indeterminate'`,
 	resolveCompleted: `UPDATE toolq_ledger SET state = 'completed', result = @result, updated_at = ` + sqliteNow + `,
 		history = ` + sqliteAppendEvent + ` WHERE key = @key AND state = 'indeterminate'`,
+
+	awaitApproval: `UPDATE toolq_ledger SET state = 'awaiting_approval', approval_status = 'awaiting', approval = @approval,
+		approval_expires_at = ` + sqliteNow + ` + @ttl_ms, waiters = @waiters, lease_until = ` + sqliteNow + `,
+		updated_at = ` + sqliteNow + ` ` + sqliteFenced + ` RETURNING ` + sqliteCols,
+	addWaiter: `UPDATE toolq_ledger SET waiters = CASE WHEN EXISTS (SELECT 1 FROM json_each(toolq_ledger.waiters) WHERE value = @id)
+		THEN waiters ELSE json_insert(waiters, '$[#]', @id) END
+		WHERE key = @key AND state = 'awaiting_approval' RETURNING ` + sqliteCols,
+	approve: `UPDATE toolq_ledger SET state = 'released', approval_status = 'approved', lease_until = ` + sqliteNow + `,
+		updated_at = ` + sqliteNow + `, history = ` + sqliteAppendEvent + `
+		WHERE key = @key AND state = 'awaiting_approval' AND approval_expires_at > ` + sqliteNow + ` RETURNING ` + sqliteCols,
+	deny: `UPDATE toolq_ledger SET state = 'failed', approval_status = 'denied', error = @error, lease_until = ` + sqliteNow + `,
+		updated_at = ` + sqliteNow + `, history = ` + sqliteAppendEvent + `
+		WHERE key = @key AND state = 'awaiting_approval' AND approval_expires_at > ` + sqliteNow + ` RETURNING ` + sqliteCols,
+	expire: `UPDATE toolq_ledger SET state = 'failed', approval_status = 'expired', error = @error, lease_until = ` + sqliteNow + `,
+		updated_at = ` + sqliteNow + `, history = ` + sqliteAppendEvent + `
+		WHERE key IN (SELECT key FROM toolq_ledger WHERE waiters <> '[]' AND state = 'awaiting_approval'
+			AND approval_expires_at <= ` + sqliteNow + ` ORDER BY approval_expires_at LIMIT @limit)
+		AND state = 'awaiting_approval' AND approval_expires_at <= ` + sqliteNow + ` RETURNING ` + sqliteCols,
+	unanswered: `SELECT ` + sqliteCols + ` FROM toolq_ledger WHERE waiters <> '[]'
+		AND state IN ('completed', 'failed', 'indeterminate', 'released')
+		AND updated_at <= ` + sqliteNow + ` - @older_ms ORDER BY updated_at LIMIT @limit`,
+	waitersAnswered: `UPDATE toolq_ledger SET waiters = '[]' WHERE key = @key AND state IN ('completed', 'failed', 'indeterminate')`,
 
 	purge:      `DELETE FROM toolq_ledger WHERE key IN (SELECT key FROM toolq_ledger WHERE ` + sqlitePurgeable + ` LIMIT @batch)`,
 	purgeCount: `SELECT count(*) FROM toolq_ledger WHERE ` + sqlitePurgeable,

@@ -16,12 +16,15 @@ const (
 	Completed     State = "completed"     // the tool succeeded; Result is its output
 	Failed        State = "failed"        // the tool failed definitely; Error says why
 	Indeterminate State = "indeterminate" // the outcome is unknown; an operator resolves it
+	// AwaitingApproval: the call needs a person's approval and has not run;
+	// Approval says what was asked, ApprovalExpiresAt until when.
+	AwaitingApproval State = "awaiting_approval"
 )
 
-// Valid reports whether s is one of the four states.
+// Valid reports whether s is one of the five states.
 func (s State) Valid() bool {
 	switch s {
-	case InFlight, Completed, Failed, Indeterminate:
+	case InFlight, Completed, Failed, Indeterminate, AwaitingApproval:
 		return true
 	}
 	return false
@@ -70,6 +73,15 @@ type Row struct {
 	// a duplicate from it, to within answeredEvery (zero: never). A purge
 	// counts the retention from the later of it and UpdatedAt.
 	AnsweredAt time.Time `json:"answered_at,omitzero"`
+	// ApprovalStatus is "" for a call that never needed approval, else
+	// where its approval is (the ApprovalStatus constants); it survives the
+	// release of an approved call. Approval is the request, for a call that
+	// needed approval; Waiters the tool_use_ids that asked while it waited
+	// and have not had the final answer yet.
+	ApprovalStatus    ApprovalStatus `json:"approval_status,omitempty"`
+	ApprovalExpiresAt time.Time      `json:"approval_expires_at,omitzero"`
+	Approval          *ApprovalInfo  `json:"approval,omitempty"`
+	Waiters           []string       `json:"waiters,omitempty"`
 }
 
 // answeredEvery is how stale Row.AnsweredAt may be. A claim that answers a
@@ -90,6 +102,10 @@ type Event struct {
 	From     State           `json:"from"`            // the row's state before
 	Error    *ErrorInfo      `json:"error,omitempty"` // the error it recorded then
 	Output   json.RawMessage `json:"output,omitempty"`
+	// Digest is the args digest an approval decision was taken on, Group
+	// the approver group it was taken for.
+	Digest string `json:"digest,omitempty"`
+	Group  string `json:"group,omitempty"`
 }
 
 // The decisions of a resolution, as recorded in Event.Decision.
@@ -129,14 +145,16 @@ func encodeError(e ErrorInfo) string {
 
 // scanRow reads the columns of queries.cols, after the leading ones if any.
 func scanRow(sc scanner, r *Row, leading ...any) error {
-	var state, result, errText, history string
-	var leaseMS, remainingMS, createdMS, updatedMS, answeredMS int64
+	var state, result, errText, history, approvalStatus, approval, waiters string
+	var leaseMS, remainingMS, createdMS, updatedMS, answeredMS, expiresMS int64
 	dest := append(leading, &r.Key, &r.ConversationID, &r.TurnIndex, &r.Tool, &r.Ordinal, &r.ArgsDigest, &state,
 		&r.Attempt, &r.Owner, &leaseMS, &remainingMS, &r.FirstToolUseID, &r.TraceID, &r.SpanID, &result,
-		&errText, &createdMS, &updatedMS, &history, &r.Failures, &r.ClaimToken, &answeredMS)
+		&errText, &createdMS, &updatedMS, &history, &r.Failures, &r.ClaimToken, &answeredMS,
+		&approvalStatus, &expiresMS, &approval, &waiters)
 	if err := sc.Scan(dest...); err != nil {
 		return err
 	}
+	scanApproval(r, approvalStatus, expiresMS, approval, waiters)
 	r.History = nil
 	if history != "" && history != "[]" {
 		if err := json.Unmarshal([]byte(history), &r.History); err != nil {
