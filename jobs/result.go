@@ -17,16 +17,26 @@ const (
 	StatusError         Status = "error"         // the tool ran, or was refused downstream, and failed definitely
 	StatusRejected      Status = "rejected"      // nothing ran: unknown tool, invalid args, key mismatch
 	StatusIndeterminate Status = "indeterminate" // the outcome is unknown; an operator reconciles it
+	// StatusAwaitingApproval: the call needs a person's approval and has
+	// not run; Approval says what is asked. Not final: the final result
+	// follows when the call is decided and run.
+	StatusAwaitingApproval Status = "awaiting_approval"
+	StatusDenied           Status = "denied"  // a person denied the call; it never ran
+	StatusExpired          Status = "expired" // no decision came before the approval expired; the call never ran
 )
 
-// Valid reports whether s is one of the four statuses.
+// Valid reports whether s is one of the seven statuses.
 func (s Status) Valid() bool {
 	switch s {
-	case StatusOK, StatusError, StatusRejected, StatusIndeterminate:
+	case StatusOK, StatusError, StatusRejected, StatusIndeterminate, StatusAwaitingApproval, StatusDenied, StatusExpired:
 		return true
 	}
 	return false
 }
+
+// Final reports whether a result with status s is the call's last word:
+// every status but awaiting_approval.
+func (s Status) Final() bool { return s != StatusAwaitingApproval }
 
 // ResultError describes why a call did not succeed.
 type ResultError struct {
@@ -51,6 +61,9 @@ type Result struct {
 	OriginalToolUseID string          `json:"original_tool_use_id,omitempty"`
 	Attempts          int             `json:"attempts"`
 	CompletedAt       time.Time       `json:"completed_at"`
+	// Approval is set on the results of a call that needed a person's
+	// approval: what was asked, and once decided, the decision.
+	Approval *ResultApproval `json:"approval,omitempty"`
 }
 
 // NewResult starts the result of job j with the given key and status.

@@ -17,13 +17,14 @@ const (
 	DefaultDLQMaxAge       = 30 * 24 * time.Hour
 )
 
-// Streams configures the three streams. Zero fields take the defaults.
+// Streams configures the four streams. Zero fields take the defaults.
 type Streams struct {
 	Replicas        int           // 1 (embedded) or 3 (a cluster)
 	JobsMaxAge      time.Duration // how long jobs stay replayable (default 7 days); the ledger's retention must exceed it and DLQMaxAge
 	DuplicateWindow time.Duration // exact re-publications inside it are dropped (default 2 minutes)
 	ResultsMaxAge   time.Duration // default 7 days
 	DLQMaxAge       time.Duration // how long dead letters stay requeueable (default 30 days)
+	ApprovalsMaxAge time.Duration // how long approval events stay, to rebuild an inbox from (default 31 days)
 	Storage         jetstream.StorageType
 }
 
@@ -43,11 +44,14 @@ func (s Streams) withDefaults() Streams {
 	if s.DLQMaxAge == 0 {
 		s.DLQMaxAge = DefaultDLQMaxAge
 	}
+	if s.ApprovalsMaxAge == 0 {
+		s.ApprovalsMaxAge = DefaultApprovalsMaxAge
+	}
 	return s
 }
 
-// configs returns the configurations of TOOLQ_JOBS, TOOLQ_RESULTS and
-// TOOLQ_DLQ. The jobs stream keeps history (limits retention) so that it can
+// configs returns the configurations of TOOLQ_JOBS, TOOLQ_RESULTS,
+// TOOLQ_DLQ and TOOLQ_APPROVALS. The jobs stream keeps history (limits retention) so that it can
 // be replayed.
 func (s Streams) configs() []jetstream.StreamConfig {
 	s = s.withDefaults()
@@ -61,6 +65,9 @@ func (s Streams) configs() []jetstream.StreamConfig {
 		{Name: DLQStream, Subjects: []string{DLQSubjects}, Retention: jetstream.LimitsPolicy, Storage: s.Storage,
 			MaxAge: s.DLQMaxAge, Duplicates: s.DuplicateWindow, Replicas: s.Replicas,
 			Description: "toolq dead letters: the original message, its headers and the reason"},
+		{Name: ApprovalsStream, Subjects: []string{ApprovalsSubjects}, Retention: jetstream.LimitsPolicy, Storage: s.Storage,
+			MaxAge: s.ApprovalsMaxAge, Duplicates: s.DuplicateWindow, Replicas: s.Replicas,
+			Description: "toolq approvals: calls that asked for a person's approval, and the decisions, by conversation"},
 	}
 }
 
