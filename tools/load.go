@@ -26,6 +26,10 @@ import (
 //	    concurrency: 16
 //	    retention: 90d              # keep finished rows this long (default: the top-level retention)
 //	    breaker: {failures: 5, open_for: 30s, half_open: 1}
+//	    approval:                   # or approval: required (every call); writes with a ledger only
+//	      when: args.amount_cents > 50000   # CEL over the args; absent: every call
+//	      ttl: 2h                   # how long a call waits for a decision (default 24h, at most 30d)
+//	      group: finance            # who decides (default approvers)
 //	    schema: {type: object, …}   # JSON Schema of the args, written in YAML
 //	    http:
 //	      method: POST
@@ -67,6 +71,7 @@ type toolSpec struct {
 	MCP         *mcpSpec     `yaml:"mcp"`
 	SQL         *sqlSpec     `yaml:"sql"`
 	Builtin     string       `yaml:"builtin"`
+	Approval    yaml.Node    `yaml:"approval"` // required, or a mapping (see parseApproval)
 }
 
 type breakerSpec struct {
@@ -197,6 +202,11 @@ func (s *toolSpec) definition(cfg Config) (Definition, error) {
 		}
 		if d.Schema, err = json.Marshal(v); err != nil {
 			return d, bad("schema", "cannot be written as JSON: %v", err)
+		}
+	}
+	if s.Approval.Kind != 0 {
+		if d.Approval, err = parseApproval(s.Name, &s.Approval); err != nil {
+			return d, err
 		}
 	}
 	if given := s.executors(); len(given) > 1 {

@@ -139,6 +139,9 @@ type Definition struct {
 	// downstream share a breaker. HTTP executors set it to scheme://host;
 	// empty: the tool's own name.
 	Downstream string
+	// Approval is the tool's approval policy (nil: its calls need none);
+	// NewRegistry fills its defaults and compiles its condition.
+	Approval *Approval
 }
 
 // Tool is a registered tool. Its methods are safe for concurrent use.
@@ -154,6 +157,7 @@ type Tool struct {
 	Retention   time.Duration
 	Downstream  string
 	SchemaJSON  json.RawMessage
+	Approval    *Approval // nil: its calls need no approval
 
 	executor   Executor
 	txExecutor TxExecutor
@@ -199,7 +203,8 @@ func (e *DefinitionError) Error() string {
 // timeout, a missing executor or one of the wrong kind for the class (a
 // TxExecutor is a transactional_write's, an Executor every other class's),
 // an SQL statement naming a parameter the schema does not declare, breakers
-// that disagree on one downstream.
+// that disagree on one downstream, an approval on a tool without a ledger
+// claim or with a bad ttl, group or condition (see Approval).
 // Of cfg it uses the Logger.
 func NewRegistry(defs []Definition, cfg Config) (*Registry, error) {
 	cfg = cfg.withDefaults()
@@ -288,6 +293,11 @@ func NewRegistry(defs []Definition, cfg Config) (*Registry, error) {
 		if sq, ok := d.TxExecutor.(*SQL); ok {
 			if err := sq.checkParams(d.Schema); err != nil {
 				return nil, bad("sql.statement", "%v", err)
+			}
+		}
+		if d.Approval != nil {
+			if t.Approval, err = d.Approval.compiled(d.Name, d.Class, t.UsesLedger, d.Schema); err != nil {
+				return nil, err
 			}
 		}
 		if t.Downstream == "" {
