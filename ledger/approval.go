@@ -49,6 +49,9 @@ type ApprovalInfo struct {
 	// span can link to it.
 	TraceID string `json:"trace_id,omitempty"`
 	SpanID  string `json:"span_id,omitempty"`
+	// Published: the request is in the approvals stream
+	// (ApprovalPublished), so that a duplicate does not publish it again.
+	Published bool `json:"published,omitempty"`
 }
 
 // MarshalJSON writes TTL in milliseconds.
@@ -275,6 +278,24 @@ func (s *Store) WaitersAnswered(ctx context.Context, key string) error {
 	defer cancel()
 	_, err := s.db.exec(ctx, s.db.sql().waitersAnswered, namedArgs{"key": key})
 	return s.translate("waiters answered", err)
+}
+
+// ApprovalPublished records that the request of a call awaiting approval
+// is in the approvals stream.
+func (s *Store) ApprovalPublished(ctx context.Context, row Row) error {
+	ctx, cancel := withDefaultTimeout(ctx)
+	defer cancel()
+	if row.Approval == nil {
+		return fmt.Errorf("ledger: approval published %q: the row holds no approval", row.Key)
+	}
+	info := *row.Approval
+	info.Published = true
+	body, err := json.Marshal(info)
+	if err != nil {
+		return fmt.Errorf("ledger: approval published %q: %w", row.Key, err)
+	}
+	_, err = s.db.exec(ctx, s.db.sql().approvalPublished, namedArgs{"key": row.Key, "approval": string(body)})
+	return s.translate("approval published", err)
 }
 
 // notAwaiting explains why key is not awaiting approval.

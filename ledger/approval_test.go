@@ -63,6 +63,12 @@ func TestAnApprovalWaitsInTheLedgerAndADuplicateJoinsIt(t *testing.T) {
 		if err != nil || len(listed) != 1 || listed[0].Key != c.Key {
 			t.Fatalf("list awaiting: %v %v", listed, err)
 		}
+		if err := s.ApprovalPublished(ctx, row); err != nil {
+			t.Fatal(err)
+		}
+		if got := mustGet(t, s, c.Key); !got.Approval.Published || string(got.Approval.Args) != string(payment.Args) {
+			t.Fatalf("after ApprovalPublished: %+v", got.Approval)
+		}
 		// The holder's claim ended with the request: its writes are fenced.
 		isErr(t, s.Complete(ctx, row.Fence(), json.RawMessage(`{}`)), ledger.ErrFenced)
 	})

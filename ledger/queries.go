@@ -21,7 +21,7 @@ type queries struct {
 	resolveNotRun, resolveCompleted string
 
 	// Approvals (approval.go).
-	awaitApproval, addWaiter, approve, deny, expire, unanswered, waitersAnswered string
+	awaitApproval, addWaiter, approve, deny, expire, unanswered, waitersAnswered, approvalPublished string
 
 	// Retention.
 	purge, purgeCount, recordPurge, lastPurge string

@@ -98,7 +98,8 @@ var postgresQueries = &queries{
 	unanswered: `SELECT ` + pgCols + ` FROM toolq_ledger WHERE waiters <> '[]'
 		AND state IN ('completed', 'failed', 'indeterminate', 'released')
 		AND updated_at <= now() - @older_ms::bigint * interval '1 millisecond' ORDER BY updated_at LIMIT @limit`,
-	waitersAnswered: `UPDATE toolq_ledger SET waiters = '[]' WHERE key = @key AND state IN ('completed', 'failed', 'indeterminate')`,
+	waitersAnswered:   `UPDATE toolq_ledger SET waiters = '[]' WHERE key = @key AND state IN ('completed', 'failed', 'indeterminate')`,
+	approvalPublished: `UPDATE toolq_ledger SET approval = @approval WHERE key = @key AND state = 'awaiting_approval'`,
 
 	purge:      `DELETE FROM toolq_ledger WHERE key IN (SELECT key FROM toolq_ledger WHERE ` + pgPurgeable + ` LIMIT @batch)`,
 	purgeCount: `SELECT count(*) FROM toolq_ledger WHERE ` + pgPurgeable,

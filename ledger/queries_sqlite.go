@@ -92,7 +92,8 @@ var sqliteQueries = &queries{
 	unanswered: `SELECT ` + sqliteCols + ` FROM toolq_ledger WHERE waiters <> '[]'
 		AND state IN ('completed', 'failed', 'indeterminate', 'released')
 		AND updated_at <= ` + sqliteNow + ` - @older_ms ORDER BY updated_at LIMIT @limit`,
-	waitersAnswered: `UPDATE toolq_ledger SET waiters = '[]' WHERE key = @key AND state IN ('completed', 'failed', 'indeterminate')`,
+	waitersAnswered:   `UPDATE toolq_ledger SET waiters = '[]' WHERE key = @key AND state IN ('completed', 'failed', 'indeterminate')`,
+	approvalPublished: `UPDATE toolq_ledger SET approval = @approval WHERE key = @key AND state = 'awaiting_approval'`,
 
 	purge:      `DELETE FROM toolq_ledger WHERE key IN (SELECT key FROM toolq_ledger WHERE ` + sqlitePurgeable + ` LIMIT @batch)`,
 	purgeCount: `SELECT count(*) FROM toolq_ledger WHERE ` + sqlitePurgeable,

@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/toolq/toolq/approvals"
 	"github.com/toolq/toolq/jobs"
 	"github.com/toolq/toolq/ledger"
 	"github.com/toolq/toolq/tools"
@@ -91,6 +92,8 @@ func (d *delivery) run() verdict {
 		return d.collision(claim.Err)
 	case claim.Claimed:
 		return d.claimed(row)
+	case row.State == ledger.AwaitingApproval: // a person has not decided yet
+		return d.pending(row)
 	case row.State == ledger.Completed, row.State == ledger.Failed, row.State == ledger.Indeterminate:
 		return d.duplicate(row, ledgerDuplicate)
 	case !row.LeaseExpired(): // another attempt is running
@@ -247,10 +250,13 @@ func (d *delivery) claimed(row ledger.Row) verdict {
 // duplicate answers from the ledger a call another delivery settled, with
 // the stored result addressed to this job's tool_use_id.
 func (d *delivery) duplicate(row ledger.Row, found finding) verdict {
+	if row.State == ledger.AwaitingApproval { // the attempt it waited on asked for approval
+		return d.pending(row)
+	}
 	d.noteFinding(found, &row)
 	d.explainDuplicate(found, &row)
 	d.w.log.InfoContext(d.ctx, "duplicate answered from the ledger", d.attrs("state", row.State, "original_tool_use_id", row.FirstToolUseID)...)
-	return d.publish(d.resultOf(row), OutcomeDuplicate)
+	return d.answer(row, OutcomeDuplicate)
 }
 
 // awaitOther waits a little in process for the attempt holding the lease
@@ -317,13 +323,16 @@ func (d *delivery) holderLost(row ledger.Row) verdict {
 	d.countIndeterminate()
 	d.w.log.WarnContext(d.ctx, "unkeyed write left indeterminate: resolve it with consumer ledger resolve", d.attrs("previous_owner", row.Owner)...)
 	d.hook(AfterComplete)
-	return d.publish(d.resultOf(taken), OutcomeIndeterminate)
+	return d.answer(taken, OutcomeIndeterminate)
 }
 
 // execute is step 4: run the tool under the claim, keeping the claim and
 // the delivery alive while it runs, record the outcome fenced by the
 // attempt, and publish the result.
 func (d *delivery) execute(row ledger.Row) verdict {
+	if d.needsApproval(row) { // a person decides first: the call waits in the ledger
+		return d.requestApproval(row)
+	}
 	if d.tool.Class == tools.TransactionalWrite {
 		return d.executeTx(row)
 	}
@@ -392,7 +401,7 @@ func (d *delivery) execute(row ledger.Row) verdict {
 	}
 	d.hook(AfterComplete)
 	row.UpdatedAt = time.Now().UTC()
-	return d.publish(d.resultOf(row), label)
+	return d.answer(row, label)
 }
 
 // executeTx is step 4 for a transactional write: the tool's effect runs in
@@ -433,7 +442,7 @@ func (d *delivery) executeTx(row ledger.Row) verdict {
 	}
 	d.hook(AfterComplete)
 	row.UpdatedAt = time.Now().UTC()
-	return d.publish(d.resultOf(row), label)
+	return d.answer(row, label)
 }
 
 // uncommitted hands back a transactional call whose transaction did not
@@ -478,7 +487,7 @@ func (d *delivery) uncommitted(ctx context.Context, row ledger.Row, te *tools.Er
 	}
 	d.w.log.InfoContext(d.ctx, "the transaction had committed before the answer to its commit was lost", d.attrs("attempt", got.Attempt)...)
 	d.hook(AfterComplete)
-	return d.publish(d.resultOf(got), OutcomeOK)
+	return d.answer(got, OutcomeOK)
 }
 
 // runToolTx runs a transactional tool under a client span: its effect in
@@ -622,9 +631,16 @@ func (d *delivery) resultOf(row ledger.Row) *jobs.Result {
 		r.Output = row.Result
 	case ledger.Failed:
 		r.Status = jobs.StatusError
+		switch row.ApprovalStatus {
+		case ledger.ApprovalDenied:
+			r.Status = jobs.StatusDenied
+		case ledger.ApprovalExpired:
+			r.Status = jobs.StatusExpired
+		}
 	case ledger.Indeterminate:
 		r.Status = jobs.StatusIndeterminate
 	}
+	r.Approval = approvals.Result(row)
 	if row.Error != nil && row.State != ledger.Completed {
 		r.Error = &jobs.ResultError{Code: row.Error.Code, Message: row.Error.Message}
 	}

@@ -27,6 +27,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/toolq/toolq/internal/pull"
+	"github.com/toolq/toolq/approvals"
 	"github.com/toolq/toolq/jobs"
 	"github.com/toolq/toolq/ledger"
 	"github.com/toolq/toolq/tools"
@@ -39,6 +40,9 @@ type FaultPoint string
 // The fault points, in the order a job passes them.
 const (
 	AfterClaim    FaultPoint = "after_claim"    // the key is claimed; nothing was sent
+	// AfterApprovalRequest: the call awaits approval in the ledger; no
+	// pending result is published.
+	AfterApprovalRequest FaultPoint = "after_approval_request"
 	DuringTool    FaultPoint = "during_tool"    // the downstream has answered; the worker has not recorded it
 	AfterComplete FaultPoint = "after_complete" // the outcome is in the ledger; no result is published
 	AfterPublish  FaultPoint = "after_publish"  // the result is published; the job is not acknowledged
@@ -65,7 +69,14 @@ type Config struct {
 	// to JetStream (default 5s).
 	InFlightWait time.Duration
 	UntilEmpty   bool // return once nothing is pending and nothing is in flight
-	Logger       *slog.Logger
+	// Approvals decides calls awaiting approval and sweeps them (nil: one
+	// made from this configuration). ApprovalSweep is how often Run
+	// expires undecided calls past their ttl and publishes again the
+	// decided calls whose answers a stopped process left unpublished
+	// (default 5s; negative: never, for tests).
+	Approvals     *approvals.Service
+	ApprovalSweep time.Duration
+	Logger        *slog.Logger
 	// TracerProvider, MeterProvider and Propagator default to
 	// OpenTelemetry's globals.
 	TracerProvider trace.TracerProvider
@@ -124,6 +135,9 @@ func (c *Config) fill() error {
 	if c.InFlightWait <= 0 {
 		c.InFlightWait = 5 * time.Second
 	}
+	if c.ApprovalSweep == 0 {
+		c.ApprovalSweep = 5 * time.Second
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -154,6 +168,7 @@ type Worker struct {
 	propagator propagation.TextMapPropagator
 	claims     *batcher[ledger.Claim, ledger.ClaimResult]
 	commits    *batcher[ledger.Completion, error]
+	approvals  *approvals.Service
 	stats      Stats
 	// held maps a key to the delivery of this process that holds its
 	// claim, so that a claim whose answer was lost is recognised as this
@@ -206,6 +221,13 @@ func New(ctx context.Context, cfg Config) (*Worker, error) {
 	if err != nil {
 		return nil, fmt.Errorf("worker: metrics: %w", err)
 	}
+	appr := cfg.Approvals
+	if appr == nil {
+		if appr, err = approvals.New(approvals.Config{Ledger: cfg.Ledger, JS: cfg.JS, Logger: cfg.Logger,
+			TracerProvider: cfg.TracerProvider, MeterProvider: cfg.MeterProvider, Propagator: cfg.Propagator}); err != nil {
+			return nil, fmt.Errorf("worker: approvals: %w", err)
+		}
+	}
 	return &Worker{
 		metrics:    metrics,
 		cfg:        cfg,
@@ -218,6 +240,7 @@ func New(ctx context.Context, cfg Config) (*Worker, error) {
 		propagator: cfg.Propagator,
 		claims:     newBatcher(cfg.BatchSize, claimFunc(cfg)),
 		commits:    newBatcher(cfg.BatchSize, cfg.Ledger.CompleteBatch),
+		approvals:  appr,
 	}, nil
 }
 
@@ -237,6 +260,12 @@ func (w *Worker) Run(ctx context.Context) error {
 	defer context.AfterFunc(ctx, stopStarting)()
 	w.claims.start(runCtx)
 	w.commits.start(runCtx)
+	if w.cfg.ApprovalSweep > 0 {
+		sweepCtx, stopSweep := context.WithCancel(startCtx)
+		swept := make(chan struct{})
+		go func() { defer close(swept); w.approvals.Run(sweepCtx, w.cfg.ApprovalSweep) }()
+		defer func() { stopSweep(); <-swept }()
+	}
 	defer func() { cancelRun(); <-w.claims.done; <-w.commits.done }()
 
 	p, err := w.startPull(startCtx)

@@ -1,0 +1,166 @@
+package worker
+
+// Approvals (docs/approvals.md): a call whose tool's policy asks for a
+// person is claimed as any other, then waits in the ledger instead of
+// running; the delivery is answered at once with a pending result and
+// acknowledged. A duplicate meanwhile joins the waiters and gets the same
+// pending answer. Once decided, the call's job is published again
+// (approvals.Service): its delivery claims the released row of an
+// approved call and runs it once, or finds the denied or expired row
+// settled, and answers every waiter.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/toolq/toolq/approvals"
+	"github.com/toolq/toolq/jobs"
+	"github.com/toolq/toolq/ledger"
+	"github.com/toolq/toolq/tracing"
+)
+
+// OutcomeAwaitingApproval: the call waits for a person's decision; its
+// delivery was answered with a pending result and nothing ran.
+const OutcomeAwaitingApproval Outcome = "awaiting_approval"
+
+// needsApproval reports whether the claimed call must wait for a person
+// before it runs: its tool has a policy that asks for these args, and no
+// person has approved it yet (an approved call released for a retry does
+// not ask again).
+func (d *delivery) needsApproval(row ledger.Row) bool {
+	a := d.tool.Approval
+	if a == nil || row.ApprovalStatus != "" {
+		return false
+	}
+	need, err := a.Needed(d.job.Args)
+	if err != nil {
+		d.w.log.WarnContext(d.ctx, "the approval policy could not be evaluated; the call waits for a person", d.attrs("error", err)...)
+	}
+	return need
+}
+
+// requestApproval turns the claimed row into one awaiting approval, with
+// the canonical args that will run, and answers the delivery pending.
+func (d *delivery) requestApproval(row ledger.Row) verdict {
+	ctx, span := d.child(d.runCtx, "toolq.approval request", trace.SpanKindClient, d.w.ledgerAttrs("await_approval")...)
+	defer span.End()
+	sc := d.span.SpanContext()
+	info := ledger.ApprovalInfo{Args: d.material.Canonical, Group: d.tool.Approval.Group, TTL: d.tool.Approval.TTL,
+		RequestedAt: time.Now().UTC().Truncate(time.Millisecond), TraceID: sc.TraceID().String(), SpanID: sc.SpanID().String()}
+	var got ledger.Row
+	err := d.durably(ctx, "await approval", func() (err error) {
+		got, err = d.w.cfg.Ledger.AwaitApproval(ctx, row.Fence(), info, d.job.ToolUseID)
+		return err
+	})
+	if err != nil {
+		span.RecordError(err)
+		return d.lostClaim(err)
+	}
+	d.w.approvals.CountRequested(d.ctx)
+	d.w.log.InfoContext(d.ctx, "the call waits for a person's approval", d.attrs("group", info.Group, "expires_at", got.ApprovalExpiresAt)...)
+	d.hook(AfterApprovalRequest)
+	return d.pending(got)
+}
+
+// pending answers a delivery of a call awaiting approval: its tool_use_id
+// joins the waiters, the request is published on the approvals stream if
+// no delivery did yet, and the result says awaiting_approval.
+func (d *delivery) pending(row ledger.Row) verdict {
+	if !slices.Contains(row.Waiters, d.job.ToolUseID) {
+		err := d.durably(d.runCtx, "add waiter", func() (err error) {
+			row, err = d.w.cfg.Ledger.AddWaiter(d.runCtx, d.key, d.job.ToolUseID)
+			return err
+		})
+		switch {
+		case errors.Is(err, ledger.ErrNotAwaiting), errors.Is(err, ledger.ErrNotFound): // decided meanwhile: look again
+			return retryUncounted(100*time.Millisecond, fmt.Errorf("the approval was decided meanwhile: %w", err))
+		case err != nil:
+			return retryUncounted(d.w.backoff(d), fmt.Errorf("add waiter: %w", err))
+		}
+	}
+	if row.Approval != nil && !row.Approval.Published {
+		err := d.durably(d.runCtx, "publish the approval request", func() error {
+			err := d.w.approvals.Requested(d.ctx, row)
+			if err != nil && !errors.Is(err, ledger.ErrUnavailable) && !refused(err) && !tooLarge(err) {
+				return &brokerError{err}
+			}
+			return err
+		})
+		switch {
+		case err == nil:
+		case transient(err):
+			return retryUncounted(d.w.backoff(d), err)
+		default:
+			return retryAfter(d.w.backoff(d), err)
+		}
+	}
+	r := jobs.NewResult(d.job, d.key, jobs.StatusAwaitingApproval)
+	r.Attempts, r.CompletedAt = int(row.Attempt), row.UpdatedAt
+	r.Approval = approvals.Result(row)
+	if row.FirstToolUseID != d.job.ToolUseID {
+		r.Duplicate, r.OriginalToolUseID = true, row.FirstToolUseID
+	}
+	d.span.SetAttributes(tracing.KeyResultStatus.String(string(r.Status)))
+	return d.publish(r, OutcomeAwaitingApproval)
+}
+
+// answer publishes the result of a settled row to this delivery's
+// tool_use_id and then, for a call that waited for approval, to every
+// other tool_use_id that asked meanwhile, and records them answered.
+func (d *delivery) answer(row ledger.Row, label Outcome) verdict {
+	v := d.publish(d.resultOf(row), label)
+	if v.verb != verbAck || len(row.Waiters) == 0 {
+		return v
+	}
+	for _, id := range row.Waiters {
+		if id == d.job.ToolUseID {
+			continue
+		}
+		if err := d.publishTo(row, id); err != nil {
+			if transient(err) {
+				return retryUncounted(d.w.backoff(d), fmt.Errorf("answer waiter %s: %w", id, err))
+			}
+			return retryAfter(d.w.backoff(d), fmt.Errorf("answer waiter %s: %w", id, err))
+		}
+	}
+	if err := d.durably(d.runCtx, "waiters answered", func() error { return d.w.cfg.Ledger.WaitersAnswered(d.runCtx, d.key) }); err != nil {
+		d.w.log.WarnContext(d.ctx, "the waiters are answered but the ledger could not record it; the sweep answers them again", d.attrs("error", err)...)
+	}
+	return v
+}
+
+// publishTo publishes the result of a settled row to waiter, a tool_use_id
+// that asked while the call awaited approval.
+func (d *delivery) publishTo(row ledger.Row, waiter string) error {
+	r := d.resultOf(row)
+	r.ToolUseID = waiter
+	r.Duplicate, r.OriginalToolUseID = waiter != row.FirstToolUseID, ""
+	if r.Duplicate {
+		r.OriginalToolUseID = row.FirstToolUseID
+	}
+	subject := jobs.ResultSubject(d.job.ConversationID)
+	msg := nats.NewMsg(subject)
+	msg.Header.Set(jobs.HeaderKey, d.key)
+	msg.Header.Set(jetstream.MsgIDHeader, jobs.ResultMsgID(d.key, waiter, answerID(r, true, d.jobSeq())))
+	d.w.propagator.Inject(d.ctx, jobs.HeaderCarrier(msg.Header))
+	var err error
+	if msg.Data, err = encodeResult(r, d.w.payloadLimit(msg), d.w.outputLimit()); err != nil {
+		return err
+	}
+	return d.durably(d.runCtx, "publish a waiter's result", func() error {
+		ctx, cancel := context.WithTimeout(d.runCtx, 10*time.Second)
+		defer cancel()
+		_, err := d.w.cfg.JS.PublishMsg(ctx, msg)
+		if err != nil && !tooLarge(err) && !refused(err) {
+			return &brokerError{err}
+		}
+		return err
+	})
+}
