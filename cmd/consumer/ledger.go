@@ -78,7 +78,7 @@ func runMigrate(ctx context.Context, args []string, stdio cli.IO, getenv func(st
 }
 
 func ledgerLs(ctx context.Context, args []string, stdio cli.IO, getenv func(string) string) error {
-	fs := cli.NewFlagSet("ls", "consumer ledger ls [--state in_flight|completed|failed|indeterminate] [--stale] [--tool T] "+
+	fs := cli.NewFlagSet("ls", "consumer ledger ls [--state in_flight|completed|failed|indeterminate|awaiting_approval] [--stale] [--tool T] "+
 		"[--conversation C] [--older-than D] [--newer-than D] [--limit N] [--json]", stdio)
 	var sf storeFlags
 	sf.register(fs, getenv)
@@ -94,7 +94,7 @@ func ledgerLs(ctx context.Context, args []string, stdio cli.IO, getenv func(stri
 		return err
 	}
 	if *state != "" && !ledger.State(*state).Valid() {
-		return cli.Usagef("--state %q: want in_flight, completed, failed or indeterminate", *state)
+		return cli.Usagef("--state %q: want in_flight, completed, failed, indeterminate or awaiting_approval", *state)
 	}
 	f := ledger.Filter{State: ledger.State(*state), Stale: *stale, Tool: *tool, ConversationID: *conversation, Limit: *limit}
 	for _, a := range []struct {
@@ -230,6 +230,16 @@ func ledgerShow(ctx context.Context, args []string, stdio cli.IO, getenv func(st
 	} {
 		fmt.Fprintf(w, "%s:\t%s\n", kv[0], kv[1])
 	}
+	if r.ApprovalStatus != "" && r.Approval != nil {
+		for _, kv := range [][2]string{
+			{"approval", string(r.ApprovalStatus) + ", group " + r.Approval.Group + ", asked " + r.Approval.RequestedAt.Format(time.RFC3339) +
+				", expires " + r.ApprovalExpiresAt.Format(time.RFC3339)},
+			{"approval_args", string(r.Approval.Args)},
+			{"waiters", strings.Join(r.Waiters, ", ")},
+		} {
+			fmt.Fprintf(w, "%s:\t%s\n", kv[0], kv[1])
+		}
+	}
 	if len(r.History) == 0 {
 		fmt.Fprintf(w, "history:\t(no operator decision)\n")
 	}
@@ -251,6 +261,9 @@ func eventText(e ledger.Event) string {
 	}
 	if len(e.Output) > 0 {
 		s += ", output " + string(e.Output)
+	}
+	if e.Digest != "" {
+		s += ", group " + e.Group + ", args digest " + e.Digest
 	}
 	return s
 }

@@ -16,6 +16,8 @@ var commands = &cli.Commands{Name: "consumer", Default: "run", List: []cli.Comma
 	{Name: "migrate", Summary: "apply the ledger schema", Run: runMigrate},
 	{Name: "tools", Summary: "audit, export, import: which tools can take effect twice; the tools as a model's tool definitions; an MCP server's tools as a registry file", Run: toolsCommands.Run},
 	{Name: "ledger", Summary: "ls, show KEY, resolve KEY, purge: inspect and settle ledger rows", Run: ledgerCommands.Run},
+	{Name: "approve", Summary: "approve a call awaiting approval: it runs once (KEY, --reason TEXT, --by NAME)", Run: runApprove},
+	{Name: "deny", Summary: "deny a call awaiting approval: it never runs (KEY, --reason TEXT, --by NAME)", Run: runDeny},
 	{Name: "healthcheck", Summary: "exit 0 when a URL answers 2xx (default: this host's /readyz): for container healthchecks", Run: runHealthcheck},
 	cli.Version("consumer"),
 }}

@@ -18,6 +18,7 @@ import (
 	"go.opentelemetry.io/otel"
 	sdklog "go.opentelemetry.io/otel/sdk/log"
 
+	"github.com/toolq/toolq/approvals"
 	"github.com/toolq/toolq/embedded"
 	"github.com/toolq/toolq/internal/cli"
 	"github.com/toolq/toolq/internal/version"
@@ -167,7 +168,14 @@ func runWorker(ctx context.Context, args []string, stdio cli.IO, getenv func(str
 		banner = append(banner, "  tools    "+*toolsFile+": "+strings.Join(names, ", "))
 	}
 
+	// Calls awaiting a person's approval are decided through one service:
+	// the worker's sweep, the decisions on toolq.decide.<group>.
+	appr, err := approvals.New(approvals.Config{Ledger: st.Store, JS: st.JS, Logger: logger, MeterProvider: meters})
+	if err != nil {
+		return err
+	}
 	w, err := st.NewWorker(ctx, worker.Config{
+		Approvals:     appr,
 		MeterProvider: meters,
 		Streams:       jobs.Streams{Replicas: *replicas},
 		Consumer:      worker.Consumer{Durable: *durable, FilterSubject: *filter, AckWait: *ackWait, MaxDeliver: *maxDeliver, MaxAckPending: *maxAckPending, BackOff: backoffs},
@@ -192,6 +200,12 @@ func runWorker(ctx context.Context, args []string, stdio cli.IO, getenv func(str
 		return fmt.Errorf("tool list service: %w", err)
 	}
 	cleanups = append(cleanups, func() { toolList.Stop() })
+	// Approvers decide over NATS, each group on its own subject.
+	decisions, err := appr.Serve(st.Conn)
+	if err != nil {
+		return fmt.Errorf("approvals service: %w", err)
+	}
+	cleanups = append(cleanups, func() { decisions.Stop() })
 	var mcpURL string
 	if *mcpListen != "" {
 		addr, stop, err := serveMCP(ctx, *mcpListen, mcpfront.Config{Registry: st.Tools, JS: st.JS, Logger: logger, MaxBodySize: *maxBody})

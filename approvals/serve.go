@@ -1,0 +1,99 @@
+package approvals
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
+
+	"github.com/toolq/toolq/internal/version"
+	"github.com/toolq/toolq/jobs"
+	"github.com/toolq/toolq/ledger"
+)
+
+var keyPattern = regexp.MustCompile(`^[0-9a-f]{32}$`)
+
+// Serve answers decisions on toolq.decide.<group>: a NATS micro service
+// (toolq-approvals) in one queue group across consumers. The group is the
+// subject's last token, and a decision is taken only for a call of that
+// group: who may decide is who may publish on the subject, which NATS
+// permissions grant per approver group (docs/approvals.md). Replies are a
+// jobs.DecisionReply; a refusal also carries a micro error code: 400 (a
+// bad request), 403 (another group's call, another digest), 404 (no such
+// call), 409 (no longer awaiting: the reply says what stands), 503 (the
+// ledger did not answer). Stop the service when done.
+func (s *Service) Serve(nc *nats.Conn) (micro.Service, error) {
+	return micro.AddService(nc, micro.Config{
+		Name:        "toolq-approvals",
+		Version:     semver(version.Get().Version),
+		Description: "decisions on toolq calls awaiting a person's approval, on toolq.decide.<group>",
+		QueueGroup:  "toolq-approvals",
+		Endpoint: &micro.EndpointConfig{Subject: jobs.DecidePrefix + "*", Handler: micro.HandlerFunc(func(req micro.Request) {
+			group := strings.TrimPrefix(req.Subject(), jobs.DecidePrefix)
+			var d jobs.DecisionRequest
+			dec := json.NewDecoder(strings.NewReader(string(req.Data())))
+			dec.DisallowUnknownFields()
+			if err := dec.Decode(&d); err != nil {
+				refuse(req, "400", jobs.DecisionReply{Error: &jobs.ResultError{Code: "bad_request", Message: "want a DecisionRequest: " + err.Error()}})
+				return
+			}
+			reply := jobs.DecisionReply{Key: d.Key}
+			switch {
+			case !keyPattern.MatchString(d.Key):
+				reply.Error = &jobs.ResultError{Code: "bad_request", Message: "key: want 32 lowercase hexadecimal characters"}
+			case d.Decision != "approve" && d.Decision != "deny":
+				reply.Error = &jobs.ResultError{Code: "bad_request", Message: `decision: want "approve" or "deny"`}
+			case strings.TrimSpace(d.By) == "" || strings.TrimSpace(d.Reason) == "":
+				reply.Error = &jobs.ResultError{Code: "bad_request", Message: "by and reason are required: they are recorded with the decision"}
+			}
+			if reply.Error != nil {
+				refuse(req, "400", reply)
+				return
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+			defer cancel()
+			row, err := s.Decide(ctx, d.Key, ledger.Decision{Approve: d.Decision == "approve", By: d.By, Reason: d.Reason, Group: group, Digest: d.Digest})
+			code, errCode := "", ""
+			switch {
+			case err == nil:
+				reply.Status = string(row.ApprovalStatus)
+				req.RespondJSON(reply)
+				return
+			case errors.Is(err, ledger.ErrNotFound):
+				code, errCode = "404", "not_found"
+			case errors.Is(err, ledger.ErrNotAwaiting):
+				code, errCode = "409", "not_awaiting"
+				if cur, gerr := s.cfg.Ledger.Get(ctx, d.Key); gerr == nil {
+					reply.Status = string(cur.ApprovalStatus)
+				}
+			case errors.Is(err, ledger.ErrDecisionRefused):
+				code, errCode = "403", "refused"
+			case errors.Is(err, ledger.ErrUnavailable):
+				code, errCode = "503", "unavailable"
+			default:
+				code, errCode = "500", "error"
+			}
+			reply.Error = &jobs.ResultError{Code: errCode, Message: err.Error()}
+			refuse(req, code, reply)
+		})},
+	})
+}
+
+func refuse(req micro.Request, code string, reply jobs.DecisionReply) {
+	body, _ := json.Marshal(reply)
+	req.Error(code, reply.Error.Message, body)
+}
+
+// semver is a build's version as micro wants it.
+func semver(v string) string {
+	v = strings.TrimPrefix(v, "v")
+	if v == "" || v == "devel" {
+		return "0.0.0-devel"
+	}
+	return v
+}
