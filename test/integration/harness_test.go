@@ -53,6 +53,21 @@ const registryYAML = `tools:
         amount_cents: {type: integer, minimum: 1}
         currency: {type: string, pattern: "^[A-Z]{3}$"}
     http: {method: POST, url: "${TOOLQ_SANDBOX_URL}/v1/payments"}
+  - name: approved_payment
+    class: keyed_write
+    timeout: 1500ms
+    lease: 2s
+    breaker: {failures: 1000}
+    approval: {when: "args.amount_cents > 50000", group: finance}
+    schema:
+      type: object
+      additionalProperties: false
+      required: [invoice_id, amount_cents, currency]
+      properties:
+        invoice_id: {type: string, maxLength: 64}
+        amount_cents: {type: integer, minimum: 1}
+        currency: {type: string, pattern: "^[A-Z]{3}$"}
+    http: {method: POST, url: "${TOOLQ_SANDBOX_URL}/v1/payments"}
   - name: send_payment_unledgered
     class: keyed_write
     ledger: false
