@@ -220,7 +220,7 @@ func (s *Store) Decide(ctx context.Context, key string, d Decision) (Row, error)
 		action = "approve"
 	}
 	ev := Event{At: time.Now().UTC().Truncate(time.Millisecond), By: d.By, Action: action, Decision: string(d.status()),
-		Reason: d.Reason, From: row.State, Digest: row.ArgsDigest, Group: group}
+		Reason: d.Reason, From: row.State, Digest: row.ArgsDigest, Group: group, Attempt: row.Attempt}
 	evJSON, err := json.Marshal(ev)
 	if err != nil {
 		return Row{}, fmt.Errorf("ledger: decide %s: %w", key, err)
@@ -260,7 +260,9 @@ func (s *Store) ExpireApprovals(ctx context.Context, limit int) ([]Row, error) {
 // UnansweredApprovals returns up to limit calls that were decided (or,
 // approved, ran) more than olderThan ago and still have waiters without
 // their final answer: the consumer that decided or ran them stopped before
-// answering them all.
+// answering them all. An approved call released again after a claim (its
+// downstream refused it) is not among them: its job is with JetStream's
+// redeliveries and the delivery limit, as any call's.
 func (s *Store) UnansweredApprovals(ctx context.Context, olderThan time.Duration, limit int) ([]Row, error) {
 	ctx, cancel := withDefaultTimeout(ctx)
 	defer cancel()
@@ -268,7 +270,14 @@ func (s *Store) UnansweredApprovals(ctx context.Context, olderThan time.Duration
 	if err != nil {
 		return nil, s.translate("unanswered approvals", err)
 	}
-	return rows, nil
+	out := rows[:0]
+	for _, r := range rows {
+		if d := r.LastDecision(); r.State == stateReleased && (d == nil || r.Attempt > d.Attempt) {
+			continue // claimed since the decision
+		}
+		out = append(out, r)
+	}
+	return out, nil
 }
 
 // WaitersAnswered records that every waiter of a settled call has its

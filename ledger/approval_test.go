@@ -83,6 +83,10 @@ func TestAnApprovedCallIsReleasedToRunOnceWithoutAskingAgain(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		// Approved and not claimed yet: its job is to be published.
+		if rows, err := s.UnansweredApprovals(ctx, 0, 10); err != nil || len(rows) != 1 {
+			t.Fatalf("an approved call not claimed since: %v %v", rows, err)
+		}
 		if decided.ApprovalStatus != ledger.ApprovalApproved {
 			t.Fatalf("decided: %+v", decided)
 		}
@@ -98,9 +102,13 @@ func TestAnApprovedCallIsReleasedToRunOnceWithoutAskingAgain(t *testing.T) {
 		if run.Attempt != 2 || run.ApprovalStatus != ledger.ApprovalApproved || len(run.Waiters) != 1 {
 			t.Fatalf("claimed after approval: %+v", run)
 		}
-		// Released again (not sent), it is still approved.
+		// Released again (not sent), it is still approved, and its job is
+		// JetStream's again: the sweep leaves it alone.
 		if err := s.Release(ctx, run.Fence()); err != nil {
 			t.Fatal(err)
+		}
+		if rows, err := s.UnansweredApprovals(ctx, 0, 10); err != nil || len(rows) != 0 {
+			t.Fatalf("an approved call released after a claim is unanswered: %v %v", rows, err)
 		}
 		again.Token = newToken()
 		run = mustClaim(t, s, again)
