@@ -111,14 +111,52 @@ func (c *Client) Publish(ctx context.Context, j *Job) (Published, error) {
 	return Published{Key: key, Stream: ack.Stream, Sequence: ack.Sequence, Duplicate: ack.Duplicate}, nil
 }
 
+// AwaitOption adjusts a wait for results: Await, AwaitAll,
+// PublishAndAwait, RunTurn, Awaiting.Wait and Turn.Commit.
+type AwaitOption func(*awaitConfig)
+
+type awaitConfig struct{ final bool }
+
+// UntilFinal waits for each call's final result (Status.Final): past a
+// result awaiting a person's approval, which may take hours, to the one
+// that follows its decision. Without it a wait returns as soon as each
+// call has a result, one awaiting approval included, so that an agent is
+// never held up by a person; the final result can be awaited later, or
+// the call looked up by its key (Client.Lookup).
+func UntilFinal() AwaitOption { return func(c *awaitConfig) { c.final = true } }
+
+func awaitConfigOf(opts []AwaitOption) awaitConfig {
+	var c awaitConfig
+	for _, o := range opts {
+		o(&c)
+	}
+	return c
+}
+
+// enough reports whether r ends a wait of this config.
+func (c awaitConfig) enough(r *Result) bool { return r != nil && (!c.final || r.Status.Final()) }
+
+// supersedes reports whether next, read after prev for the same
+// tool_use_id, answers the call instead of prev: a later answer supersedes
+// an earlier one (the run after an operator resolved an indeterminate call
+// as not run, the final result after one awaiting approval), except that a
+// result awaiting approval never supersedes a final one (a pending answer
+// that a decision overtook).
+func supersedes(prev, next *Result) bool {
+	return prev == nil || next.Status.Final() || !prev.Status.Final()
+}
+
 // Await waits for the result addressed to toolUseID in the conversation,
 // including one published before Await was called (it reads the
 // conversation's results from the start; PublishAndAwait reads only what
-// comes after the job). It returns ctx's error when ctx ends first. Each call
-// reads through an ordered consumer of its own; an agent that awaits many
-// results at once reads them through one Results instead.
-func (c *Client) Await(ctx context.Context, conversationID, toolUseID string) (*Result, error) {
-	got, err := c.awaitAll(ctx, conversationID, []string{toolUseID}, 0)
+// comes after the job): the latest that came, a final one over one
+// awaiting approval. A call awaiting approval is returned as such
+// (StatusAwaitingApproval) unless UntilFinal is given. It returns ctx's
+// error when ctx ends first. Each call reads through an ordered consumer of
+// its own; an agent that awaits many results at once reads them through one
+// Results instead.
+func (c *Client) Await(ctx context.Context, conversationID, toolUseID string, opts ...AwaitOption) (*Result, error) {
+	got, err := c.awaitAll(ctx, conversationID, []string{toolUseID}, 0, awaitConfigOf(opts))
 	if err != nil {
 		return nil, err
 	}
@@ -129,8 +167,9 @@ func (c *Client) Await(ctx context.Context, conversationID, toolUseID string) (*
 // the results published after the job, so a long conversation costs nothing
 // extra; when JetStream drops the job as an exact re-publication (the same
 // key and tool_use_id, already published), its result may be older than
-// that, and it reads the conversation from the start.
-func (c *Client) PublishAndAwait(ctx context.Context, j *Job) (*Result, error) {
+// that, and it reads the conversation from the start. As with Await, a call
+// awaiting approval is returned as such unless UntilFinal is given.
+func (c *Client) PublishAndAwait(ctx context.Context, j *Job, opts ...AwaitOption) (*Result, error) {
 	from, err := c.resultsCursor(ctx)
 	if err != nil {
 		return nil, err
@@ -142,7 +181,7 @@ func (c *Client) PublishAndAwait(ctx context.Context, j *Job) (*Result, error) {
 	if pub.Duplicate {
 		from = 0
 	}
-	got, err := c.awaitAll(ctx, j.ConversationID, []string{j.ToolUseID}, from)
+	got, err := c.awaitAll(ctx, j.ConversationID, []string{j.ToolUseID}, from, awaitConfigOf(opts))
 	if err != nil {
 		return nil, err
 	}
@@ -165,19 +204,22 @@ func (c *Client) resultsCursor(ctx context.Context) (uint64, error) {
 
 // AwaitAll waits for the results addressed to the given tool_use_ids in
 // the conversation, ones published before the call included, reading the
-// conversation once; the latest answer to each when there are several. On
-// ctx's end it returns what it has with ctx's error.
-func (c *Client) AwaitAll(ctx context.Context, conversationID string, toolUseIDs []string) (map[string]*Result, error) {
-	return c.awaitAll(ctx, conversationID, toolUseIDs, 0)
+// conversation once; the latest answer to each when there are several (a
+// final one over one awaiting approval). A call awaiting approval is
+// returned as such unless UntilFinal is given. On ctx's end it returns what
+// it has with ctx's error.
+func (c *Client) AwaitAll(ctx context.Context, conversationID string, toolUseIDs []string, opts ...AwaitOption) (map[string]*Result, error) {
+	return c.awaitAll(ctx, conversationID, toolUseIDs, 0, awaitConfigOf(opts))
 }
 
 // awaitAll reads the conversation's results, from sequence from (0: the
-// first), until it has one for each of the given tool_use_ids and has read
-// every result published before it started; results for other ids (an
-// abandoned attempt of the turn, another turn) are skipped. A later answer
-// to a tool_use_id supersedes an earlier one: the call run after an
-// operator resolved it as not run, say, answers after its indeterminate.
-func (c *Client) awaitAll(ctx context.Context, conversationID string, toolUseIDs []string, from uint64) (map[string]*Result, error) {
+// first), until it has one for each of the given tool_use_ids (a final one
+// with UntilFinal) and has read every result published before it started;
+// results for other ids (an abandoned attempt of the turn, another turn)
+// are skipped. A later answer to a tool_use_id supersedes an earlier one
+// (supersedes): the call run after an operator resolved it as not run, say,
+// answers after its indeterminate.
+func (c *Client) awaitAll(ctx context.Context, conversationID string, toolUseIDs []string, from uint64, wait awaitConfig) (map[string]*Result, error) {
 	want := make(map[string]bool, len(toolUseIDs))
 	for _, id := range toolUseIDs {
 		want[id] = true
@@ -202,8 +244,9 @@ func (c *Client) awaitAll(ctx context.Context, conversationID string, toolUseIDs
 	stop := context.AfterFunc(ctx, it.Stop)
 	defer stop()
 	got := make(map[string]*Result, len(want))
+	enough := 0       // ids whose result ends the wait
 	caughtUp := false // read every result the stream held when it was last asked
-	for len(got) < len(want) || !caughtUp {
+	for enough < len(want) || !caughtUp {
 		msg, err := it.Next()
 		if err != nil {
 			if ctx.Err() != nil {
@@ -214,8 +257,11 @@ func (c *Client) awaitAll(ctx context.Context, conversationID string, toolUseIDs
 		meta, err := msg.Metadata()
 		caughtUp = err != nil || meta.NumPending == 0
 		r, err := DecodeResult(msg.Data())
-		if err != nil || !want[r.ToolUseID] {
+		if err != nil || !want[r.ToolUseID] || !supersedes(got[r.ToolUseID], r) {
 			continue
+		}
+		if !wait.enough(got[r.ToolUseID]) && wait.enough(r) {
+			enough++
 		}
 		got[r.ToolUseID] = r
 	}
@@ -245,9 +291,11 @@ type ToolResult struct {
 // attempt) are ignored. Like PublishAndAwait it reads only the results
 // published after the jobs, unless JetStream dropped one as an exact
 // re-publication (the turn run again with the same tool_use_ids): then it
-// reads the conversation from the start. On ctx's end it returns what it
-// has with ctx's error.
-func (c *Client) RunTurn(ctx context.Context, conversationID string, turnIndex int64, calls []ToolCall) ([]ToolResult, error) {
+// reads the conversation from the start. A call awaiting approval is
+// answered with its pending result (a tool_result saying so, see
+// Result.ToolResult) unless UntilFinal is given. On ctx's end it returns
+// what it has with ctx's error.
+func (c *Client) RunTurn(ctx context.Context, conversationID string, turnIndex int64, calls []ToolCall, opts ...AwaitOption) ([]ToolResult, error) {
 	from, err := c.resultsCursor(ctx)
 	if err != nil {
 		return nil, err
@@ -272,7 +320,7 @@ func (c *Client) RunTurn(ctx context.Context, conversationID string, turnIndex i
 		}
 		ids[i] = call.ToolUseID
 	}
-	got, err := c.awaitAll(ctx, conversationID, ids, from)
+	got, err := c.awaitAll(ctx, conversationID, ids, from, awaitConfigOf(opts))
 	out := make([]ToolResult, 0, len(calls))
 	for _, id := range ids {
 		if r, ok := got[id]; ok {
@@ -283,14 +331,24 @@ func (c *Client) RunTurn(ctx context.Context, conversationID string, turnIndex i
 }
 
 // ToolResult turns a result into the tool_result entry for the model: the
-// output for ok, else an error object the model can read.
+// output for ok; for a call awaiting approval, not an error but a JSON
+// string that says so (ApprovalText); else an error object the model can
+// read, {"status": …, "error": {"code": …, "message": …}}, whose message
+// for a denied or expired call is its ApprovalText.
 func (r *Result) ToolResult() ToolResult {
 	tr := ToolResult{ToolUseID: r.ToolUseID, Result: r, Content: r.Output}
-	if r.Status != StatusOK {
+	switch r.Status {
+	case StatusOK:
+	case StatusAwaitingApproval:
+		tr.Content, _ = json.Marshal(r.ApprovalText())
+	default:
 		tr.IsError = true
 		e := ResultError{Code: string(r.Status)}
 		if r.Error != nil {
 			e = *r.Error
+		}
+		if text := r.ApprovalText(); text != "" {
+			e.Message = text
 		}
 		tr.Content, _ = json.Marshal(map[string]any{"status": r.Status, "error": e})
 	}
@@ -298,6 +356,41 @@ func (r *Result) ToolResult() ToolResult {
 		tr.Content = json.RawMessage("null")
 	}
 	return tr
+}
+
+// ApprovalText is what the model reads of a call that a person had to
+// approve and that has not run: for one awaiting approval "awaiting
+// approval by a person (key …, expires …); the call has not run", for a
+// denied one "denied by NAME: REASON; the call did not run", for an
+// expired one that no person decided in time. It is "" for the other
+// statuses.
+func (r *Result) ApprovalText() string {
+	a := r.Approval
+	if a == nil {
+		a = &ResultApproval{}
+	}
+	switch r.Status {
+	case StatusAwaitingApproval:
+		if a.ExpiresAt.IsZero() {
+			return fmt.Sprintf("awaiting approval by a person (key %s); the call has not run", r.Key)
+		}
+		return fmt.Sprintf("awaiting approval by a person (key %s, expires %s); the call has not run", r.Key, a.ExpiresAt.UTC().Format(time.RFC3339))
+	case StatusDenied:
+		text := "denied by a person"
+		if a.DecidedBy != "" {
+			text = "denied by " + a.DecidedBy
+		}
+		if a.Reason != "" {
+			text += ": " + a.Reason
+		}
+		return text + "; the call did not run"
+	case StatusExpired:
+		if a.ExpiresAt.IsZero() {
+			return "expired: no person decided in time; the call did not run"
+		}
+		return fmt.Sprintf("expired: no person decided before %s; the call did not run", a.ExpiresAt.UTC().Format(time.RFC3339))
+	}
+	return ""
 }
 
 // HeaderCarrier adapts NATS headers to OpenTelemetry's TextMapCarrier.

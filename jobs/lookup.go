@@ -23,6 +23,9 @@ const (
 	LookupCompleted     = "completed"
 	LookupFailed        = "failed"
 	LookupIndeterminate = "indeterminate"
+	// LookupAwaitingApproval: the call waits for a person's decision and
+	// has not run; Lookup.Approval says what is asked and until when.
+	LookupAwaitingApproval = "awaiting_approval"
 )
 
 // Lookup is what the ledger knows of a key: whether the call already
@@ -41,6 +44,10 @@ type Lookup struct {
 	// LeaseRemainingMS is how long the holder of an in-flight call keeps it.
 	LeaseRemainingMS int64     `json:"lease_remaining_ms,omitempty"`
 	UpdatedAt        time.Time `json:"updated_at,omitzero"`
+	// Approval is set for a call whose tool asked a person: what was
+	// asked, and once decided, the decision (a denied or expired call is
+	// failed, with the error approval_denied or approval_expired).
+	Approval *ResultApproval `json:"approval,omitempty"`
 }
 
 // ErrLookupRefused is a lookup the service answered with an error (a

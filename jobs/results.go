@@ -20,15 +20,25 @@ var ErrResultsClosed = errors.New("jobs: results reader closed")
 // addressed to an abandoned attempt, or to another agent) is dropped at once.
 // It serves any number of turns at the cost of one consumer on the server,
 // and holds nothing but the ids awaited, so an agent that plays many turns
-// uses bounded memory. Await from the start of a conversation is Client.Await.
+// uses bounded memory. An id stays awaited until its final result came or
+// its wait is cancelled: past a result awaiting approval, its final result
+// is kept too. Await from the start of a conversation is Client.Await.
 type Results struct {
 	client *Client
 	it     *pull.Iter
 
 	mu      sync.Mutex
-	waiting map[waitKey]chan *Result
+	waiting map[waitKey]*slot
 	err     error // set once the reader stops
 	done    chan struct{}
+}
+
+// slot is where the reader keeps the latest result of one awaited
+// tool_use_id: it stays awaited past a result awaiting approval, whose
+// final result follows, and is let go at a final one.
+type slot struct {
+	res   *Result       // guarded by Results.mu
+	ready chan struct{} // signalled (never blocking) when res changes
 }
 
 // Results starts a reader of the results published from now on whose
@@ -50,7 +60,7 @@ func (c *Client) Results(ctx context.Context, filter string) (*Results, error) {
 	if err != nil {
 		return nil, fmt.Errorf("jobs: results reader: %w", err)
 	}
-	r := &Results{client: c, it: pull.New(it, c.js.Conn()), waiting: map[waitKey]chan *Result{}, done: make(chan struct{})}
+	r := &Results{client: c, it: pull.New(it, c.js.Conn()), waiting: map[waitKey]*slot{}, done: make(chan struct{})}
 	go r.read()
 	return r, nil
 }
@@ -71,15 +81,23 @@ func (r *Results) read() {
 		}
 		r.mu.Lock()
 		k := waitKey{res.ConversationID, res.ToolUseID}
-		ch, ok := r.waiting[k]
+		s, ok := r.waiting[k]
 		if !ok {
 			k = waitKey{"", res.ToolUseID}
-			ch, ok = r.waiting[k]
+			s, ok = r.waiting[k]
 		}
-		delete(r.waiting, k)
+		if ok && supersedes(s.res, res) {
+			s.res = res
+		}
+		if ok && res.Status.Final() {
+			delete(r.waiting, k) // nothing follows a final result
+		}
 		r.mu.Unlock()
 		if ok {
-			ch <- res // buffered: never blocks
+			select {
+			case s.ready <- struct{}{}:
+			default: // already signalled
+			}
 		}
 	}
 }
@@ -95,8 +113,7 @@ type Awaiting struct {
 	r            *Results
 	conversation string
 	ids          []string
-	chs          []chan *Result
-	got          []*Result // what Wait read, kept for a Wait tried again
+	slots        []*slot
 }
 
 // waitKey is what a wait is for: a tool_use_id of a conversation (""
@@ -112,53 +129,79 @@ func (r *Results) Expect(toolUseIDs ...string) *Awaiting { return r.ExpectIn("",
 // may recur in another (a replayed model response), whose result is not
 // this one's.
 func (r *Results) ExpectIn(conversationID string, toolUseIDs ...string) *Awaiting {
-	a := &Awaiting{r: r, conversation: conversationID, ids: toolUseIDs, chs: make([]chan *Result, len(toolUseIDs)), got: make([]*Result, len(toolUseIDs))}
+	a := &Awaiting{r: r, conversation: conversationID, ids: toolUseIDs, slots: make([]*slot, len(toolUseIDs))}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for i, id := range toolUseIDs {
-		a.chs[i] = make(chan *Result, 1)
-		r.waiting[waitKey{conversationID, id}] = a.chs[i]
+		a.slots[i] = &slot{ready: make(chan struct{}, 1)}
+		r.waiting[waitKey{conversationID, id}] = a.slots[i]
 	}
 	return a
 }
 
-// Wait returns the results of the expected ids, in their order. It returns
-// ctx's error when ctx ends first, and ErrResultsClosed (wrapping the
-// reader's error) when the reader stopped, with the results that came; a
-// Wait tried again keeps those and waits for the others. Wait is not safe
-// for concurrent use on one Awaiting.
-func (a *Awaiting) Wait(ctx context.Context) ([]*Result, error) {
-	for i, ch := range a.chs {
-		if a.got[i] != nil {
-			continue
+// Wait returns the results of the expected ids, in their order: the
+// latest of each that came, the first result if none came yet; with
+// UntilFinal, each id's final result, waiting past one awaiting approval.
+// A Wait that returned a result awaiting approval may be called again
+// (with UntilFinal) for the final one: the id stays awaited until its
+// final result came or Cancel. It returns ctx's error when ctx ends first,
+// and ErrResultsClosed (wrapping the reader's error) when the reader
+// stopped, with the results that came; a Wait tried again keeps those and
+// waits for the others. Wait is not safe for concurrent use on one
+// Awaiting.
+func (a *Awaiting) Wait(ctx context.Context, opts ...AwaitOption) ([]*Result, error) {
+	cfg := awaitConfigOf(opts)
+	got := make([]*Result, len(a.slots))
+	var err error
+	for i, s := range a.slots {
+		if got[i], err = a.wait(ctx, s, cfg); err != nil {
+			for k := i + 1; k < len(a.slots); k++ {
+				got[k] = a.latest(a.slots[k])
+			}
+			return got, err
+		}
+	}
+	return got, nil
+}
+
+// wait waits for a result of s that is enough for cfg; on an error it
+// returns the latest result that came, if any.
+func (a *Awaiting) wait(ctx context.Context, s *slot, cfg awaitConfig) (*Result, error) {
+	for {
+		res := a.latest(s)
+		if cfg.enough(res) {
+			return res, nil
 		}
 		select {
-		case res := <-ch:
-			a.got[i] = res
+		case <-s.ready:
 		case <-ctx.Done():
-			return append([]*Result(nil), a.got...), ctx.Err()
+			return a.latest(s), ctx.Err()
 		case <-a.r.done:
-			select {
-			case res := <-ch:
-				a.got[i] = res
-				continue
-			default:
+			if res := a.latest(s); cfg.enough(res) {
+				return res, nil
 			}
 			a.r.mu.Lock()
 			err := a.r.err
 			a.r.mu.Unlock()
-			return append([]*Result(nil), a.got...), fmt.Errorf("%w: %v", ErrResultsClosed, err)
+			return a.latest(s), fmt.Errorf("%w: %v", ErrResultsClosed, err)
 		}
 	}
-	return append([]*Result(nil), a.got...), nil
 }
 
-// Cancel stops keeping the ids' results: those that come later are dropped.
+func (a *Awaiting) latest(s *slot) *Result {
+	a.r.mu.Lock()
+	defer a.r.mu.Unlock()
+	return s.res
+}
+
+// Cancel stops keeping the ids' results: those that come later are
+// dropped. An id whose result awaits approval is kept until Cancel or its
+// final result.
 func (a *Awaiting) Cancel() {
 	a.r.mu.Lock()
 	defer a.r.mu.Unlock()
 	for i, id := range a.ids {
-		if k := (waitKey{a.conversation, id}); a.r.waiting[k] == a.chs[i] {
+		if k := (waitKey{a.conversation, id}); a.r.waiting[k] == a.slots[i] {
 			delete(a.r.waiting, k)
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/santhosh-tekuri/jsonschema/v6"
 
@@ -90,7 +91,17 @@ func TestResultSchemaTakesEveryResult(t *testing.T) {
 	rejected.Error = &jobs.ResultError{Code: "unknown_tool", Message: "no tool"}
 	unknown := jobs.NewResult(j, key, jobs.StatusIndeterminate)
 	unknown.Error, unknown.Attempts = &jobs.ResultError{Code: "holder_lost", Message: "stopped"}, 1
-	for _, r := range []*jobs.Result{ok, dup, failed, rejected, unknown} {
+	asked := &jobs.ResultApproval{Args: json.RawMessage(`{"amount_cents":90000}`), ArgsDigest: "5f1d", Group: "finance",
+		RequestedAt: time.Now().UTC(), ExpiresAt: time.Now().UTC().Add(time.Hour)}
+	pending := jobs.NewResult(j, key, jobs.StatusAwaitingApproval)
+	pending.Approval, pending.Attempts = asked, 1
+	decided := *asked
+	decided.Decision, decided.DecidedBy, decided.Reason, decided.DecidedAt = "denied", "alice", "over budget", time.Now().UTC()
+	denied := jobs.NewResult(j, key, jobs.StatusDenied)
+	denied.Approval, denied.Error = &decided, &jobs.ResultError{Code: "approval_denied", Message: "denied by alice: over budget"}
+	expired := jobs.NewResult(j, key, jobs.StatusExpired)
+	expired.Approval, expired.Error = asked, &jobs.ResultError{Code: "approval_expired", Message: "no decision before the approval expired"}
+	for _, r := range []*jobs.Result{ok, dup, failed, rejected, unknown, pending, denied, expired} {
 		body, err := json.Marshal(r)
 		if err != nil {
 			t.Fatal(err)
@@ -102,6 +113,10 @@ func TestResultSchemaTakesEveryResult(t *testing.T) {
 	bad := strings.Replace(mustJSON(t, failed), `"error":{`, `"nothing":{`, 1)
 	if validates(s, []byte(bad)) == nil {
 		t.Error("a result with an unknown field validates")
+	}
+	pending.Approval = nil
+	if validates(s, []byte(mustJSON(t, pending))) == nil {
+		t.Error("a result awaiting approval without its approval validates")
 	}
 }
 

@@ -205,12 +205,16 @@ func (a *Attempt) Abandon() {
 
 // Commit waits for the results addressed to this attempt's ids and appends
 // the turn to the conversation: its tool_use blocks and one tool_result per
-// block, NotRun for a block that was cut. The other attempts are abandoned.
-// It returns ErrTurnCommitted for a turn committed (or being committed)
-// already, ErrAttemptAbandoned for an abandoned attempt, ErrNotNextTurn when
-// another turn took this index, and ctx's error when ctx ends first (the turn
-// can then be committed again).
-func (t *Turn) Commit(ctx context.Context, a *Attempt) (*CommittedTurn, error) {
+// block, NotRun for a block that was cut. A call awaiting a person's
+// approval is committed with its pending result (a tool_result that says
+// so, not an error: Result.ToolResult) unless UntilFinal is given; its final
+// result is Client.Await's with UntilFinal, or Client.Lookup's by its key,
+// in a later turn. The other attempts are abandoned. It returns
+// ErrTurnCommitted for a turn committed (or being committed) already,
+// ErrAttemptAbandoned for an abandoned attempt, ErrNotNextTurn when another
+// turn took this index, and ctx's error when ctx ends first (the turn can
+// then be committed again).
+func (t *Turn) Commit(ctx context.Context, a *Attempt, opts ...AwaitOption) (*CommittedTurn, error) {
 	t.mu.Lock()
 	switch {
 	case t.committed || t.committing:
@@ -230,7 +234,7 @@ func (t *Turn) Commit(ctx context.Context, a *Attempt) (*CommittedTurn, error) {
 	}
 	t.mu.Unlock()
 
-	results, err := t.conv.awaitResults(ctx, uses)
+	results, err := t.conv.awaitResults(ctx, uses, awaitConfigOf(opts))
 	if err != nil {
 		t.mu.Lock()
 		t.committing, t.winner = false, nil
@@ -266,6 +270,11 @@ func (t *Turn) Commit(ctx context.Context, a *Attempt) (*CommittedTurn, error) {
 	t.mu.Lock()
 	t.committed, t.committing = true, false
 	t.mu.Unlock()
+	for _, u := range uses {
+		if u.aw != nil {
+			u.aw.Cancel() // the record has its result; a pending one's final is not kept
+		}
+	}
 	for _, o := range others {
 		o.Abandon()
 	}
@@ -275,7 +284,7 @@ func (t *Turn) Commit(ctx context.Context, a *Attempt) (*CommittedTurn, error) {
 // awaitResults waits for the results of the dispatched uses, by
 // tool_use_id: through the reader, and from the conversation's start for
 // those JetStream dropped as re-publications.
-func (c *Conversation) awaitResults(ctx context.Context, uses []attemptUse) (map[string]*Result, error) {
+func (c *Conversation) awaitResults(ctx context.Context, uses []attemptUse, wait awaitConfig) (map[string]*Result, error) {
 	got := make(map[string]*Result, len(uses))
 	var republished []string
 	for _, u := range uses {
@@ -284,15 +293,15 @@ func (c *Conversation) awaitResults(ctx context.Context, uses []attemptUse) (map
 		case u.republished:
 			republished = append(republished, u.call.ToolUseID)
 		default:
-			res, err := u.aw.Wait(ctx)
+			res, err := u.aw.wait(ctx, u.aw.slots[0], wait)
 			if err != nil {
 				return nil, err
 			}
-			got[u.call.ToolUseID] = res[0]
+			got[u.call.ToolUseID] = res
 		}
 	}
 	if len(republished) > 0 {
-		older, err := c.results.client.awaitAll(ctx, c.ID, republished, 0)
+		older, err := c.results.client.awaitAll(ctx, c.ID, republished, 0, wait)
 		if err != nil {
 			return nil, err
 		}

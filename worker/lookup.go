@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
+	"github.com/toolq/toolq/approvals"
 	"github.com/toolq/toolq/internal/version"
 	"github.com/toolq/toolq/jobs"
 	"github.com/toolq/toolq/ledger"
@@ -69,6 +70,7 @@ func lookup(ctx context.Context, store *ledger.Store, key string) (*jobs.Lookup,
 	if row.State == ledger.InFlight {
 		l.LeaseRemainingMS = max(row.LeaseRemaining.Milliseconds(), 0)
 	}
+	l.Approval = approvals.Result(row)
 	return l, nil
 }
 

@@ -81,3 +81,47 @@ func TestLookupAnswersWhatTheLedgerKnows(t *testing.T) {
 		t.Errorf("a malformed key: %v, want ErrLookupRefused", err)
 	}
 }
+
+// TestLookupShowsACallAwaitingApproval: a later turn asks by key about a
+// call that waits for a person: awaiting_approval, with what was asked and
+// until when; once denied, failed with the decision.
+func TestLookupShowsACallAwaitingApproval(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	exec := tools.ExecutorFunc(func(ctx context.Context, r tools.Request) (json.RawMessage, error) {
+		return json.RawMessage(`{"paid":true}`), nil
+	})
+	reg, err := tools.NewRegistry([]tools.Definition{{Name: "pay", Class: tools.KeyedWrite, Schema: json.RawMessage(`{"type":"object"}`),
+		Executor: exec, Approval: &tools.Approval{Group: "finance"}}}, tools.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, store := startWorker(t, reg, worker.Config{})
+	svc, err := worker.ServeLookup(js.Conn(), store, testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { svc.Stop() })
+	client := jobs.NewClient(js)
+	actx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	j := &jobs.Job{ConversationID: "c", TurnIndex: 1, Tool: "pay", ToolUseID: "toolu_ask", Args: json.RawMessage(`{"amount_cents":90000}`)}
+	pending, err := client.PublishAndAwait(actx, j)
+	if err != nil || pending.Status != jobs.StatusAwaitingApproval {
+		t.Fatalf("%+v %v", pending, err)
+	}
+	l, err := client.Lookup(actx, pending.Key)
+	if err != nil || l.State != jobs.LookupAwaitingApproval || l.Approval == nil || l.Approval.Group != "finance" ||
+		string(l.Approval.Args) != `{"amount_cents":90000}` || l.Approval.ArgsDigest != pending.Approval.ArgsDigest ||
+		!l.Approval.ExpiresAt.Equal(pending.Approval.ExpiresAt) || l.Approval.Decision != "" || l.Output != nil {
+		t.Fatalf("lookup of a call awaiting approval: %+v %+v %v", l, l.Approval, err)
+	}
+	if _, err := store.Decide(ctx, pending.Key, ledger.Decision{By: "bob", Reason: "no", Group: "finance"}); err != nil {
+		t.Fatal(err)
+	}
+	l, err = client.Lookup(actx, pending.Key)
+	if err != nil || l.State != jobs.LookupFailed || l.Error == nil || l.Error.Code != ledger.CodeApprovalDenied ||
+		l.Approval == nil || l.Approval.Decision != "denied" || l.Approval.DecidedBy != "bob" {
+		t.Fatalf("lookup of a denied call: %+v %+v %v", l, l.Approval, err)
+	}
+}
