@@ -24,7 +24,7 @@ func TestWhichAnswerToACallStands(t *testing.T) {
 		{"pending after denied", denied, pending, false},
 		{"final after final", unknown, ok, true},
 	} {
-		if got := supersedes(c.prev, c.next); got != c.want {
+		if got := c.next.Supersedes(c.prev); got != c.want {
 			t.Errorf("%s: supersedes %v, want %v", c.name, got, c.want)
 		}
 	}

@@ -136,14 +136,14 @@ func awaitConfigOf(opts []AwaitOption) awaitConfig {
 // enough reports whether r ends a wait of this config.
 func (c awaitConfig) enough(r *Result) bool { return r != nil && (!c.final || r.Status.Final()) }
 
-// supersedes reports whether next, read after prev for the same
+// Supersedes reports whether r, read after prev (nil: none) for the same
 // tool_use_id, answers the call instead of prev: a later answer supersedes
 // an earlier one (the run after an operator resolved an indeterminate call
 // as not run, the final result after one awaiting approval), except that a
 // result awaiting approval never supersedes a final one (a pending answer
 // that a decision overtook).
-func supersedes(prev, next *Result) bool {
-	return prev == nil || next.Status.Final() || !prev.Status.Final()
+func (r *Result) Supersedes(prev *Result) bool {
+	return prev == nil || r.Status.Final() || !prev.Status.Final()
 }
 
 // Await waits for the result addressed to toolUseID in the conversation,
@@ -217,7 +217,7 @@ func (c *Client) AwaitAll(ctx context.Context, conversationID string, toolUseIDs
 // with UntilFinal) and has read every result published before it started;
 // results for other ids (an abandoned attempt of the turn, another turn)
 // are skipped. A later answer to a tool_use_id supersedes an earlier one
-// (supersedes): the call run after an operator resolved it as not run, say,
+// (Result.Supersedes): the call run after an operator resolved it as not run, say,
 // answers after its indeterminate.
 func (c *Client) awaitAll(ctx context.Context, conversationID string, toolUseIDs []string, from uint64, wait awaitConfig) (map[string]*Result, error) {
 	want := make(map[string]bool, len(toolUseIDs))
@@ -257,7 +257,7 @@ func (c *Client) awaitAll(ctx context.Context, conversationID string, toolUseIDs
 		meta, err := msg.Metadata()
 		caughtUp = err != nil || meta.NumPending == 0
 		r, err := DecodeResult(msg.Data())
-		if err != nil || !want[r.ToolUseID] || !supersedes(got[r.ToolUseID], r) {
+		if err != nil || !want[r.ToolUseID] || !r.Supersedes(got[r.ToolUseID]) {
 			continue
 		}
 		if !wait.enough(got[r.ToolUseID]) && wait.enough(r) {

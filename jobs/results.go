@@ -86,7 +86,7 @@ func (r *Results) read() {
 			k = waitKey{"", res.ToolUseID}
 			s, ok = r.waiting[k]
 		}
-		if ok && supersedes(s.res, res) {
+		if ok && res.Supersedes(s.res) {
 			s.res = res
 		}
 		if ok && res.Status.Final() {

@@ -29,7 +29,10 @@ import (
 //   - args the tool's schema refuses are a rejected result (nothing ran);
 //   - otherwise the call is a job, published (a re-issue is the same job)
 //     and answered with its result, or with CodeNoResultYet when the result
-//     does not come within the wait.
+//     does not come within the wait. A call that awaits a person's approval
+//     is answered at once with its pending result (not an error); the same
+//     call sent again is answered with the latest result, the final one
+//     once the call was decided.
 func (s *Server) call(ctx context.Context, t *tools.Tool, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
 	args := json.RawMessage(req.Params.Arguments)
 	if len(args) == 0 {
@@ -219,20 +222,50 @@ func (s *Server) runRead(ctx context.Context, t *tools.Tool, args json.RawMessag
 	return okResult("", out)
 }
 
-// resultOf is the MCP result of a job's result.
+// resultOf is the MCP result of a job's result. A call awaiting approval
+// is not an error: its text says it waits for a person and has not run
+// (jobs.Result.ApprovalText); a denied or expired one is an error whose
+// message says who denied it and why, or that nobody decided in time.
+// The result of a call that needed approval carries it in MetaApproval.
 func resultOf(r *jobs.Result) *mcp.CallToolResult {
-	if r.Status == jobs.StatusOK {
-		return okResult(r.Key, r.Output)
+	var res *mcp.CallToolResult
+	switch r.Status {
+	case jobs.StatusOK:
+		res = okResult(r.Key, r.Output)
+	case jobs.StatusAwaitingApproval:
+		res = &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: r.ApprovalText()}}, Meta: meta(r.Status, r.Key)}
+	default:
+		e := r.Error
+		if e == nil {
+			e = &jobs.ResultError{Code: string(r.Status)}
+		}
+		switch {
+		case r.Status == jobs.StatusIndeterminate:
+			e = &jobs.ResultError{Code: e.Code, Message: fmt.Sprintf("the outcome of this call is unknown (%s): toolq will not run it again by itself. "+
+				"An operator decides, with consumer ledger show %s and consumer ledger resolve %s; until then the same call is answered so", e.Message, r.Key, r.Key)}
+		case r.ApprovalText() != "":
+			e = &jobs.ResultError{Code: e.Code, Message: r.ApprovalText()}
+		}
+		res = errorResult(r.Status, r.Key, e)
 	}
-	e := r.Error
-	if e == nil {
-		e = &jobs.ResultError{Code: string(r.Status)}
+	if r.Approval != nil {
+		res.Meta[MetaApproval] = approvalMeta(r.Approval)
 	}
-	if r.Status == jobs.StatusIndeterminate {
-		e = &jobs.ResultError{Code: e.Code, Message: fmt.Sprintf("the outcome of this call is unknown (%s): toolq will not run it again by itself. "+
-			"An operator decides, with consumer ledger show %s and consumer ledger resolve %s; until then the same call is answered so", e.Message, r.Key, r.Key)}
+	return res
+}
+
+// approvalMeta is a call's approval as MetaApproval gives it: without the
+// args, which are the call's own.
+func approvalMeta(a *jobs.ResultApproval) map[string]any {
+	m := map[string]any{"group": a.Group, "args_digest": a.ArgsDigest,
+		"requested_at": a.RequestedAt.UTC().Format(time.RFC3339Nano), "expires_at": a.ExpiresAt.UTC().Format(time.RFC3339Nano)}
+	if a.Decision != "" {
+		m["decision"], m["decided_by"], m["reason"] = a.Decision, a.DecidedBy, a.Reason
 	}
-	return errorResult(r.Status, r.Key, e)
+	if !a.DecidedAt.IsZero() {
+		m["decided_at"] = a.DecidedAt.UTC().Format(time.RFC3339Nano)
+	}
+	return m
 }
 
 func okResult(key string, out json.RawMessage) *mcp.CallToolResult {
@@ -367,7 +400,9 @@ func (s *Server) publishAndAwait(ctx context.Context, j *jobs.Job) (*jobs.Result
 // read every result published before it started and holds one addressed
 // to toolUseID with the given key: the latest such, since an operator's
 // resolution as not run and the run that follows answer after an
-// indeterminate. A result with another key (a job published with the same
+// indeterminate, and the final result after one awaiting approval (but
+// never a pending one after a final one: a pending answer that a decision
+// overtook). A result with another key (a job published with the same
 // tool_use_id by someone else) is another call's, and skipped.
 func (s *Server) awaitKey(ctx context.Context, conversationID, toolUseID, key string) (*jobs.Result, error) {
 	cons, err := s.cfg.JS.OrderedConsumer(ctx, jobs.ResultsStream, jetstream.OrderedConsumerConfig{
@@ -397,7 +432,11 @@ func (s *Server) awaitKey(ctx context.Context, conversationID, toolUseID, key st
 		}
 		meta, err := msg.Metadata()
 		caughtUp = err != nil || meta.NumPending == 0
-		if r, err := jobs.DecodeResult(msg.Data()); err == nil && r.ToolUseID == toolUseID && r.Key == key {
+		r, err := jobs.DecodeResult(msg.Data())
+		if err != nil || r.ToolUseID != toolUseID || r.Key != key {
+			continue
+		}
+		if r.Supersedes(got) {
 			got = r
 		}
 	}
@@ -408,9 +447,10 @@ func (s *Server) awaitKey(ctx context.Context, conversationID, toolUseID, key st
 // results stream keeps that result after an operator resolved the call in
 // the ledger, so the ledger (through the consumers' lookup service) is
 // asked: a call resolved as done is answered with the operator's output, a
-// failed one with its error; one resolved as not run is a notRunError. If
-// the lookup fails (no consumer serves it), the indeterminate result
-// stands.
+// failed one with its error; one resolved as not run is a notRunError.
+// One that now waits for a person's approval is answered so (pending, not
+// in flight). If the lookup fails (no consumer serves it), the
+// indeterminate result stands.
 func (s *Server) settled(ctx context.Context, r *jobs.Result) (*jobs.Result, error) {
 	l, err := s.client.Lookup(ctx, r.Key)
 	if err != nil {
@@ -428,6 +468,8 @@ func (s *Server) settled(ctx context.Context, r *jobs.Result) (*jobs.Result, err
 		return nil, &notRunError{key: r.Key}
 	case jobs.LookupInFlight: // released and running again
 		return nil, errRunningAgain
+	case jobs.LookupAwaitingApproval: // released, and its next delivery asked a person
+		resolved.Status, resolved.Approval = jobs.StatusAwaitingApproval, l.Approval
 	default:
 		return r, nil
 	}

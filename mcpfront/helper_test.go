@@ -198,6 +198,13 @@ func (n *notes) count(text string) int {
 // the front door.
 func noteStack(t *testing.T, wcfg worker.Config) (*embedded.Stack, *notes) {
 	t.Helper()
+	return approvalNoteStack(t, wcfg, nil)
+}
+
+// approvalNoteStack is noteStack whose store_note has the approval policy
+// approval (nil: none).
+func approvalNoteStack(t *testing.T, wcfg worker.Config, approval *tools.Approval) (*embedded.Stack, *notes) {
+	t.Helper()
 	n := &notes{runs: map[string]int{}}
 	exec := tools.ExecutorFunc(func(ctx context.Context, r tools.Request) (json.RawMessage, error) {
 		var a struct{ Text string }
@@ -210,7 +217,7 @@ func noteStack(t *testing.T, wcfg worker.Config) (*embedded.Stack, *notes) {
 		return json.RawMessage(`{"stored":true}`), nil
 	})
 	reg, err := tools.NewRegistry([]tools.Definition{{
-		Name: "store_note", Class: tools.KeyedWrite, Executor: exec,
+		Name: "store_note", Class: tools.KeyedWrite, Executor: exec, Approval: approval,
 		Schema: json.RawMessage(`{"type":"object","properties":{"text":{"type":"string"}},"required":["text"],"additionalProperties":false}`),
 	}}, tools.Config{})
 	if err != nil {

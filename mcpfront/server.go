@@ -54,9 +54,16 @@ const (
 	MetaOrdinal = "io.toolq/ordinal"
 	// MetaKey, in a result, is the call's key (for `consumer ledger show`).
 	MetaKey = "io.toolq/key"
-	// MetaStatus, in a result, is the call's status: ok, error, rejected
-	// or indeterminate.
+	// MetaStatus, in a result, is the call's status: ok, error, rejected,
+	// indeterminate, or for a call that needs a person's approval
+	// awaiting_approval (not final: the same call sent again later gets its
+	// final result), denied or expired.
 	MetaStatus = "io.toolq/status"
+	// MetaApproval, in the result of a call that needed a person's
+	// approval, is that approval: group, requested_at, expires_at,
+	// args_digest, and once decided decision, decided_by, reason and
+	// decided_at.
+	MetaApproval = "io.toolq/approval"
 	// MetaClass, in a tool's description, is its class: read,
 	// keyed_write, unkeyed_write or transactional_write.
 	MetaClass = "io.toolq/class"
@@ -187,7 +194,9 @@ const instructions = "Calls of write tools are made once through toolq: each too
 	`"` + MetaConversationID + `" (the conversation) and "` + MetaTurnIndex + `" (the index of the assistant turn that made the call), ` +
 	`and "` + MetaOrdinal + `" (0, 1, …) to tell identical calls of one turn apart. ` +
 	"A call sent again with the same fields and arguments (after a broken stream) gets the first result; " +
-	"the same call in a later turn is a new call. Read tools run without them."
+	"the same call in a later turn is a new call. Read tools run without them. " +
+	`A call that needs a person's approval is answered at once, not as an error, with "` + MetaStatus + `": "awaiting_approval": ` +
+	"it has not run; the same call sent again later gets its final result once a person decided."
 
 // Handler is the Streamable HTTP endpoint, to mount at /mcp.
 func (s *Server) Handler() http.Handler { return s.handler }
