@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
+	"reflect"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -258,35 +260,42 @@ func TestAnExpiredApprovalEndsAWaitUntilFinal(t *testing.T) {
 	}
 }
 
-// TestToolResultOfEachStatus: what the model reads of each result.
+// TestToolResultOfEachStatus: what the model reads of each result, from
+// testdata/tool_results.jsonl, the vectors the TypeScript and Python
+// clients check too.
 func TestToolResultOfEachStatus(t *testing.T) {
 	t.Parallel()
-	expires := time.Date(2026, 12, 1, 9, 30, 0, 0, time.FixedZone("CET", 3600))
-	decided := &jobs.ResultApproval{ExpiresAt: expires, Decision: "denied", DecidedBy: "bob", Reason: "not this vendor"}
-	for _, c := range []struct {
-		name    string
-		r       jobs.Result
-		content string
-		isError bool
-	}{
-		{"ok", jobs.Result{Status: jobs.StatusOK, Output: json.RawMessage(`{"id":1}`)}, `{"id":1}`, false},
-		{"ok without output", jobs.Result{Status: jobs.StatusOK}, `null`, false},
-		{"error", jobs.Result{Status: jobs.StatusError, Error: &jobs.ResultError{Code: "http_402", Message: "declined"}},
-			`{"error":{"code":"http_402","message":"declined"},"status":"error"}`, true},
-		{"awaiting approval", jobs.Result{Key: "k1", Status: jobs.StatusAwaitingApproval, Approval: &jobs.ResultApproval{ExpiresAt: expires}},
-			`"awaiting approval by a person (key k1, expires 2026-12-01T08:30:00Z); the call has not run"`, false},
-		{"awaiting approval without its approval", jobs.Result{Key: "k1", Status: jobs.StatusAwaitingApproval},
-			`"awaiting approval by a person (key k1); the call has not run"`, false},
-		{"denied", jobs.Result{Status: jobs.StatusDenied, Approval: decided, Error: &jobs.ResultError{Code: "approval_denied", Message: "denied by bob: not this vendor"}},
-			`{"error":{"code":"approval_denied","message":"denied by bob: not this vendor; the call did not run"},"status":"denied"}`, true},
-		{"denied without a reason", jobs.Result{Status: jobs.StatusDenied, Approval: &jobs.ResultApproval{DecidedBy: "bob"}},
-			`{"error":{"code":"denied","message":"denied by bob; the call did not run"},"status":"denied"}`, true},
-		{"expired", jobs.Result{Status: jobs.StatusExpired, Approval: &jobs.ResultApproval{ExpiresAt: expires}, Error: &jobs.ResultError{Code: "approval_expired"}},
-			`{"error":{"code":"approval_expired","message":"expired: no person decided before 2026-12-01T08:30:00Z; the call did not run"},"status":"expired"}`, true},
-	} {
-		tr := c.r.ToolResult()
-		if string(tr.Content) != c.content || tr.IsError != c.isError {
-			t.Errorf("%s: %s (is_error %v), want %s (is_error %v)", c.name, tr.Content, tr.IsError, c.content, c.isError)
+	data, err := os.ReadFile("testdata/tool_results.jsonl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows := 0
+	for line := range strings.Lines(string(data)) {
+		var v struct {
+			Name    string
+			Result  json.RawMessage
+			Content json.RawMessage
+			IsError bool `json:"is_error"`
 		}
+		if err := json.Unmarshal([]byte(line), &v); err != nil {
+			t.Fatal(err)
+		}
+		rows++
+		r, err := jobs.DecodeResult(v.Result)
+		if err != nil {
+			t.Fatalf("%s: %v", v.Name, err)
+		}
+		tr := r.ToolResult()
+		var got, want any
+		if err := json.Unmarshal(tr.Content, &got); err != nil {
+			t.Fatalf("%s: %v", v.Name, err)
+		}
+		_ = json.Unmarshal(v.Content, &want)
+		if !reflect.DeepEqual(got, want) || tr.IsError != v.IsError || tr.ToolUseID != r.ToolUseID {
+			t.Errorf("%s: %s (is_error %v), want %s (is_error %v)", v.Name, tr.Content, tr.IsError, v.Content, v.IsError)
+		}
+	}
+	if rows < 10 {
+		t.Fatalf("%d vectors", rows)
 	}
 }
