@@ -18,8 +18,12 @@ export const LOOKUP_SUBJECT = "toolq.ledger.get";
 /** What the ledger knows of a key. */
 export interface Lookup {
   key: string;
-  /** "unknown" (no row: never ran, or purged), "in_flight", "completed", "failed" or "indeterminate". */
-  state: "unknown" | "in_flight" | "completed" | "failed" | "indeterminate";
+  /**
+   * "unknown" (no row: never ran, or purged), "in_flight", "completed",
+   * "failed", "indeterminate", or "awaiting_approval" (the call waits for a
+   * person's decision and has not run; approval says what is asked).
+   */
+  state: "unknown" | "in_flight" | "completed" | "failed" | "indeterminate" | "awaiting_approval";
   attempt?: number;
   first_tool_use_id?: string;
   /** The output of a completed call. */
@@ -27,6 +31,8 @@ export interface Lookup {
   error?: { code: string; message: string };
   lease_remaining_ms?: number;
   updated_at?: string;
+  /** For a call whose tool asked a person: what was asked, and once decided, the decision (a denied or expired call is "failed"). */
+  approval?: ResultApproval;
 }
 
 /** A lookup the service refused (a malformed key: 400; the ledger unreachable: 503). */
@@ -111,7 +117,40 @@ export interface Published {
   duplicate: boolean;
 }
 
-export type Status = "ok" | "error" | "rejected" | "indeterminate";
+/**
+ * A result's status. Every status is final but "awaiting_approval": the
+ * call waits for a person's decision and has not run, and its final result
+ * ("ok", "error", …, or "denied" / "expired": it never ran) follows for the
+ * same tool_use_id.
+ */
+export type Status = "ok" | "error" | "rejected" | "indeterminate" | "awaiting_approval" | "denied" | "expired";
+
+/** Whether a result with this status is the call's last word: every status but "awaiting_approval". */
+export const isFinal = (status: Status): boolean => status !== "awaiting_approval";
+
+/**
+ * Whether next, read after prev (undefined: none) for the same tool_use_id,
+ * answers the call instead: a later answer supersedes an earlier one,
+ * except that a pending one never supersedes a final one (a pending answer
+ * that a decision overtook).
+ */
+export const supersedes = (prev: Result | undefined, next: Result): boolean => !prev || isFinal(next.status) || !isFinal(prev.status);
+
+/** What a result says of the approval of a call that needed a person's. */
+export interface ResultApproval {
+  /** The canonical args (RFC 8785) that run if approved. */
+  args: unknown;
+  args_digest: string;
+  /** The approver group that decides. */
+  group: string;
+  requested_at: string;
+  expires_at: string;
+  /** Once decided: "approved", "denied" or "expired", by whom, why, when. */
+  decision?: "approved" | "denied" | "expired";
+  decided_by?: string;
+  reason?: string;
+  decided_at?: string;
+}
 
 /** The body of a message on toolq.results.<conversation_id>. */
 export interface Result {
@@ -129,6 +168,8 @@ export interface Result {
   original_tool_use_id?: string;
   attempts: number;
   completed_at: string;
+  /** Set on the results of a call that needed a person's approval. */
+  approval?: ResultApproval;
 }
 
 /** A tool_use block of a completed assistant turn. */
@@ -142,7 +183,11 @@ export interface ToolCall {
 export interface ToolResult {
   type: "tool_result";
   tool_use_id: string;
-  /** The output as JSON text, or for a call that did not succeed an error object the model can read. */
+  /**
+   * The output as JSON text; for a call awaiting approval, text that says
+   * so (approvalText); for a call that did not succeed, an error object the
+   * model can read.
+   */
   content: string;
   is_error?: boolean;
 }
@@ -152,6 +197,12 @@ export interface AwaitOptions {
   signal?: AbortSignal;
   /** Read the conversation's results from this stream sequence (default: from the start). */
   fromSeq?: number;
+  /**
+   * Wait for each call's final result, past one awaiting a person's
+   * approval (which may take hours). Default false: the first result, a
+   * pending one included, so that the agent is never held up by a person.
+   */
+  final?: boolean;
 }
 
 /** Client publishes jobs and awaits their results. The streams must exist (the consumer creates them). */
@@ -199,7 +250,9 @@ export class Client {
 
   /**
    * Waits for the result addressed to toolUseId in the conversation, one
-   * published before the call included.
+   * published before the call included: the latest, a final one over one
+   * awaiting approval. A call awaiting approval is returned as such unless
+   * opts.final.
    */
   async awaitResult(conversationId: string, toolUseId: string, opts: AwaitOptions = {}): Promise<Result> {
     const got = await this.awaitResults(conversationId, [toolUseId], opts);
@@ -209,6 +262,7 @@ export class Client {
   /**
    * What the ledger knows of a key (the consumers' lookup service, on
    * toolq.ledger.get): did this call already happen, and how did it end?
+   * Does it still await a person's approval (state "awaiting_approval")?
    * Throws a LookupError when the service refuses the request.
    */
   async lookup(key: string, opts: { timeoutMs?: number } = {}): Promise<Lookup> {
@@ -245,7 +299,8 @@ export class Client {
    * their tool_result entries in the order of the calls. Identical calls
    * (same tool and canonical args) get ordinals 0, 1, … in order of
    * appearance. Results addressed to ids that are not in this turn (an
-   * abandoned attempt's) are ignored.
+   * abandoned attempt's) are ignored. A call awaiting approval gets its
+   * pending tool_result (not an error, see toToolResult) unless opts.final.
    */
   async runTurn(conversationId: string, turnIndex: number, calls: ToolCall[], opts: PublishOptions & AwaitOptions = {}): Promise<ToolResult[]> {
     let fromSeq = opts.fromSeq ?? (await this.resultsCursor());
@@ -268,11 +323,14 @@ export class Client {
    * tool_use_ids and has read every result published before it started;
    * results addressed to other ids are skipped. A later answer to an id
    * supersedes an earlier one (the call run after an operator resolved it
-   * as not run answers after its indeterminate).
+   * as not run answers after its indeterminate; see supersedes). With
+   * opts.final, it waits for a final result for each id.
    */
   async awaitResults(conversationId: string, toolUseIds: string[], opts: AwaitOptions = {}): Promise<Map<string, Result>> {
     const want = new Set(toolUseIds);
     const got = new Map<string, Result>();
+    const enough = (r: Result | undefined) => r !== undefined && (!opts.final || isFinal(r.status));
+    let done = 0; // ids whose result ends the wait
     opts.signal?.throwIfAborted();
     const from = opts.fromSeq ?? 0;
     const consumer = await this.js.consumers.get(RESULTS_STREAM, {
@@ -290,15 +348,19 @@ export class Client {
         } catch {
           continue;
         }
-        if (want.has(r.tool_use_id)) got.set(r.tool_use_id, r);
-        if (got.size === want.size && m.info.pending === 0) break;
+        const prev = got.get(r.tool_use_id);
+        if (want.has(r.tool_use_id) && supersedes(prev, r)) {
+          if (!enough(prev) && enough(r)) done++;
+          got.set(r.tool_use_id, r);
+        }
+        if (done === want.size && m.info.pending === 0) break;
       }
     } finally {
       opts.signal?.removeEventListener("abort", onAbort);
       messages.stop();
     }
     opts.signal?.throwIfAborted();
-    if (got.size < want.size) throw new Error(`toolq: results of ${conversationId}: the subscription ended before every result came`);
+    if (done < want.size) throw new Error(`toolq: results of ${conversationId}: the subscription ended before every result came`);
     return got;
   }
 }
@@ -309,10 +371,12 @@ export class Client {
  * expects (an abandoned attempt's, another agent's) is dropped at once. An
  * agent that plays many turns holds one consumer and only the ids it awaits
  * (awaitResult creates a consumer for each call). Start it with
- * Client.results(), expect an id before publishing its job.
+ * Client.results(), expect an id before publishing its job. An id stays
+ * expected until its final result came or cancel(): past a result awaiting
+ * approval, its final result is kept too.
  */
 export class ResultsReader {
-  private readonly waiting = new Map<string, { resolve: (r: Result) => void; reject: (err: Error) => void }>();
+  private readonly waiting = new Map<string, Slot>();
   private stopped?: Error;
 
   private constructor(private readonly messages: { stop(): void } & AsyncIterable<{ json<T>(): T }>) {}
@@ -335,48 +399,60 @@ export class ResultsReader {
         } catch {
           continue;
         }
-        const w = this.waiting.get(r.tool_use_id);
-        if (w) {
-          this.waiting.delete(r.tool_use_id);
-          w.resolve(r);
-        }
+        const slot = this.waiting.get(r.tool_use_id);
+        if (!slot) continue;
+        if (supersedes(slot.result, r)) slot.result = r;
+        if (isFinal(r.status)) this.waiting.delete(r.tool_use_id); // nothing follows a final result
+        for (const notify of [...slot.listeners]) notify();
       }
     } catch (e) {
       err = e instanceof Error ? e : new Error(String(e));
     }
     this.stopped = err;
-    for (const w of this.waiting.values()) w.reject(err);
+    for (const slot of this.waiting.values()) for (const notify of [...slot.listeners]) notify();
     this.waiting.clear();
   }
 
   /** Starts keeping the results addressed to the ids; call before publishing their jobs. */
   expect(toolUseIds: string[]): Expected {
-    const promises = toolUseIds.map(
-      (id) =>
-        new Promise<Result>((resolve, reject) => {
-          if (this.stopped) return reject(this.stopped);
-          this.waiting.set(id, { resolve, reject });
-        }),
-    );
-    const cancel = () => toolUseIds.forEach((id) => this.waiting.delete(id));
+    const slots = toolUseIds.map((id) => {
+      const slot: Slot = { listeners: new Set() };
+      if (!this.stopped) this.waiting.set(id, slot);
+      return slot;
+    });
+    const cancel = () =>
+      toolUseIds.forEach((id, i) => {
+        if (this.waiting.get(id) === slots[i]) this.waiting.delete(id);
+      });
     return {
       cancel,
-      wait: async (signal?: AbortSignal) => {
-        const all = Promise.all(promises);
-        if (!signal) return all;
-        signal.throwIfAborted();
-        let onAbort!: () => void;
-        const aborted = new Promise<never>((_, reject) => {
-          onAbort = () => reject(signal.reason);
-          signal.addEventListener("abort", onAbort, { once: true });
-        });
-        try {
-          return await Promise.race([all, aborted]);
-        } finally {
-          signal.removeEventListener("abort", onAbort);
-        }
+      wait: (opts?: AbortSignal | WaitOptions) => {
+        const { signal, final } = opts instanceof AbortSignal ? { signal: opts, final: false } : (opts ?? {});
+        return Promise.all(slots.map((slot) => this.until(slot, final ?? false, signal)));
       },
     };
+  }
+
+  /** The slot's result once it is enough: any, or with final a final one. */
+  private until(slot: Slot, final: boolean, signal?: AbortSignal): Promise<Result> {
+    return new Promise<Result>((resolve, reject) => {
+      const settle = () => {
+        const r = slot.result;
+        if (r && (!final || isFinal(r.status))) resolve(r);
+        else if (this.stopped) reject(this.stopped);
+        else return;
+        slot.listeners.delete(settle);
+        signal?.removeEventListener("abort", onAbort);
+      };
+      const onAbort = () => {
+        slot.listeners.delete(settle);
+        reject(signal!.reason);
+      };
+      if (signal?.aborted) return reject(signal.reason);
+      slot.listeners.add(settle);
+      signal?.addEventListener("abort", onAbort, { once: true });
+      settle();
+    });
   }
 
   /** Stops the reader; waits still pending reject. */
@@ -385,9 +461,27 @@ export class ResultsReader {
   }
 }
 
-/** Results kept for a set of ids: wait() gives them in the order of the ids; cancel() drops them. */
+/** The latest result of an expected id, and the waits to tell when it changes. */
+interface Slot {
+  result?: Result;
+  listeners: Set<() => void>;
+}
+
+export interface WaitOptions {
+  /** Stops the wait; the promise then rejects with the signal's reason. */
+  signal?: AbortSignal;
+  /** Wait for each id's final result, past one awaiting approval (default: the first result). */
+  final?: boolean;
+}
+
+/**
+ * Results kept for a set of ids: wait() gives them in the order of the ids
+ * (the latest of each that came; with final, each id's final result), and
+ * may be called again, with final, after it gave a result awaiting
+ * approval; cancel() drops them.
+ */
 export interface Expected {
-  wait(signal?: AbortSignal): Promise<Result[]>;
+  wait(opts?: AbortSignal | WaitOptions): Promise<Result[]>;
   cancel(): void;
 }
 
@@ -411,13 +505,52 @@ export class Conversation {
   }
 }
 
-/** The tool_result entry for a result: its output for ok, else an error object the model can read. */
+/**
+ * The tool_result entry for a result: its output for ok; for a call
+ * awaiting approval, not an error but text that says so (approvalText);
+ * else an error object the model can read, {"status", "error": {"code",
+ * "message"}}, whose message for a denied or expired call is its
+ * approvalText. The Go and Python clients give the same.
+ */
 export function toToolResult(r: Result): ToolResult {
   if (r.status === "ok") {
     return { type: "tool_result", tool_use_id: r.tool_use_id, content: JSON.stringify(r.output ?? null) };
   }
-  const error = r.error ?? { code: r.status, message: "" };
+  if (r.status === "awaiting_approval") {
+    return { type: "tool_result", tool_use_id: r.tool_use_id, content: approvalText(r) };
+  }
+  const error = { code: r.error?.code ?? r.status, message: approvalText(r) || (r.error?.message ?? "") };
   return { type: "tool_result", tool_use_id: r.tool_use_id, content: JSON.stringify({ status: r.status, error }), is_error: true };
+}
+
+/**
+ * What the model reads of a call that a person had to approve and that has
+ * not run: for one awaiting approval "awaiting approval by a person (key …,
+ * expires …); the call has not run", for a denied one "denied by NAME:
+ * REASON; the call did not run", for an expired one that no person decided
+ * in time. "" for the other statuses.
+ */
+export function approvalText(r: Result): string {
+  const a = r.approval;
+  const expires = a?.expires_at ? rfc3339(a.expires_at) : "";
+  switch (r.status) {
+    case "awaiting_approval":
+      return `awaiting approval by a person (key ${r.key}${expires ? `, expires ${expires}` : ""}); the call has not run`;
+    case "denied":
+      return `denied by ${a?.decided_by || "a person"}${a?.reason ? `: ${a.reason}` : ""}; the call did not run`;
+    case "expired":
+      return expires
+        ? `expired: no person decided before ${expires}; the call did not run`
+        : "expired: no person decided in time; the call did not run";
+    default:
+      return "";
+  }
+}
+
+/** A timestamp in UTC to the second, as Go's time.RFC3339 writes it. */
+function rfc3339(t: string): string {
+  const d = new Date(t);
+  return Number.isNaN(d.getTime()) ? t : d.toISOString().replace(/\.\d{3}Z$/, "Z");
 }
 
 const TRACEPARENT = /^00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}$/;

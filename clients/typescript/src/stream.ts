@@ -70,6 +70,12 @@ export interface StreamTurnOptions {
   /** Attempts before giving up (default 3). */
   maxAttempts?: number;
   signal?: AbortSignal;
+  /**
+   * Wait for each call's final result, past one awaiting a person's
+   * approval. Default false: a call awaiting approval gets its pending
+   * tool_result, and the turn completes.
+   */
+  final?: boolean;
 }
 
 /**
@@ -135,11 +141,16 @@ export async function streamTurn(opts: StreamTurnOptions): Promise<StreamedTurn>
     }
     let results: Result[];
     if (opts.results && fresh) {
-      results = (await Promise.all(expected.map((e) => e.wait(opts.signal)))).flat();
+      results = (await Promise.all(expected.map((e) => e.wait({ signal: opts.signal, final: opts.final })))).flat();
+      for (const e of expected) e.cancel(); // the turn has its results; a pending one's final is not kept
     } else {
       // An exact re-publication was dropped: its result may be older than any reader.
       for (const e of expected) e.cancel();
-      const got = await opts.client.awaitResults(opts.conversationId, attempt.dispatched, { fromSeq: fresh ? fromSeq : 0, signal: opts.signal });
+      const got = await opts.client.awaitResults(opts.conversationId, attempt.dispatched, {
+        fromSeq: fresh ? fromSeq : 0,
+        signal: opts.signal,
+        final: opts.final,
+      });
       results = attempt.dispatched.map((id) => got.get(id)!);
     }
     return { content, toolResults: results.map(toToolResult), attempts };
