@@ -50,6 +50,8 @@ func runWorker(ctx context.Context, args []string, stdio cli.IO, getenv func(str
 	untilEmpty := fs.Bool("until-empty", false, "exit once nothing is pending and nothing is in flight")
 	healthAddr := fs.String("health-addr", "", "serve /healthz, /readyz and /metrics here")
 	mcpListen := fs.String("mcp-listen", "", "serve the registry's tools as an MCP server (Streamable HTTP) at /mcp on this address; empty: off")
+	var inboxf inboxFlags
+	inboxf.register(fs)
 	debugPprof := fs.Bool("debug-pprof", false, "also serve Go's profiles under /debug/pprof/ on --health-addr (heap, goroutine, profile)")
 	shutdownTimeout := fs.Duration("shutdown-timeout", 30*time.Second, "on SIGTERM, how long running tools may finish")
 	durable := fs.String("durable", "toolq", "name of the durable consumer the workers share")
@@ -72,6 +74,9 @@ func runWorker(ctx context.Context, args []string, stdio cli.IO, getenv func(str
 	backoffs, err := parseDurations(*backoff)
 	if err != nil {
 		return cli.Usagef("--backoff: %w", err)
+	}
+	if err := inboxf.check(getenv); err != nil {
+		return err
 	}
 
 	var cleanups []func()
@@ -206,6 +211,17 @@ func runWorker(ctx context.Context, args []string, stdio cli.IO, getenv func(str
 		return fmt.Errorf("approvals service: %w", err)
 	}
 	cleanups = append(cleanups, func() { decisions.Stop() })
+	// And in the inbox's web page.
+	var inboxURL string
+	if inboxf.listen != "" {
+		url, stop, err := inboxf.serve(appr, st.Store, st.Conn, logger)
+		if err != nil {
+			return err
+		}
+		cleanups = append(cleanups, stop)
+		inboxURL = url
+		banner = append(banner, "  inbox    "+inboxURL+" ("+inboxf.describe()+")")
+	}
 	var mcpURL string
 	if *mcpListen != "" {
 		addr, stop, err := serveMCP(ctx, *mcpListen, mcpfront.Config{Registry: st.Tools, JS: st.JS, Logger: logger, MaxBodySize: *maxBody})
@@ -240,6 +256,9 @@ func runWorker(ctx context.Context, args []string, stdio cli.IO, getenv func(str
 		}
 		if mcpURL != "" {
 			attrs = append(attrs, "mcp", mcpURL)
+		}
+		if inboxURL != "" {
+			attrs = append(attrs, "inbox", inboxURL)
 		}
 		logger.Info("toolq consumer", attrs...)
 	} else {
