@@ -18,10 +18,11 @@ from toolq.key import CallKeyError
 
 
 class FakeClient:
-    def __init__(self) -> None:
+    def __init__(self, status: toolq.Status = "ok") -> None:
         self.jobs: list[toolq.Job] = []
+        self.status = status  # what every call is answered
 
-    async def publish_and_await(self, job: toolq.Job, *, timeout: float | None = None) -> toolq.Result:
+    async def publish_and_await(self, job: toolq.Job, *, timeout: float | None = None, final: bool = False) -> toolq.Result:
         self.jobs.append(job)
         key = toolq.call_key(
             conversation_id=job.conversation_id, turn_index=job.turn_index, tool=job.tool, ordinal=job.ordinal, args=job.args
@@ -34,11 +35,11 @@ class FakeClient:
             ordinal=job.ordinal,
             tool=job.tool,
             tool_use_id=job.tool_use_id,
-            status="ok",
+            status=self.status,
             duplicate=False,
             attempts=1,
             completed_at="",
-            output="paid",
+            output="paid" if self.status == "ok" else None,
         )
 
 
@@ -120,6 +121,22 @@ async def test_thread_ids_langgraph_accepts_have_a_conversation() -> None:
     ]
     await graph(client).ainvoke({"messages": msgs}, {"configurable": {"thread_id": "user@example.com/session.1"}})
     assert len(client.jobs) == 1
+
+
+async def test_a_langgraph_call_awaiting_approval_is_a_message_that_says_so_not_an_error() -> None:
+    """A write that waits for a person's approval is answered at once: its
+    ToolMessage says so and is no error, and its artifact's status is
+    awaiting_approval; a denied call's is an error."""
+    call = {"name": "send_payment", "args": {"invoice_id": "inv_1", "amount_cents": 500}, "id": "call_a", "type": "tool_call"}
+    msgs = [HumanMessage("pay"), AIMessage("", tool_calls=[call])]
+    for status, want in [("awaiting_approval", "success"), ("denied", "error")]:
+        out = await graph(FakeClient(status)).ainvoke({"messages": msgs}, {"configurable": {"thread_id": "t-appr"}})
+        answer = out["messages"][-1]
+        assert answer.status == want and answer.artifact["status"] == status, answer
+        if status == "awaiting_approval":
+            assert answer.content.startswith("awaiting approval by a person (key ") and answer.content.endswith("the call has not run")
+        else:
+            assert "the call did not run" in answer.content
 
 
 def test_mapping_keys_must_be_strings() -> None:

@@ -38,7 +38,7 @@ async def tools_when_served(client: toolq.Client, format: toolq.ToolFormat) -> l
 async def test_tools_answers_the_registry_as_each_apis_tool_definitions(consumer: Consumer) -> None:
     client = toolq.Client(await nats.connect(consumer.nats_url))
     try:
-        binary = consumer.data_dir.parent / "consumer"
+        binary = consumer.binary
         for format in FORMATS:
             got = await tools_when_served(client, format)
             printed = subprocess.run(

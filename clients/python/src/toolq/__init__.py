@@ -14,13 +14,16 @@ from toolq.client import (
     LookupError,
     Published,
     Result,
+    ResultApproval,
     ResultError,
     ResultsReader,
     Status,
     ToolCall,
     ToolFormat,
     ToolsError,
+    is_final,
     new_tool_use_id,
+    supersedes,
 )
 from toolq.key import (
     MAX_DEPTH,
@@ -79,6 +82,7 @@ __all__ = [
     "NumberRangeError",
     "Published",
     "Result",
+    "ResultApproval",
     "ResultError",
     "ResultsReader",
     "Status",
@@ -92,6 +96,8 @@ __all__ = [
     "call_key",
     "call_material",
     "canonicalize",
+    "is_final",
     "key_of",
     "new_tool_use_id",
+    "supersedes",
 ]

@@ -74,11 +74,13 @@ async def play_turn(
     *,
     attempts: int = 3,
     timeout: float | None = None,
+    final: bool = False,
 ) -> PlayedTurn:
     """Plays the conversation's next turn from stream() (called again for
     each retry), dispatching tool_use blocks as they complete, and commits
-    the attempt whose stream completes. Raises StreamFailedError when every
-    one of attempts fails."""
+    the attempt whose stream completes. A call awaiting a person's approval
+    gets its pending tool_result unless final (Turn.commit). Raises
+    StreamFailedError when every one of attempts fails."""
     turn = conversation.next_turn()
     reports: list[AttemptReport] = []
     for _ in range(attempts):
@@ -146,7 +148,7 @@ async def play_turn(
             report.error = str(e)
             attempt.abandon()
             continue
-        committed = await turn.commit(attempt, timeout=timeout)
+        committed = await turn.commit(attempt, timeout=timeout, final=final)
         content: list[dict[str, Any]] = []
         for i in order:
             b = blocks[i]

@@ -10,8 +10,8 @@ import json
 import re
 import secrets
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from datetime import datetime, timezone
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
 from typing import Any, Literal
 
 from nats.aio.client import Client as NATS
@@ -33,16 +33,19 @@ __all__ = [
     "LookupError",
     "Published",
     "Result",
+    "ResultApproval",
     "ResultError",
     "ResultsReader",
     "Status",
     "ToolCall",
     "ToolFormat",
     "ToolsError",
+    "is_final",
     "job_msg_id",
     "job_subject",
     "new_tool_use_id",
     "result_subject",
+    "supersedes",
 ]
 
 JOBS_STREAM = "TOOLQ_JOBS"
@@ -51,7 +54,25 @@ HEADER_KEY = "Toolq-Key"
 HEADER_MSG_ID = "Nats-Msg-Id"
 VERSION = 1
 
-Status = Literal["ok", "error", "rejected", "indeterminate"]
+#: A result's status. Every status is final but "awaiting_approval": the call
+#: waits for a person's decision and has not run, and its final result ("ok",
+#: "error", …, or "denied" / "expired": it never ran) follows for the same
+#: tool_use_id.
+Status = Literal["ok", "error", "rejected", "indeterminate", "awaiting_approval", "denied", "expired"]
+
+
+def is_final(status: str) -> bool:
+    """Whether a result with this status is the call's last word: every status but "awaiting_approval"."""
+    return status != "awaiting_approval"
+
+
+def supersedes(prev: Result | None, new: Result) -> bool:
+    """Whether new, read after prev (None: none) for the same tool_use_id,
+    answers the call instead: a later answer supersedes an earlier one,
+    except that a pending one never supersedes a final one (a pending answer
+    that a decision overtook)."""
+    return prev is None or is_final(new.status) or not is_final(prev.status)
+
 
 _TOOL_USE_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
 
@@ -103,6 +124,55 @@ class ResultError:
 
 
 @dataclass(frozen=True)
+class ResultApproval:
+    """What a result says of the approval of a call that needed a person's."""
+
+    #: The canonical args that run if approved.
+    args: Any
+    args_digest: str
+    #: The approver group that decides.
+    group: str
+    requested_at: str
+    expires_at: str
+    #: Once decided: "approved", "denied" or "expired", by whom, why, when.
+    decision: str = ""
+    decided_by: str = ""
+    reason: str = ""
+    decided_at: str = ""
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any] | None) -> ResultApproval | None:
+        if not d:
+            return None
+        return cls(
+            args=d.get("args"),
+            args_digest=d.get("args_digest", ""),
+            group=d.get("group", ""),
+            requested_at=d.get("requested_at", ""),
+            expires_at=d.get("expires_at", ""),
+            decision=d.get("decision", ""),
+            decided_by=d.get("decided_by", ""),
+            reason=d.get("reason", ""),
+            decided_at=d.get("decided_at", ""),
+        )
+
+
+_RFC3339 = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.\d+)?(Z|[+-]\d\d:\d\d)", re.IGNORECASE)
+
+
+def _utc_seconds(t: str) -> str:
+    """A timestamp in UTC to the second, as Go's time.RFC3339 writes it."""
+    m = _RFC3339.fullmatch(t)
+    if m is None:
+        return t
+    at = datetime.strptime(m[1], "%Y-%m-%dT%H:%M:%S")
+    if m[2].upper() != "Z":
+        offset = timedelta(hours=int(m[2][1:3]), minutes=int(m[2][4:6]))
+        at = at - offset if m[2][0] == "+" else at + offset
+    return at.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass(frozen=True)
 class Result:
     """The answer to one job (result v1, docs/schema/result.v1.json)."""
 
@@ -120,6 +190,8 @@ class Result:
     output: Any = None
     error: ResultError | None = None
     original_tool_use_id: str = ""
+    #: Set on the results of a call that needed a person's approval.
+    approval: ResultApproval | None = None
 
     @classmethod
     def from_json(cls, data: bytes | str) -> Result:
@@ -142,18 +214,46 @@ class Result:
             output=d.get("output"),
             error=ResultError(code=err["code"], message=err.get("message", "")) if err else None,
             original_tool_use_id=d.get("original_tool_use_id", ""),
+            approval=ResultApproval.from_dict(d.get("approval")),
         )
 
     def tool_result(self) -> dict[str, Any]:
         """The tool_result block to append to the turn for this call (the
-        Anthropic Messages API's shape): the output for ok, else an error the
-        model can read."""
+        Anthropic Messages API's shape): the output for ok; for a call
+        awaiting approval, not an error but text that says so
+        (approval_text); else an error the model can read, {"status",
+        "error": {"code", "message"}}, whose message for a denied or expired
+        call is its approval_text. The Go and TypeScript clients give the
+        same texts."""
         if self.status == "ok":
             content = json.dumps(self.output, ensure_ascii=False)
             return {"type": "tool_result", "tool_use_id": self.tool_use_id, "content": content}
+        if self.status == "awaiting_approval":
+            return {"type": "tool_result", "tool_use_id": self.tool_use_id, "content": self.approval_text()}
         error = self.error or ResultError(code=self.status, message="")
-        content = json.dumps({"status": self.status, "error": {"code": error.code, "message": error.message}}, ensure_ascii=False)
+        message = self.approval_text() or error.message
+        content = json.dumps({"status": self.status, "error": {"code": error.code, "message": message}}, ensure_ascii=False)
         return {"type": "tool_result", "tool_use_id": self.tool_use_id, "content": content, "is_error": True}
+
+    def approval_text(self) -> str:
+        """What the model reads of a call that a person had to approve and
+        that has not run: for one awaiting approval "awaiting approval by a
+        person (key …, expires …); the call has not run", for a denied one
+        "denied by NAME: REASON; the call did not run", for an expired one
+        that no person decided in time. "" for the other statuses."""
+        a = self.approval
+        expires = _utc_seconds(a.expires_at) if a and a.expires_at else ""
+        if self.status == "awaiting_approval":
+            return f"awaiting approval by a person (key {self.key}{', expires ' + expires if expires else ''}); the call has not run"
+        if self.status == "denied":
+            who = (a.decided_by if a else "") or "a person"
+            reason = f": {a.reason}" if a and a.reason else ""
+            return f"denied by {who}{reason}; the call did not run"
+        if self.status == "expired":
+            if expires:
+                return f"expired: no person decided before {expires}; the call did not run"
+            return "expired: no person decided in time; the call did not run"
+        return ""
 
 
 LOOKUP_SUBJECT = "toolq.ledger.get"
@@ -164,8 +264,10 @@ class Lookup:
     """What the ledger knows of a key."""
 
     key: str
-    #: "unknown" (no row: never ran, or purged), "in_flight", "completed", "failed" or "indeterminate".
-    state: Literal["unknown", "in_flight", "completed", "failed", "indeterminate"]
+    #: "unknown" (no row: never ran, or purged), "in_flight", "completed",
+    #: "failed", "indeterminate", or "awaiting_approval" (the call waits for a
+    #: person's decision and has not run; approval says what is asked).
+    state: Literal["unknown", "in_flight", "completed", "failed", "indeterminate", "awaiting_approval"]
     attempt: int = 0
     first_tool_use_id: str = ""
     #: The output of a completed call.
@@ -173,6 +275,9 @@ class Lookup:
     error: ResultError | None = None
     lease_remaining_ms: int = 0
     updated_at: str = ""
+    #: For a call whose tool asked a person: what was asked, and once
+    #: decided, the decision (a denied or expired call is "failed").
+    approval: ResultApproval | None = None
 
 
 class LookupError(RuntimeError):
@@ -273,6 +378,7 @@ class Client:
     async def lookup(self, key: str, *, timeout: float = 5.0) -> Lookup:
         """What the ledger knows of a key (the consumers' lookup service, on
         toolq.ledger.get): did this call already happen, and how did it end?
+        Does it still await a person's approval (state "awaiting_approval")?
         Raises LookupError when the service refuses the request."""
         msg = await self.nc.request(LOOKUP_SUBJECT, key.encode(), timeout=timeout)
         headers = msg.headers or {}
@@ -289,6 +395,7 @@ class Client:
             error=ResultError(code=err["code"], message=err.get("message", "")) if err else None,
             lease_remaining_ms=d.get("lease_remaining_ms", 0),
             updated_at=d.get("updated_at", ""),
+            approval=ResultApproval.from_dict(d.get("approval")),
         )
 
     async def tools(self, format: ToolFormat, *, timeout: float = 5.0) -> list[dict[str, Any]]:
@@ -311,24 +418,34 @@ class Client:
         info = await self.js.stream_info(RESULTS_STREAM)
         return int(info.state.last_seq) + 1
 
-    async def await_result(self, conversation_id: str, tool_use_id: str, *, from_seq: int = 0, timeout: float | None = None) -> Result:
+    async def await_result(
+        self, conversation_id: str, tool_use_id: str, *, from_seq: int = 0, timeout: float | None = None, final: bool = False
+    ) -> Result:
         """The result addressed to tool_use_id in the conversation, one
         published before the call included (from_seq 0: read from the
-        start); the latest answer when there are several."""
-        got = await self.await_results(conversation_id, [tool_use_id], from_seq=from_seq, timeout=timeout)
+        start); the latest answer when there are several, a final one over
+        one awaiting approval. A call awaiting a person's approval is
+        returned as such (status "awaiting_approval"), so that the agent is
+        never held up for hours, unless final: then it waits for the result
+        that follows the decision."""
+        got = await self.await_results(conversation_id, [tool_use_id], from_seq=from_seq, timeout=timeout, final=final)
         return got[tool_use_id]
 
     async def await_results(
-        self, conversation_id: str, tool_use_ids: Sequence[str], *, from_seq: int = 0, timeout: float | None = None
+        self, conversation_id: str, tool_use_ids: Sequence[str], *, from_seq: int = 0, timeout: float | None = None, final: bool = False
     ) -> dict[str, Result]:
         """Reads the conversation's results from from_seq (0: the first)
-        until it has one for each tool_use_id and has read every result
-        published before it started; results for other ids are skipped. A
-        later answer to an id supersedes an earlier one (the call run after
-        an operator resolved it as not run answers after its
-        indeterminate)."""
+        until it has one for each tool_use_id (with final, a final one) and
+        has read every result published before it started; results for
+        other ids are skipped. A later answer to an id supersedes an earlier
+        one (the call run after an operator resolved it as not run answers
+        after its indeterminate; see supersedes)."""
         want = set(tool_use_ids)
         got: dict[str, Result] = {}
+
+        def enough(r: Result | None) -> bool:
+            return r is not None and (not final or is_final(r.status))
+
         config = api.ConsumerConfig(deliver_policy=api.DeliverPolicy.ALL)
         if from_seq > 0:
             config = api.ConsumerConfig(deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=from_seq)
@@ -336,14 +453,18 @@ class Client:
 
         async def read() -> None:
             caught_up = False
-            while len(got) < len(want) or not caught_up:
+            done = 0  # ids whose result ends the wait
+            while done < len(want) or not caught_up:
                 msg = await sub.next_msg(timeout=None)
                 caught_up = _pending(msg) == 0
                 try:
                     r = Result.from_json(msg.data)
                 except (ValueError, KeyError, TypeError):
                     continue
-                if r.tool_use_id in want:
+                prev = got.get(r.tool_use_id)
+                if r.tool_use_id in want and supersedes(prev, r):
+                    if not enough(prev) and enough(r):
+                        done += 1
                     got[r.tool_use_id] = r
 
         try:
@@ -352,23 +473,34 @@ class Client:
             await sub.unsubscribe()
         return got
 
-    async def publish_and_await(self, job: Job, *, timeout: float | None = None) -> Result:
+    async def publish_and_await(self, job: Job, *, timeout: float | None = None, final: bool = False) -> Result:
         """Publishes the job and waits for its result, reading only the
         results published after it (from the start when JetStream dropped
-        the job as an exact re-publication: its result may be older)."""
+        the job as an exact re-publication: its result may be older). A
+        call awaiting approval is returned as such unless final."""
         from_seq = await self.results_cursor()
         pub = await self.publish(job)
-        return await self.await_result(job.conversation_id, job.tool_use_id, from_seq=0 if pub.duplicate else from_seq, timeout=timeout)
+        return await self.await_result(
+            job.conversation_id, job.tool_use_id, from_seq=0 if pub.duplicate else from_seq, timeout=timeout, final=final
+        )
 
     async def run_turn(
-        self, conversation_id: str, turn_index: int, calls: Sequence[ToolCall | Mapping[str, Any]], *, timeout: float | None = None
+        self,
+        conversation_id: str,
+        turn_index: int,
+        calls: Sequence[ToolCall | Mapping[str, Any]],
+        *,
+        timeout: float | None = None,
+        final: bool = False,
     ) -> list[dict[str, Any]]:
         """Publishes the tool calls of one completed assistant turn and
         returns their tool_result blocks, in the order of the calls.
         Identical calls (same tool and canonical args) get ordinals 0, 1, …
         in order of appearance; results addressed to other tool_use_ids (an
         abandoned attempt's) are ignored. Run again for the same turn (the
-        agent restarted), it returns the results the first run got."""
+        agent restarted), it returns the results the first run got. A call
+        awaiting approval gets its pending tool_result (not an error, see
+        Result.tool_result) unless final."""
         tool_calls = [c if isinstance(c, ToolCall) else ToolCall.from_block(c) for c in calls]
         # Every call is checked before any is published: a turn with a call
         # that has no key raises with nothing run.
@@ -395,7 +527,7 @@ class Client:
             if pub.duplicate:
                 from_seq = 0  # its result may be older than the cursor
         ids = [c.tool_use_id for c in tool_calls]
-        got = await self.await_results(conversation_id, ids, from_seq=from_seq, timeout=timeout)
+        got = await self.await_results(conversation_id, ids, from_seq=from_seq, timeout=timeout, final=final)
         return [got[i].tool_result() for i in ids]
 
     async def results(self, subject: str = "toolq.results.>") -> ResultsReader:
@@ -412,15 +544,48 @@ def _pending(msg: Msg) -> int:
         return 0
 
 
+@dataclass
+class _Slot:
+    """The latest result of an expected id, and the waits for it."""
+
+    #: Resolved at the first result, a pending one included (expect's future).
+    first: asyncio.Future[Result]
+    result: Result | None = None
+    waiters: list[tuple[bool, asyncio.Future[Result]]] = field(default_factory=list)
+
+    def offer(self, res: Result) -> None:
+        if not supersedes(self.result, res):
+            return
+        self.result = res
+        if not self.first.done():
+            self.first.set_result(res)
+        keep: list[tuple[bool, asyncio.Future[Result]]] = []
+        for final, fut in self.waiters:
+            if fut.done():
+                continue
+            if not final or is_final(res.status):
+                fut.set_result(res)
+            else:
+                keep.append((final, fut))
+        self.waiters = keep
+
+    def fail(self, err: BaseException) -> None:
+        for fut in [self.first, *(f for _, f in self.waiters)]:
+            if not fut.done():
+                fut.set_exception(RuntimeError(f"toolq: results reader stopped: {err}"))
+
+
 class ResultsReader:
     """Reads the results stream through one ordered consumer and hands each
     result to whoever expects its tool_use_id; a result nobody expects (an
     abandoned attempt's, another agent's) is dropped at once. Expect an id
-    before publishing its job."""
+    before publishing its job. An id whose first result awaits a person's
+    approval stays expected until a wait took its final result, or cancel:
+    wait(..., final=True) gives it."""
 
     def __init__(self) -> None:
-        # Waits by (conversation_id, tool_use_id); "" for any conversation.
-        self._waiting: dict[tuple[str, str], asyncio.Future[Result]] = {}
+        # Slots by (conversation_id, tool_use_id); "" for any conversation.
+        self._waiting: dict[tuple[str, str], _Slot] = {}
         self._task: asyncio.Task[None] | None = None
         self._sub: Any = None
         self._error: BaseException | None = None
@@ -442,38 +607,77 @@ class ResultsReader:
                     res = Result.from_json(msg.data)
                 except (ValueError, KeyError, TypeError):
                     continue
-                fut = self._waiting.pop((res.conversation_id, res.tool_use_id), None) or self._waiting.pop(("", res.tool_use_id), None)
-                if fut is not None and not fut.done():
-                    fut.set_result(res)
+                k = (res.conversation_id, res.tool_use_id)
+                if k not in self._waiting:
+                    k = ("", res.tool_use_id)
+                slot = self._waiting.get(k)
+                if slot is None:
+                    continue
+                slot.offer(res)
+                if is_final(res.status) and slot.first.done() and not slot.first.cancelled() and slot.first.result() is res:
+                    del self._waiting[k]  # final from the first: nothing follows, and nobody saw a pending one
         except asyncio.CancelledError:
             raise
         except BaseException as e:  # the subscription failed: every wait ends with it
             self._error = e
-            for fut in self._waiting.values():
-                if not fut.done():
-                    fut.set_exception(RuntimeError(f"toolq: results reader stopped: {e}"))
+            for slot in self._waiting.values():
+                slot.fail(e)
             self._waiting.clear()
 
     def expect(self, *tool_use_ids: str, conversation_id: str = "") -> list[asyncio.Future[Result]]:
         """Starts keeping the results addressed to the ids (of that
         conversation, when given: a tool_use_id may recur in another, a
-        replayed model response say); await the futures."""
+        replayed model response say); await the futures, resolved at each
+        id's first result (one awaiting approval included), or wait()."""
         if self._error is not None:
             raise RuntimeError(f"toolq: results reader stopped: {self._error}")
         loop = asyncio.get_running_loop()
         futures = []
         for i in tool_use_ids:
-            fut: asyncio.Future[Result] = loop.create_future()
-            self._waiting[(conversation_id, i)] = fut
-            futures.append(fut)
+            slot = _Slot(first=loop.create_future())
+            self._waiting[(conversation_id, i)] = slot
+            futures.append(slot.first)
         return futures
+
+    async def wait(self, *tool_use_ids: str, conversation_id: str = "", final: bool = False, timeout: float | None = None) -> list[Result]:
+        """The results of expected ids, in their order: the latest of each
+        that came, the first if none came yet; with final, each id's final
+        result, past one awaiting approval (call it again, with final, after
+        a wait or a future gave a pending one). An id whose final result a
+        wait returned is no longer expected. Raises ValueError for an id not
+        expected (or no longer), and RuntimeError once the reader stopped."""
+        if self._error is not None:
+            raise RuntimeError(f"toolq: results reader stopped: {self._error}")
+        keys = [(conversation_id, i) for i in tool_use_ids]
+        slots = []
+        for k in keys:
+            if k not in self._waiting:
+                raise ValueError(f"toolq: {k[1]} is not expected: expect it before publishing its job")
+            slots.append(self._waiting[k])
+        loop = asyncio.get_running_loop()
+
+        async def one(slot: _Slot) -> Result:
+            r = slot.result
+            if r is not None and (not final or is_final(r.status)):
+                return r
+            fut: asyncio.Future[Result] = loop.create_future()
+            slot.waiters.append((final, fut))
+            return await fut
+
+        got = await asyncio.wait_for(asyncio.gather(*(one(s) for s in slots)), timeout)
+        for k, slot, r in zip(keys, slots, got, strict=True):
+            if is_final(r.status) and self._waiting.get(k) is slot:
+                del self._waiting[k]
+        return list(got)
 
     def cancel(self, *tool_use_ids: str, conversation_id: str = "") -> None:
         """Stops keeping the ids' results: those that come later are dropped."""
         for i in tool_use_ids:
-            fut = self._waiting.pop((conversation_id, i), None)
-            if fut is not None:
-                fut.cancel()
+            slot = self._waiting.pop((conversation_id, i), None)
+            if slot is not None:
+                slot.first.cancel()
+                for _, fut in slot.waiters:
+                    fut.cancel()
 
     async def close(self) -> None:
         if self._task is not None:
@@ -483,6 +687,8 @@ class ResultsReader:
         if self._sub is not None:
             with contextlib.suppress(Exception):
                 await self._sub.unsubscribe()
-        for fut in self._waiting.values():
-            fut.cancel()
+        for slot in self._waiting.values():
+            slot.first.cancel()
+            for _, fut in slot.waiters:
+                fut.cancel()
         self._waiting.clear()

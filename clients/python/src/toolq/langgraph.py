@@ -78,10 +78,14 @@ def through_toolq(
     write_tools: Collection[str],
     conversation_id: Callable[[Any], str] = _thread,
     timeout: float | None = 60.0,
+    final: bool = False,
 ) -> Callable[[Any, Execute], Awaitable[Any]]:
     """An async ``ToolNode`` wrapper (``awrap_tool_call``) that sends the calls
     of write_tools through toolq. conversation_id maps the ToolCallRequest to
-    the conversation (default: the thread id)."""
+    the conversation (default: the thread id). A call awaiting a person's
+    approval is answered with a ToolMessage that says so (status "success":
+    not an error; artifact status "awaiting_approval") unless final, which
+    waits for the decision."""
 
     async def wrap(request: Any, execute: Execute) -> Any:
         call = request.tool_call
@@ -107,12 +111,12 @@ def through_toolq(
             args=call["args"],
             ordinal=ordinal,
         )
-        result = await client.publish_and_await(job, timeout=timeout)
+        result = await client.publish_and_await(job, timeout=timeout, final=final)
         return ToolMessage(
             content=_content(result),
             tool_call_id=call["id"],
             name=call["name"],
-            status="success" if result.status == "ok" else "error",
+            status="error" if result.tool_result().get("is_error") else "success",
             artifact={"toolq_key": result.key, "duplicate": result.duplicate, "status": result.status},
         )
 

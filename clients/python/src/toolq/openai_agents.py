@@ -10,8 +10,11 @@ repeat an effect.
     agent = Agent(name="billing", tools=[pay])
 
 The consumer runs ``send_payment`` from its registry; the tool returns the
-call's output (JSON text), and raises ToolqCallError for a call that failed,
-was rejected, or whose outcome is unknown. ``conversation`` maps the tool's
+call's output (JSON text), for a call awaiting a person's approval the text
+that says so ("awaiting approval by a person …; the call has not run",
+unless final=True, which waits for the decision), and raises ToolqCallError
+for a call that failed, was rejected or denied, expired unapproved, or whose
+outcome is unknown. ``conversation`` maps the tool's
 context to the conversation and the turn: the SDK does not know either, the
 application does (the run context is the place for them). The SDK does not
 say which calls one model response holds, so two identical calls of one turn
@@ -33,11 +36,12 @@ __all__ = ["ToolqCallError", "through_toolq"]
 
 
 class ToolqCallError(RuntimeError):
-    """The call ended in error, was rejected, or its outcome is indeterminate."""
+    """The call ended in error, was rejected or denied, expired unapproved, or its outcome is indeterminate."""
 
     def __init__(self, result: Result) -> None:
         err = result.error
-        super().__init__(f"{result.status}: {err.code + ': ' + err.message if err else ''}")
+        message = result.approval_text() or (err.message if err else "")
+        super().__init__(f"{result.status}: {err.code + ': ' + message if err else message}")
         self.result = result
 
 
@@ -50,6 +54,7 @@ def through_toolq(
     conversation: Callable[[ToolContext[Any]], tuple[str, int]],
     timeout: float | None = 60.0,
     strict_json_schema: bool = True,
+    final: bool = False,
 ) -> FunctionTool:
     """A FunctionTool named name whose calls are published to toolq as jobs
     of the tool name and answered with their results."""
@@ -67,7 +72,9 @@ def through_toolq(
             tool_use_id=ctx.tool_call_id,
             args=input_json or "{}",
         )
-        result = await client.publish_and_await(job, timeout=timeout)
+        result = await client.publish_and_await(job, timeout=timeout, final=final)
+        if result.status == "awaiting_approval":
+            return result.approval_text()
         if result.status != "ok":
             raise ToolqCallError(result)
         return json.dumps(result.output, ensure_ascii=False)

@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from toolq.client import Client, Job, Published, Result, ResultsReader, ToolCall
+from toolq.client import Client, Job, Published, Result, ResultsReader, ToolCall, is_final
 from toolq.key import CallKeyError, canonicalize
 
 __all__ = [
@@ -94,14 +94,24 @@ class Conversation:
                     )
                 if tr["tool_use_id"] in self.abandoned:
                     raise AssertionError(f"conversation {self.id}: turn {i}: a result for {tr['tool_use_id']} of an abandoned attempt")
-                local = tr["content"] == json.dumps(NOT_RUN) or json.loads(tr["content"]).get("status") == "rejected"
-                if res is None and (not tr.get("is_error") or not local):
+                if res is None and (not tr.get("is_error") or not _local(tr["content"])):
                     raise AssertionError(f"conversation {self.id}: turn {i}: {use.tool_use_id} has a result toolq never sent")
                 if res is not None and res.tool_use_id != use.tool_use_id:
                     raise AssertionError(
                         f"conversation {self.id}: turn {i}: the result of {use.tool_use_id} is addressed to {res.tool_use_id}"
                     )
                 seen.add(use.tool_use_id)
+
+
+def _local(content: str) -> bool:
+    """Whether a tool_result's content is one the record writes itself: a
+    call not run, or refused before it was sent."""
+    if content == json.dumps(NOT_RUN):
+        return True
+    try:
+        return bool(json.loads(content).get("status") == "rejected")
+    except (ValueError, AttributeError):
+        return False
 
 
 @dataclass
@@ -115,6 +125,9 @@ class _Use:
     # A call toolq would refuse (its args have no key): never sent, answered
     # in the record with why.
     refused: CallKeyError | None = None
+    # The final result of a call whose first awaited approval, once a
+    # commit with final got it.
+    final: Result | None = None
 
 
 class Turn:
@@ -138,10 +151,14 @@ class Turn:
             p.abandon()
         return a
 
-    async def commit(self, attempt: Attempt, *, timeout: float | None = None) -> CommittedTurn:
+    async def commit(self, attempt: Attempt, *, timeout: float | None = None, final: bool = False) -> CommittedTurn:
         """Waits for the results of the attempt's calls and appends the turn
         to the record: its tool_use blocks and one tool_result per block,
-        NOT_RUN for a block that was cut. The other attempts are abandoned."""
+        NOT_RUN for a block that was cut. A call awaiting a person's approval
+        is committed with its pending tool_result (not an error:
+        Result.tool_result) unless final; its final result is
+        Client.await_result's with final=True, or Client.lookup's by its key,
+        in a later turn. The other attempts are abandoned."""
         if self._committed or self._committing:
             raise TurnCommittedError(f"turn {self.index} already committed")
         if attempt.turn is not self or attempt.abandoned:
@@ -149,7 +166,7 @@ class Turn:
         self._committing, self._winner = True, attempt
         uses = list(attempt.uses)
         try:
-            results = await self._await(uses, timeout)
+            results = await self._await(uses, timeout, final)
         except BaseException:
             self._committing, self._winner = False, None
             raise
@@ -177,12 +194,15 @@ class Turn:
             ct.results.append(r)
         c.turns.append(ct)
         self._committed, self._committing = True, False
+        for u in uses:
+            if u.future is not None and not u.republished:
+                c.reader.cancel(u.call.tool_use_id, conversation_id=c.id)  # the record has its result
         for o in self._attempts:
             if o is not attempt:
                 o.abandon()
         return ct
 
-    async def _await(self, uses: list[_Use], timeout: float | None) -> dict[str, Result]:
+    async def _await(self, uses: list[_Use], timeout: float | None, final: bool) -> dict[str, Result]:
         got: dict[str, Result] = {}
 
         async def wait() -> None:
@@ -195,9 +215,15 @@ class Turn:
                 else:
                     # Shielded: a commit that times out leaves the wait in
                     # place, so that committing again gets the result.
-                    got[u.call.tool_use_id] = await asyncio.shield(u.future)
+                    got[u.call.tool_use_id] = r = await asyncio.shield(u.future)
+                    if final and not is_final(r.status):
+                        if u.final is None:  # the reader lets the id go once it gave the final result
+                            [u.final] = await self.conversation.reader.wait(
+                                u.call.tool_use_id, conversation_id=self.conversation.id, final=True
+                            )
+                        got[u.call.tool_use_id] = u.final
             if republished:
-                got.update(await self.conversation.client.await_results(self.conversation.id, republished))
+                got.update(await self.conversation.client.await_results(self.conversation.id, republished, final=final))
 
         await asyncio.wait_for(wait(), timeout)
         return got
