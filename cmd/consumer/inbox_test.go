@@ -2,11 +2,22 @@ package main
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
 	"errors"
+	"math/big"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/toolq/toolq/internal/cli"
 	"github.com/toolq/toolq/internal/testenv"
@@ -47,4 +58,65 @@ func TestTheInboxFlagsAreRefusedBeforeAnythingStarts(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(dir, "data")); err == nil {
 		t.Error("the consumer started something before refusing its flags")
 	}
+}
+
+// TestTheInboxServesOverTLSWithASecureCookie: with a certificate the inbox
+// is served over HTTPS, the banner says so, and its session cookie is
+// Secure; the consumer stops with it.
+func TestTheInboxServesOverTLSWithASecureCookie(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	certFile, keyFile := selfSigned(t, dir)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var out, logs testenv.Buffer
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"--data-dir", filepath.Join(dir, "data"), "--nats-listen", "127.0.0.1:0", "--sandbox-listen", "127.0.0.1:0",
+			"--approvals-listen", "127.0.0.1:0", "--approvals-as", "ops-desk", "--approvals-groups", "finance",
+			"--approvals-tls-cert", certFile, "--approvals-tls-key", keyFile}, cli.IO{Out: &out, Err: &logs}, func(string) string { return "" })
+	}()
+	var url string
+	testenv.Eventually(t, 60*time.Second, "the banner", func() bool {
+		url = find(out.String(), `inbox\s+(https://\S+/) \(acting as ops-desk for finance`)
+		return url != ""
+	})
+	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+	defer client.CloseIdleConnections()
+	res, err := client.Get(url + "api/session")
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	cookies := res.Cookies()
+	if res.StatusCode != http.StatusOK || len(cookies) != 1 || !cookies[0].Secure || !cookies[0].HttpOnly || cookies[0].SameSite != http.SameSiteStrictMode {
+		t.Fatalf("%d %+v", res.StatusCode, cookies)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("consumer: %v\n%s", err, logs.String())
+	}
+}
+
+// selfSigned writes a certificate for 127.0.0.1 and its key.
+func selfSigned(t *testing.T, dir string) (string, string) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "127.0.0.1"},
+		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour)}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyDER, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	certFile, keyFile := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600)
+	os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}), 0o600)
+	return certFile, keyFile
 }
