@@ -2,7 +2,7 @@
 STATICCHECK_VERSION := v0.8.2
 GO ?= go
 
-.PHONY: help build release test test-go test-mcp-deps test-race test-ts test-py lint fuzz soak compose-check
+.PHONY: help build release test test-go test-mcp-deps test-approvals-deps test-race test-ts test-py lint fuzz soak compose-check
 
 # The build's stamp (see internal/version): make release VERSION=v0.1.0
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
@@ -28,12 +28,16 @@ release: ## static binaries for linux and darwin, amd64 and arm64, in dist/ with
 
 test: test-go test-ts test-py ## run every test, as CI does: Go with the race detector, then the TypeScript and Python clients
 
-test-go: test-mcp-deps ## run the Go tests with the race detector (they start their own NATS and Postgres)
+test-go: test-mcp-deps test-approvals-deps ## run the Go tests with the race detector (they start their own NATS and Postgres)
 	$(GO) test -race -count=1 ./...
 
 test-mcp-deps: ## install the MCP parts the Go tests run against (test/mcp: the reference server, the TypeScript MCP client)
 	@if command -v npm >/dev/null 2>&1; then cd test/mcp && npm ci --no-audit --no-fund --silent; \
 	else echo "npm is missing: the MCP tests will skip (they need test/mcp's npm packages)"; fi
+
+test-approvals-deps: ## install what the approvals inbox's browser test drives Chromium with (test/approvals: playwright-core; the browser is Debian's chromium package)
+	@if command -v npm >/dev/null 2>&1; then cd test/approvals && npm ci --no-audit --no-fund --silent; \
+	else echo "npm is missing: the inbox's browser test will skip (it needs test/approvals's npm packages)"; fi
 
 test-ts: ## build and test the TypeScript client (Node 20, npm)
 	cd clients/typescript && npm ci --no-audit --no-fund && npm run build && npm test
