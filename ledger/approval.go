@@ -11,6 +11,7 @@ package ledger
 // (WaitersAnswered) once each has its final answer.
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -59,7 +60,13 @@ func (a ApprovalInfo) MarshalJSON() ([]byte, error) {
 	type plain ApprovalInfo
 	p := plain(a)
 	p.TTL = a.TTL / time.Millisecond
-	return json.Marshal(p)
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false) // the args byte for byte
+	if err := enc.Encode(p); err != nil {
+		return nil, err
+	}
+	return bytes.TrimSuffix(b.Bytes(), []byte("\n")), nil
 }
 
 // UnmarshalJSON reads TTL in milliseconds.
@@ -150,7 +157,7 @@ func (s *Store) AwaitApproval(ctx context.Context, f Fence, info ApprovalInfo, t
 	if info.RequestedAt.IsZero() {
 		info.RequestedAt = time.Now().UTC().Truncate(time.Millisecond)
 	}
-	body, err := json.Marshal(info)
+	body, err := marshalApproval(info)
 	if err != nil {
 		return Row{}, fmt.Errorf("ledger: await approval %q: %w", f.Key, err)
 	}
@@ -299,13 +306,18 @@ func (s *Store) ApprovalPublished(ctx context.Context, row Row) error {
 	}
 	info := *row.Approval
 	info.Published = true
-	body, err := json.Marshal(info)
+	body, err := marshalApproval(info)
 	if err != nil {
 		return fmt.Errorf("ledger: approval published %q: %w", row.Key, err)
 	}
 	_, err = s.db.exec(ctx, s.db.sql().approvalPublished, namedArgs{"key": row.Key, "approval": string(body)})
 	return s.translate("approval published", err)
 }
+
+// marshalApproval encodes info with its args byte for byte: json.Marshal
+// would escape <, > and & in them, and they would no longer be the
+// canonical args whose digest the approver checks.
+func marshalApproval(info ApprovalInfo) ([]byte, error) { return info.MarshalJSON() }
 
 // notAwaiting explains why key is not awaiting approval.
 func (s *Store) notAwaiting(ctx context.Context, key string) error {

@@ -290,6 +290,26 @@ func TestADecisionAfterTheExpiryIsRefusedBeforeTheSweep(t *testing.T) {
 	})
 }
 
+// The args of a call awaiting approval are kept byte for byte: the
+// canonical JSON whose digest an approver checks, <, > and & included.
+func TestApprovalArgsAreKeptByteForByte(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, s *ledger.Store) {
+		info := payment
+		info.Args = json.RawMessage("{\"memo\":\"<b>a & b</b>\",\"note\":\"\u2028\"}") // a raw U+2028
+		c, row := awaiting(t, s, info)
+		if string(row.Approval.Args) != string(info.Args) {
+			t.Fatalf("await approval kept %s, want %s", row.Approval.Args, info.Args)
+		}
+		if err := s.ApprovalPublished(context.Background(), row); err != nil {
+			t.Fatal(err)
+		}
+		if got := mustGet(t, s, c.Key); string(got.Approval.Args) != string(info.Args) {
+			t.Fatalf("after ApprovalPublished: %s, want %s", got.Approval.Args, info.Args)
+		}
+	})
+}
+
 func TestListSelectsCallsByApproval(t *testing.T) {
 	t.Parallel()
 	eachBackend(t, func(t *testing.T, s *ledger.Store) {
