@@ -26,8 +26,8 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/toolq/toolq/internal/pull"
 	"github.com/toolq/toolq/approvals"
+	"github.com/toolq/toolq/internal/pull"
 	"github.com/toolq/toolq/jobs"
 	"github.com/toolq/toolq/ledger"
 	"github.com/toolq/toolq/tools"
@@ -39,14 +39,14 @@ type FaultPoint string
 
 // The fault points, in the order a job passes them.
 const (
-	AfterClaim    FaultPoint = "after_claim"    // the key is claimed; nothing was sent
+	AfterClaim FaultPoint = "after_claim" // the key is claimed; nothing was sent
 	// AfterApprovalRequest: the call awaits approval in the ledger; no
 	// pending result is published.
 	AfterApprovalRequest FaultPoint = "after_approval_request"
-	DuringTool    FaultPoint = "during_tool"    // the downstream has answered; the worker has not recorded it
-	AfterComplete FaultPoint = "after_complete" // the outcome is in the ledger; no result is published
-	AfterPublish  FaultPoint = "after_publish"  // the result is published; the job is not acknowledged
-	BeforeAck     FaultPoint = "before_ack"     // about to acknowledge
+	DuringTool           FaultPoint = "during_tool"    // the downstream has answered; the worker has not recorded it
+	AfterComplete        FaultPoint = "after_complete" // the outcome is in the ledger; no result is published
+	AfterPublish         FaultPoint = "after_publish"  // the result is published; the job is not acknowledged
+	BeforeAck            FaultPoint = "before_ack"     // about to acknowledge
 )
 
 // Config configures a Worker. JS, Ledger and Tools are required; the rest
