@@ -26,6 +26,9 @@ const (
 	// LookupAwaitingApproval: the call waits for a person's decision and
 	// has not run; Lookup.Approval says what is asked and until when.
 	LookupAwaitingApproval = "awaiting_approval"
+	// LookupApproved: a person approved the call and it has not run yet;
+	// it runs at its job's next delivery.
+	LookupApproved = "approved"
 )
 
 // Lookup is what the ledger knows of a key: whether the call already

@@ -296,6 +296,23 @@ func (s *Store) WaitersAnswered(ctx context.Context, key string) error {
 	return s.translate("waiters answered", err)
 }
 
+// ApprovedNotRun returns the row of key when a person approved the call
+// and it has not been claimed to run since (released by the decision, or
+// by a try its downstream refused), which Get does not return; else
+// ErrNotFound.
+func (s *Store) ApprovedNotRun(ctx context.Context, key string) (Row, error) {
+	ctx, cancel := withDefaultTimeout(ctx)
+	defer cancel()
+	row, err := s.getAny(ctx, key)
+	if err != nil {
+		return Row{}, err
+	}
+	if row.State != stateReleased || row.ApprovalStatus != ApprovalApproved {
+		return Row{}, fmt.Errorf("%w: %s", ErrNotFound, key)
+	}
+	return row, nil
+}
+
 // ApprovalPublished records that the request of a call awaiting approval
 // is in the approvals stream.
 func (s *Store) ApprovalPublished(ctx context.Context, row Row) error {

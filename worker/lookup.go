@@ -54,10 +54,18 @@ func ServeLookup(nc *nats.Conn, store *ledger.Store, log *slog.Logger) (micro.Se
 
 func lookup(ctx context.Context, store *ledger.Store, key string) (*jobs.Lookup, error) {
 	row, err := store.Get(ctx, key)
-	switch {
-	case errors.Is(err, ledger.ErrNotFound):
-		return &jobs.Lookup{Key: key, State: jobs.LookupUnknown}, nil
-	case err != nil:
+	if errors.Is(err, ledger.ErrNotFound) {
+		approved, aerr := store.ApprovedNotRun(ctx, key)
+		switch {
+		case errors.Is(aerr, ledger.ErrNotFound):
+			return &jobs.Lookup{Key: key, State: jobs.LookupUnknown}, nil
+		case aerr != nil:
+			return nil, aerr
+		}
+		return &jobs.Lookup{Key: key, State: jobs.LookupApproved, Attempt: approved.Attempt, FirstToolUseID: approved.FirstToolUseID,
+			UpdatedAt: approved.UpdatedAt, Approval: approvals.Result(approved)}, nil
+	}
+	if err != nil {
 		return nil, err
 	}
 	l := &jobs.Lookup{Key: key, State: string(row.State), Attempt: row.Attempt, FirstToolUseID: row.FirstToolUseID, UpdatedAt: row.UpdatedAt}

@@ -23,7 +23,7 @@ export interface Lookup {
    * "failed", "indeterminate", or "awaiting_approval" (the call waits for a
    * person's decision and has not run; approval says what is asked).
    */
-  state: "unknown" | "in_flight" | "completed" | "failed" | "indeterminate" | "awaiting_approval";
+  state: "unknown" | "in_flight" | "completed" | "failed" | "indeterminate" | "awaiting_approval" | "approved";
   attempt?: number;
   first_tool_use_id?: string;
   /** The output of a completed call. */

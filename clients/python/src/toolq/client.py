@@ -267,7 +267,7 @@ class Lookup:
     #: "unknown" (no row: never ran, or purged), "in_flight", "completed",
     #: "failed", "indeterminate", or "awaiting_approval" (the call waits for a
     #: person's decision and has not run; approval says what is asked).
-    state: Literal["unknown", "in_flight", "completed", "failed", "indeterminate", "awaiting_approval"]
+    state: Literal["unknown", "in_flight", "completed", "failed", "indeterminate", "awaiting_approval", "approved"]
     attempt: int = 0
     first_tool_use_id: str = ""
     #: The output of a completed call.
