@@ -224,13 +224,17 @@ func (s *Service) Sweep(ctx context.Context) (expired, again int, err error) {
 	if err != nil {
 		return expired, 0, err
 	}
+	var failed error
 	for _, row := range rows {
+		// One call that cannot be announced must not hold up the others.
 		if err := s.announce(ctx, row); err != nil {
-			return expired, again, err
+			s.log.WarnContext(ctx, "announcing a decided call again failed; the next sweep tries again", "key", row.Key, "error", err)
+			failed = err
+			continue
 		}
 		again++
 	}
-	return expired, again, nil
+	return expired, again, failed
 }
 
 // Run sweeps every interval until ctx ends.

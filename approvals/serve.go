@@ -68,8 +68,8 @@ func (s *Service) Serve(nc *nats.Conn) (micro.Service, error) {
 				code, errCode = "404", "not_found"
 			case errors.Is(err, ledger.ErrNotAwaiting):
 				code, errCode = "409", "not_awaiting"
-				if cur, gerr := s.cfg.Ledger.Get(ctx, d.Key); gerr == nil {
-					reply.Status = string(cur.ApprovalStatus)
+				if st, gerr := s.cfg.Ledger.ApprovalStatusOf(ctx, d.Key); gerr == nil {
+					reply.Status = string(st)
 				}
 			case errors.Is(err, ledger.ErrDecisionRefused):
 				code, errCode = "403", "refused"

@@ -277,14 +277,7 @@ func (s *Store) UnansweredApprovals(ctx context.Context, olderThan time.Duration
 	if err != nil {
 		return nil, s.translate("unanswered approvals", err)
 	}
-	out := rows[:0]
-	for _, r := range rows {
-		if d := r.LastDecision(); r.State == stateReleased && (d == nil || r.Attempt > d.Attempt) {
-			continue // claimed since the decision
-		}
-		out = append(out, r)
-	}
-	return out, nil
+	return rows, nil
 }
 
 // WaitersAnswered records that every waiter of a settled call has its
@@ -294,6 +287,41 @@ func (s *Store) WaitersAnswered(ctx context.Context, key string) error {
 	defer cancel()
 	_, err := s.db.exec(ctx, s.db.sql().waitersAnswered, namedArgs{"key": key})
 	return s.translate("waiters answered", err)
+}
+
+// FailApproved settles an approved call that cannot run (the job toolq
+// published to run it was refused before its claim: its tool left the
+// registry, its args no longer pass the schema) as failed with info, and
+// returns the row, so that its waiters are answered and it is not
+// published again. A call no longer approved-and-released comes back as it
+// is, unchanged.
+func (s *Store) FailApproved(ctx context.Context, key string, info ErrorInfo) (Row, error) {
+	ctx, cancel := withDefaultTimeout(ctx)
+	defer cancel()
+	row, found, err := s.one(ctx, s.db.sql().failApproved, namedArgs{"key": key, "error": encodeError(info)})
+	if err != nil {
+		return Row{}, s.translate("fail approved", err)
+	}
+	if found {
+		return row, nil
+	}
+	return s.getAny(ctx, key)
+}
+
+// ApprovalStatusOf is where the approval of key stands: the row's
+// ApprovalStatus, and ApprovalExpired for a call still awaiting past its
+// expiry (the sweep has not reached it). Errors: ErrNotFound.
+func (s *Store) ApprovalStatusOf(ctx context.Context, key string) (ApprovalStatus, error) {
+	ctx, cancel := withDefaultTimeout(ctx)
+	defer cancel()
+	row, err := s.getAny(ctx, key)
+	if err != nil {
+		return "", err
+	}
+	if row.State == AwaitingApproval && !row.ApprovalExpiresAt.After(time.Now()) {
+		return ApprovalExpired, nil
+	}
+	return row.ApprovalStatus, nil
 }
 
 // ApprovedNotRun returns the row of key when a person approved the call

@@ -342,3 +342,44 @@ func TestListSelectsCallsByApproval(t *testing.T) {
 		}
 	})
 }
+
+// TestUnansweredApprovalsFindsADecisionBehindAHundredApprovedCallsHandedBack:
+// a downstream outage hands back a hundred approved calls after their
+// claim (released, their jobs with JetStream and its delivery limit: not
+// the sweep's). A call denied after them, its decision in the ledger alone
+// (the CLI with NATS out), must still be among the unanswered approvals
+// the sweep asks for (it asks for 100).
+func TestUnansweredApprovalsFindsADecisionBehindAHundredApprovedCallsHandedBack(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, s *ledger.Store) {
+		ctx := context.Background()
+		for range 100 {
+			c, _ := awaiting(t, s, payment)
+			if _, err := s.Decide(ctx, c.Key, ledger.Decision{Approve: true, By: "alice", Reason: "ok"}); err != nil {
+				t.Fatal(err)
+			}
+			run := c
+			run.Token = newToken()
+			// The approved call's run, handed back: its downstream refused it, nothing was sent.
+			row := mustClaim(t, s, run)
+			if err := s.Release(ctx, row.Fence()); err != nil {
+				t.Fatal(err)
+			}
+		}
+		time.Sleep(5 * time.Millisecond)
+		c, _ := awaiting(t, s, payment)
+		if _, err := s.Decide(ctx, c.Key, ledger.Decision{By: "bob", Reason: "no"}); err != nil {
+			t.Fatal(err)
+		}
+		rows, err := s.UnansweredApprovals(ctx, 0, 100)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range rows {
+			if r.Key == c.Key {
+				return
+			}
+		}
+		t.Fatalf("the denied call is not among the %d unanswered approvals: its waiters are never told", len(rows))
+	})
+}

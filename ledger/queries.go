@@ -21,7 +21,7 @@ type queries struct {
 	resolveNotRun, resolveCompleted string
 
 	// Approvals (approval.go).
-	awaitApproval, addWaiter, approve, deny, expire, unanswered, waitersAnswered, approvalPublished string
+	awaitApproval, addWaiter, approve, deny, expire, unanswered, waitersAnswered, approvalPublished, failApproved string
 
 	// Retention.
 	purge, purgeCount, recordPurge, lastPurge string

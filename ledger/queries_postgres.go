@@ -87,7 +87,7 @@ var postgresQueries = &queries{
 	addWaiter: `UPDATE toolq_ledger SET waiters = CASE WHEN waiters::jsonb ? @id::text THEN waiters
 		ELSE (waiters::jsonb || jsonb_build_array(@id::text))::text END
 		WHERE key = @key AND state = 'awaiting_approval' RETURNING ` + pgCols,
-	approve: `UPDATE toolq_ledger SET state = 'released', approval_status = 'approved', lease_until = now(), updated_at = now(),
+	approve: `UPDATE toolq_ledger SET state = 'released', approval_status = 'approved', approval_attempt = attempt, lease_until = now(), updated_at = now(),
 		history = ` + pgAppendEvent + ` WHERE key = @key AND state = 'awaiting_approval' AND approval_expires_at > now() RETURNING ` + pgCols,
 	deny: `UPDATE toolq_ledger SET state = 'failed', approval_status = 'denied', error = @error, lease_until = now(), updated_at = now(),
 		history = ` + pgAppendEvent + ` WHERE key = @key AND state = 'awaiting_approval' AND approval_expires_at > now() RETURNING ` + pgCols,
@@ -96,9 +96,11 @@ var postgresQueries = &queries{
 			AND approval_expires_at <= now() ORDER BY approval_expires_at LIMIT @limit)
 		AND state = 'awaiting_approval' AND approval_expires_at <= now() RETURNING ` + pgCols,
 	unanswered: `SELECT ` + pgCols + ` FROM toolq_ledger WHERE waiters <> '[]'
-		AND state IN ('completed', 'failed', 'indeterminate', 'released')
+		AND state IN ('completed', 'failed', 'indeterminate', 'released') AND NOT (state = 'released' AND attempt > approval_attempt)
 		AND updated_at <= now() - @older_ms::bigint * interval '1 millisecond' ORDER BY updated_at LIMIT @limit`,
 	waitersAnswered:   `UPDATE toolq_ledger SET waiters = '[]' WHERE key = @key AND state IN ('completed', 'failed', 'indeterminate')`,
+	failApproved: `UPDATE toolq_ledger SET state = 'failed', error = @error, updated_at = now()
+		WHERE key = @key AND state = 'released' AND approval_status = 'approved' RETURNING ` + pgCols,
 	approvalPublished: `UPDATE toolq_ledger SET approval = @approval WHERE key = @key AND state = 'awaiting_approval'`,
 
 	purge:      `DELETE FROM toolq_ledger WHERE key IN (SELECT key FROM toolq_ledger WHERE ` + pgPurgeable + ` LIMIT @batch)`,

@@ -78,7 +78,7 @@ var sqliteQueries = &queries{
 	addWaiter: `UPDATE toolq_ledger SET waiters = CASE WHEN EXISTS (SELECT 1 FROM json_each(toolq_ledger.waiters) WHERE value = @id)
 		THEN waiters ELSE json_insert(waiters, '$[#]', @id) END
 		WHERE key = @key AND state = 'awaiting_approval' RETURNING ` + sqliteCols,
-	approve: `UPDATE toolq_ledger SET state = 'released', approval_status = 'approved', lease_until = ` + sqliteNow + `,
+	approve: `UPDATE toolq_ledger SET state = 'released', approval_status = 'approved', approval_attempt = attempt, lease_until = ` + sqliteNow + `,
 		updated_at = ` + sqliteNow + `, history = ` + sqliteAppendEvent + `
 		WHERE key = @key AND state = 'awaiting_approval' AND approval_expires_at > ` + sqliteNow + ` RETURNING ` + sqliteCols,
 	deny: `UPDATE toolq_ledger SET state = 'failed', approval_status = 'denied', error = @error, lease_until = ` + sqliteNow + `,
@@ -90,9 +90,11 @@ var sqliteQueries = &queries{
 			AND approval_expires_at <= ` + sqliteNow + ` ORDER BY approval_expires_at LIMIT @limit)
 		AND state = 'awaiting_approval' AND approval_expires_at <= ` + sqliteNow + ` RETURNING ` + sqliteCols,
 	unanswered: `SELECT ` + sqliteCols + ` FROM toolq_ledger WHERE waiters <> '[]'
-		AND state IN ('completed', 'failed', 'indeterminate', 'released')
+		AND state IN ('completed', 'failed', 'indeterminate', 'released') AND NOT (state = 'released' AND attempt > approval_attempt)
 		AND updated_at <= ` + sqliteNow + ` - @older_ms ORDER BY updated_at LIMIT @limit`,
 	waitersAnswered:   `UPDATE toolq_ledger SET waiters = '[]' WHERE key = @key AND state IN ('completed', 'failed', 'indeterminate')`,
+	failApproved: `UPDATE toolq_ledger SET state = 'failed', error = @error, updated_at = ` + sqliteNow + `
+		WHERE key = @key AND state = 'released' AND approval_status = 'approved' RETURNING ` + sqliteCols,
 	approvalPublished: `UPDATE toolq_ledger SET approval = @approval WHERE key = @key AND state = 'awaiting_approval'`,
 
 	purge:      `DELETE FROM toolq_ledger WHERE key IN (SELECT key FROM toolq_ledger WHERE ` + sqlitePurgeable + ` LIMIT @batch)`,

@@ -6,7 +6,8 @@
 -- (the canonical args that run when it is approved among them);
 -- approval_expires_at is when an awaiting call expires; waiters are the
 -- tool_use_ids that asked while it waited, a JSON array, emptied once each
--- has its final answer. The partial index serves the approvals sweep,
+-- has its final answer; approval_attempt the row's attempt when it was
+-- approved (a claim since has a later one). The partial index serves the approvals sweep,
 -- which reads only the rows with waiters. Existing rows are unchanged.
 ALTER TABLE toolq_ledger DROP CONSTRAINT IF EXISTS toolq_ledger_state_check;
 ALTER TABLE toolq_ledger ADD CONSTRAINT toolq_ledger_state_check
@@ -15,4 +16,5 @@ ALTER TABLE toolq_ledger ADD COLUMN approval_status text NOT NULL DEFAULT '';
 ALTER TABLE toolq_ledger ADD COLUMN approval_expires_at timestamptz NOT NULL DEFAULT 'epoch';
 ALTER TABLE toolq_ledger ADD COLUMN approval text NOT NULL DEFAULT '';
 ALTER TABLE toolq_ledger ADD COLUMN waiters text NOT NULL DEFAULT '[]';
+ALTER TABLE toolq_ledger ADD COLUMN approval_attempt bigint NOT NULL DEFAULT 0;
 CREATE INDEX toolq_ledger_approvals ON toolq_ledger (approval_expires_at) WHERE waiters <> '[]';

@@ -27,7 +27,8 @@ CREATE TABLE toolq_ledger_0007 (
     approval_status     TEXT    NOT NULL DEFAULT '',
     approval_expires_at INTEGER NOT NULL DEFAULT 0,
     approval            TEXT    NOT NULL DEFAULT '',
-    waiters             TEXT    NOT NULL DEFAULT '[]'
+    waiters             TEXT    NOT NULL DEFAULT '[]',
+    approval_attempt    INTEGER NOT NULL DEFAULT 0
 ) WITHOUT ROWID;
 
 INSERT INTO toolq_ledger_0007 (key, conversation_id, turn_index, tool, ordinal, args_digest, state, attempt, owner,

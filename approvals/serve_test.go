@@ -1,0 +1,156 @@
+package approvals_test
+
+import (
+	"context"
+	"encoding/json"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolq/toolq/approvals"
+	"github.com/toolq/toolq/internal/testenv"
+	"github.com/toolq/toolq/jobs"
+	"github.com/toolq/toolq/ledger"
+)
+
+// awaiting makes key a call awaiting approval by finance for ttl.
+func awaiting(t *testing.T, store *ledger.Store, key string, ttl time.Duration) {
+	t.Helper()
+	ctx := context.Background()
+	got, err := store.Claim(ctx, []ledger.Claim{{Key: key, ConversationID: "c", TurnIndex: 1, Tool: "pay", ArgsDigest: "d",
+		ToolUseID: "toolu_1", Owner: "t", Lease: time.Minute, Token: "tok-" + key}})
+	if err != nil || !got[0].Claimed {
+		t.Fatalf("%+v %v", got, err)
+	}
+	if _, err := store.AwaitApproval(ctx, got[0].Row.Fence(), ledger.ApprovalInfo{Args: json.RawMessage(`{"amount_cents":90000}`),
+		Group: "finance", TTL: ttl}, "toolu_1"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func decideOverNATS(t *testing.T, nc *nats.Conn, req jobs.DecisionRequest) (jobs.DecisionReply, string) {
+	t.Helper()
+	body, _ := json.Marshal(req)
+	msg, err := nc.Request(jobs.DecideSubject("finance"), body, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var reply jobs.DecisionReply
+	if err := json.Unmarshal(msg.Data, &reply); err != nil {
+		t.Fatalf("%s: %v", msg.Data, err)
+	}
+	return reply, msg.Header.Get("Nats-Service-Error-Code")
+}
+
+// TestARefusedDecisionsReplySaysWhatStands: a decision for a call that is
+// no longer waiting is refused (409), and its reply's status is the
+// approval as it stands ("approved", "denied", "expired"): after an
+// approval whose call has not run yet, "approved"; for a call whose ttl
+// ran out before the sweep expired it, not "awaiting".
+func TestARefusedDecisionsReplySaysWhatStands(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	n := testenv.StartNATS(t)
+	nc := n.Connect()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := jobs.ProvisionStreams(ctx, js, jobs.Streams{}); err != nil {
+		t.Fatal(err)
+	}
+	store, err := ledger.OpenSQLite(ctx, filepath.Join(t.TempDir(), "ledger.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(store.Close)
+	if err := store.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	svc, err := approvals.New(approvals.Config{Ledger: store, JS: js})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ms, err := svc.Serve(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ms.Stop() })
+
+	approved := "0123456789abcdef0123456789abcdef"
+	awaiting(t, store, approved, time.Hour)
+	if r, code := decideOverNATS(t, nc, jobs.DecisionRequest{Key: approved, Decision: "approve", By: "alice", Reason: "ok"}); code != "" || r.Status != "approved" {
+		t.Fatalf("the first decision: %+v %s", r, code)
+	}
+	r, code := decideOverNATS(t, nc, jobs.DecisionRequest{Key: approved, Decision: "deny", By: "bob", Reason: "no"})
+	if code != "409" || r.Status != "approved" {
+		t.Errorf("a second decision after an approval: code %q, status %q (want 409, approved); %+v", code, r.Status, r.Error)
+	}
+
+	expired := "fedcba9876543210fedcba9876543210"
+	awaiting(t, store, expired, time.Millisecond)
+	time.Sleep(50 * time.Millisecond)
+	r, code = decideOverNATS(t, nc, jobs.DecisionRequest{Key: expired, Decision: "approve", By: "alice", Reason: "ok"})
+	if code != "409" || r.Status == "awaiting" {
+		t.Errorf("a decision after the ttl, before the sweep: code %q, status %q (refused as not awaiting, yet said awaiting); %+v", code, r.Status, r.Error)
+	}
+}
+
+// TestAMalformedDecisionIsRefusedAndDecidesNothing: what is not a decision
+// (not JSON, unknown fields, a bad key, another verb, no reason) is refused
+// 400 and the call still awaits.
+func TestAMalformedDecisionIsRefusedAndDecidesNothing(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	n := testenv.StartNATS(t)
+	nc := n.Connect()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := jobs.ProvisionStreams(ctx, js, jobs.Streams{}); err != nil {
+		t.Fatal(err)
+	}
+	store, err := ledger.OpenSQLite(ctx, filepath.Join(t.TempDir(), "ledger.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(store.Close)
+	if err := store.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	svc, err := approvals.New(approvals.Config{Ledger: store, JS: js})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ms, err := svc.Serve(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ms.Stop() })
+	key := "0123456789abcdef0123456789abcdef"
+	awaiting(t, store, key, time.Hour)
+	for _, body := range []string{
+		`not json`,
+		`{"key":"` + key + `","decision":"approve","by":"a","reason":"r","extra":1}`,
+		`{"key":"K","decision":"approve","by":"a","reason":"r"}`,
+		`{"key":"` + key + `","decision":"maybe","by":"a","reason":"r"}`,
+		`{"key":"` + key + `","decision":"approve","by":"a","reason":" "}`,
+		`{"key":"` + key + `","decision":"approve","by":"","reason":"r"}`,
+	} {
+		msg, err := nc.Request(jobs.DecideSubject("finance"), []byte(body), 10*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var reply jobs.DecisionReply
+		if code := msg.Header.Get("Nats-Service-Error-Code"); code != "400" || json.Unmarshal(msg.Data, &reply) != nil || reply.Error == nil {
+			t.Errorf("%s: code %q, reply %s", body, code, msg.Data)
+		}
+	}
+	if row, err := store.Get(ctx, key); err != nil || row.State != ledger.AwaitingApproval {
+		t.Fatalf("after malformed decisions: %+v %v", row.State, err)
+	}
+}
