@@ -92,7 +92,7 @@ var sqliteQueries = &queries{
 	unanswered: `SELECT ` + sqliteCols + ` FROM toolq_ledger WHERE waiters <> '[]'
 		AND state IN ('completed', 'failed', 'indeterminate', 'released') AND NOT (state = 'released' AND attempt > approval_attempt)
 		AND updated_at <= ` + sqliteNow + ` - @older_ms ORDER BY updated_at LIMIT @limit`,
-	waitersAnswered:   `UPDATE toolq_ledger SET waiters = '[]' WHERE key = @key AND state IN ('completed', 'failed', 'indeterminate')`,
+	waitersAnswered: `UPDATE toolq_ledger SET waiters = '[]' WHERE key = @key AND state IN ('completed', 'failed', 'indeterminate')`,
 	failApproved: `UPDATE toolq_ledger SET state = 'failed', error = @error, updated_at = ` + sqliteNow + `
 		WHERE key = @key AND state = 'released' AND approval_status = 'approved' RETURNING ` + sqliteCols,
 	approvalPublished: `UPDATE toolq_ledger SET approval = @approval WHERE key = @key AND state = 'awaiting_approval'`,
