@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -29,7 +28,7 @@ func (b Breaker) withDefaults() Breaker {
 // breaker wraps a gobreaker circuit breaker for one downstream. Not-sent and
 // ambiguous failures count against it; definite failures (the downstream
 // answered) count as successes, and cancellations and transaction
-// conflicts are not counted.
+// conflicts (see sqlRetried) are not counted.
 type breaker struct {
 	cb       *gobreaker.CircuitBreaker[json.RawMessage]
 	settings Breaker
@@ -58,9 +57,10 @@ func newBreaker(name string, s Breaker, logger *slog.Logger) *breaker {
 		IsExcluded: func(err error) bool {
 			var te *Error
 			// Cancelled calls say nothing of the downstream; neither does a
-			// transaction rolled back for contention (SQLSTATE class 40:
-			// serialization failure, deadlock), which goes through retried.
-			return errors.As(err, &te) && (te.Code == CodeCancelled || strings.HasPrefix(te.Code, "sqlstate_40"))
+			// transaction rolled back for contention (a serialization
+			// failure, a deadlock, a lock timeout), which goes through
+			// retried.
+			return errors.As(err, &te) && (te.Code == CodeCancelled || sqlContention(te.Code))
 		},
 		OnStateChange: func(name string, from, to gobreaker.State) {
 			if to == gobreaker.StateOpen {

@@ -343,7 +343,12 @@ func numeric(oid uint32) bool {
 	return false
 }
 
-// sqlError classifies an error of the statement (see ExecuteTx).
+// sqlError classifies an error of a transactional tool's statement by its
+// SQLSTATE (sqlRetried): one the database's state at the time caused is
+// not sent (the transaction rolled back, and the call runs again); any
+// other is the statement's own, for its text or its data, which would fail
+// the same way again: a definite failure. Both have code sqlstate_<code>.
+// An error that is not Postgres's is returned as it is.
 func sqlError(err error) error {
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) {
@@ -355,9 +360,48 @@ func sqlError(err error) error {
 	}
 	msg += " (SQLSTATE " + pgErr.Code + ")"
 	code := "sqlstate_" + pgErr.Code
-	switch pgErr.Code[:min(2, len(pgErr.Code))] {
-	case "22", "23", "42", "44", "P0":
-		return DefiniteError(code, msg)
+	if _, retried := sqlRetry(pgErr.Code); retried {
+		return NotSentError(code, msg+"; the transaction rolled back", 0, err)
 	}
-	return NotSentError(code, msg+"; the transaction rolled back", 0, err)
+	return DefiniteError(code, msg)
+}
+
+// sqlRetried are the SQLSTATEs, by class or by code, that the database's
+// state causes rather than the statement: true for contention between
+// transactions, which a retry goes through and which says nothing of the
+// database's health (the circuit breaker does not count it), false for an
+// unavailable or unwell database.
+var sqlRetried = map[string]bool{
+	"08":    false, // connection exception
+	"25006": false, // read_only_sql_transaction: a primary demoted by a failover
+	"25P03": false, // idle_in_transaction_session_timeout
+	"25P04": false, // transaction_timeout
+	"40":    true,  // transaction rollback: serialization failure, deadlock
+	"53":    false, // insufficient resources: disk full, out of memory, too many connections
+	"55P03": true,  // lock_not_available: lock_timeout, NOWAIT
+	"57":    false, // operator intervention: query_canceled (statement_timeout), shutdowns
+	"58":    false, // system error: I/O error
+	"72":    false, // snapshot_too_old
+	"XX":    false, // internal error: data or index corrupted
+}
+
+// sqlRetry reports whether SQLSTATE code is one of sqlRetried, and
+// whether it is contention.
+func sqlRetry(code string) (contention, retried bool) {
+	if c, ok := sqlRetried[code]; ok {
+		return c, true
+	}
+	c, ok := sqlRetried[code[:min(2, len(code))]]
+	return c, ok
+}
+
+// sqlContention reports whether an error's code is a transaction conflict
+// (see sqlRetried), which the circuit breaker does not count.
+func sqlContention(code string) bool {
+	state, ok := strings.CutPrefix(code, "sqlstate_")
+	if !ok {
+		return false
+	}
+	contention, retried := sqlRetry(state)
+	return contention && retried
 }

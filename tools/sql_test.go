@@ -177,24 +177,42 @@ func TestSQLOutputs(t *testing.T) {
 	}
 }
 
-// TestSQLErrorsAreClassifiedBySQLState: what Postgres refuses for the data
-// or the statement is definite; a conflict, a lost resource or a cancelled
-// statement left nothing and is not sent.
+// TestSQLErrorsAreClassifiedBySQLState: what fails for the database's
+// state at the time (a conflict, a lost connection or resource, a
+// cancelled statement, a failover) left nothing and is not sent; anything
+// else is the statement's own, which would fail the same way again: a
+// definite failure, answered at once.
 func TestSQLErrorsAreClassifiedBySQLState(t *testing.T) {
 	t.Parallel()
 	pool := sqlDB(t, `CREATE FUNCTION fail_with(code text) RETURNS int LANGUAGE plpgsql AS $$
 		BEGIN RAISE EXCEPTION 'failing with %', code USING ERRCODE = code; END $$`)
 	for code, want := range map[string]tools.Outcome{
-		"23505": tools.Definite, // unique_violation
-		"23502": tools.Definite, // not_null_violation
+		"0A000": tools.Definite, // feature_not_supported
+		"21000": tools.Definite, // cardinality_violation
 		"22003": tools.Definite, // numeric_value_out_of_range
+		"23502": tools.Definite, // not_null_violation
+		"23505": tools.Definite, // unique_violation
+		"25001": tools.Definite, // active_sql_transaction
+		"2F005": tools.Definite, // function_executed_no_return_statement
+		"38001": tools.Definite, // containing_sql_not_permitted
+		"39004": tools.Definite, // null_value_not_allowed
+		"42501": tools.Definite, // insufficient_privilege
 		"42P01": tools.Definite, // undefined_table
+		"54000": tools.Definite, // program_limit_exceeded: an index row too large
+		"55000": tools.Definite, // object_not_in_prerequisite_state
 		"P0001": tools.Definite, // raise_exception
+		"08006": tools.NotSent,  // connection_failure
+		"25006": tools.NotSent,  // read_only_sql_transaction: a primary demoted by a failover
+		"25P03": tools.NotSent,  // idle_in_transaction_session_timeout
 		"40001": tools.NotSent,  // serialization_failure
 		"40P01": tools.NotSent,  // deadlock_detected
-		"25006": tools.NotSent,  // read_only_sql_transaction: a primary demoted by a failover
+		"53100": tools.NotSent,  // disk_full
 		"53300": tools.NotSent,  // too_many_connections
+		"55P03": tools.NotSent,  // lock_not_available
 		"57014": tools.NotSent,  // query_canceled
+		"57P01": tools.NotSent,  // admin_shutdown
+		"58030": tools.NotSent,  // io_error
+		"XX001": tools.NotSent,  // data_corrupted
 	} {
 		// A tool of its own for each code: five not-sent failures in a row
 		// would open one tool's breaker.
@@ -207,26 +225,27 @@ func TestSQLErrorsAreClassifiedBySQLState(t *testing.T) {
 	}
 }
 
-// TestSQLConflictsDoNotOpenTheBreaker: a serialization failure or a
-// deadlock is contention between calls, not a sick database; retried, the
-// call goes through, so a run of them must not stop the tool's calls.
-func TestSQLConflictsDoNotOpenTheBreaker(t *testing.T) {
+// TestSQLBreakerCountsOnlyAnUnwellDatabase: contention between calls (a
+// serialization failure, a deadlock, a lock timeout) and a statement's own
+// failures, however many, leave the tool's breaker closed; a database that
+// refuses connections opens it.
+func TestSQLBreakerCountsOnlyAnUnwellDatabase(t *testing.T) {
 	t.Parallel()
 	pool := sqlDB(t, `CREATE FUNCTION fail_with(code text) RETURNS int LANGUAGE plpgsql AS $$
 		BEGIN IF code <> '' THEN RAISE EXCEPTION 'failing with %', code USING ERRCODE = code; END IF; RETURN 1; END $$`)
 	tool := sqlTool(t, `{type: object, properties: {code: {type: string}}}`, `{statement: "SELECT fail_with(@code) AS ok", output: row}`)
-	for i := 0; i < 12; i++ {
-		code := []string{"40001", "40P01"}[i%2]
+	codes := []string{"40001", "40P01", "55P03", "54000", "0A000", "21000", "38001", "39004"}
+	for i := range 3 * len(codes) {
+		code := codes[i%len(codes)]
 		_, err := runSQL(t, pool, tool, fmt.Sprintf(`{"code":%q}`, code))
 		var te *tools.Error
-		if !errors.As(err, &te) || te.Outcome != tools.NotSent || te.Code != "sqlstate_"+code {
-			t.Fatalf("conflict %d (%s): got %v, want not sent with its SQLSTATE", i, code, err)
+		if !errors.As(err, &te) || te.Code != "sqlstate_"+code {
+			t.Fatalf("failure %d (%s): got %v, want its SQLSTATE", i, code, err)
 		}
 	}
 	if out, err := runSQL(t, pool, tool, `{"code":""}`); err != nil || string(out) != `{"ok":1}` {
-		t.Fatalf("after twelve conflicts: %s, %v; want the call run", out, err)
+		t.Fatalf("after %d failures: %s, %v; want the call run", 3*len(codes), out, err)
 	}
-	// A database that refuses connections is another matter.
 	for i := 0; i < 5; i++ {
 		runSQL(t, pool, tool, `{"code":"53300"}`)
 	}

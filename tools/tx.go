@@ -23,6 +23,11 @@ import (
 // other error rolls the transaction back too, and since nothing of the call
 // happened it runs again: there is no ambiguous outcome.
 //
+// An error of Postgres's (a *pgconn.PgError, wrapped or not) is classified
+// by its SQLSTATE as the sql executor's are: one the database's state
+// caused (a conflict, a lost connection) is not sent, any other is a
+// definite failure.
+//
 // It writes only through tx: what it does elsewhere (an HTTP call, another
 // database) is not in the transaction and may happen more than once. It
 // must not end tx: the Tx it is given refuses Commit and Rollback (Begin, a
@@ -108,7 +113,8 @@ func (t *Tool) RunTx(ctx context.Context, req Request, inTx InTx, opts ...RunOpt
 
 // effect calls the executor with a Tx it cannot end, a panic recovered as
 // an ambiguous error, and checks that the transaction is still open and
-// sound after it.
+// sound after it. An error of Postgres's it returns is classified by its
+// SQLSTATE, as the sql executor's are (sqlError).
 func (t *Tool) effect(ctx context.Context, tx pgx.Tx, req Request) (out json.RawMessage, err error) {
 	defer func() {
 		if p := recover(); p != nil {
@@ -117,6 +123,10 @@ func (t *Tool) effect(ctx context.Context, tx pgx.Tx, req Request) (out json.Raw
 	}()
 	out, err = t.txExecutor.ExecuteTx(ctx, ownTx{tx}, req)
 	if err != nil {
+		var te *Error
+		if !errors.As(err, &te) {
+			err = sqlError(err)
+		}
 		return nil, err
 	}
 	switch tx.Conn().PgConn().TxStatus() {
