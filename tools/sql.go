@@ -30,7 +30,8 @@ import (
 // an array as its JSON (for a json or jsonb parameter).
 type SQL struct {
 	// Statement is one SELECT, INSERT, UPDATE, DELETE, MERGE, WITH, VALUES
-	// or CALL statement. It may not end the transaction.
+	// or CALL statement, with no positional parameter ($1). None of these
+	// can end the transaction (a procedure that commits fails inside one).
 	Statement string
 	// Output is what a call answers: "rows" (the default: the rows the
 	// statement returns, as an array of objects by column name), "row"
@@ -63,15 +64,20 @@ var toolqParams = []string{"key", "conversation_id", "turn_index", "tool_use_id"
 var sqlKinds = []string{"SELECT", "INSERT", "UPDATE", "DELETE", "MERGE", "WITH", "VALUES", "CALL"}
 
 // SQLExecutor checks s and returns a copy with its defaults filled. It
-// fails for an empty statement, one that is not of the kinds Statement
-// lists (a BEGIN, COMMIT or SET among them), and an unknown output. The
+// fails for an empty statement, one that is not one statement of the kinds
+// Statement lists (a BEGIN, COMMIT or SET among them, or two statements),
+// one with a positional parameter ($1), and an unknown output. The
 // parameters are checked against the tool's schema by NewRegistry.
 func SQLExecutor(s SQL) (*SQL, error) {
 	stmt := strings.TrimSpace(s.Statement)
 	if stmt == "" {
 		return nil, errors.New("statement: missing")
 	}
-	if kind := firstWord(stmt); !slices.Contains(sqlKinds, kind) {
+	kind, err := scanStatement(stmt)
+	if err != nil {
+		return nil, fmt.Errorf("statement: %w", err)
+	}
+	if !slices.Contains(sqlKinds, kind) {
 		return nil, fmt.Errorf("statement: a %s statement cannot run in the call's transaction (want one of %s)", cutWord(kind), strings.Join(sqlKinds, ", "))
 	}
 	switch s.Output {
@@ -87,7 +93,6 @@ func SQLExecutor(s SQL) (*SQL, error) {
 	if s.MaxOutputBytes == 0 {
 		s.MaxOutputBytes = DefaultMaxResponse
 	}
-	var err error
 	if s.params, err = namedParams(s.Statement); err != nil {
 		return nil, fmt.Errorf("statement: %w", err)
 	}
@@ -98,26 +103,150 @@ func SQLExecutor(s SQL) (*SQL, error) {
 // first use.
 func (s *SQL) Params() []string { return slices.Clone(s.params) }
 
-// firstWord is the statement's first word, upper-cased, after comments,
-// white space and opening parentheses.
-func firstWord(stmt string) string {
-	for {
-		stmt = strings.TrimLeft(stmt, " \t\r\n(")
+// scanStatement reads stmt as Postgres's lexer does (standard-conforming
+// strings) and returns its kind: its first keyword, upper-cased, after
+// white space, comments (which nest) and opening parentheses. It refuses a
+// second statement after a semicolon (one or more semicolons may end the
+// statement), a positional parameter ($1), and an unterminated comment,
+// string, quoted identifier or dollar-quoted string. The extended protocol
+// the statement runs with refuses two statements as well: this says so
+// when the registry loads.
+func scanStatement(stmt string) (kind string, err error) {
+	ended := false // a semicolon was read: only white space and comments may follow
+	first := true  // no token read yet but opening parentheses
+	for i := 0; i < len(stmt); {
+		c := stmt[i]
 		switch {
-		case strings.HasPrefix(stmt, "--"):
-			_, stmt, _ = strings.Cut(stmt, "\n")
-		case strings.HasPrefix(stmt, "/*"):
-			_, stmt, _ = strings.Cut(stmt, "*/")
-		default:
-			end := strings.IndexFunc(stmt, func(r rune) bool {
-				return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r == '_')
-			})
+		case c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v':
+			i++
+			continue
+		case strings.HasPrefix(stmt[i:], "--"):
+			end := strings.IndexByte(stmt[i:], '\n')
 			if end < 0 {
-				end = len(stmt)
+				return kind, nil
 			}
-			return strings.ToUpper(stmt[:end])
+			i += end + 1
+			continue
+		case strings.HasPrefix(stmt[i:], "/*"):
+			end, err := blockComment(stmt, i)
+			if err != nil {
+				return "", err
+			}
+			i = end
+			continue
+		}
+		if ended {
+			if c == ';' {
+				i++
+				continue
+			}
+			return "", errors.New("two statements: a sql executor runs one")
+		}
+		switch {
+		case c == ';':
+			ended = true
+			i++
+		case c == '(' && first:
+			i++
+		case isIdentStart(c):
+			end := i + 1
+			for end < len(stmt) && (isIdentStart(stmt[end]) || stmt[end] >= '0' && stmt[end] <= '9' || stmt[end] == '$') {
+				end++
+			}
+			if first {
+				kind, first = strings.ToUpper(stmt[i:end]), false
+			}
+			if end-i == 1 && (c == 'E' || c == 'e') && end < len(stmt) && stmt[end] == '\'' { // an escape string
+				if i, err = quoted(stmt, end, true); err != nil {
+					return "", err
+				}
+				continue
+			}
+			i = end
+		case c == '\'' || c == '"':
+			first = false
+			if i, err = quoted(stmt, i, false); err != nil {
+				return "", err
+			}
+		case c == '$':
+			first = false
+			if i+1 < len(stmt) && stmt[i+1] >= '0' && stmt[i+1] <= '9' {
+				return "", errors.New("a positional parameter ($1) is not supported: name it (@name)")
+			}
+			if i, err = dollarQuoted(stmt, i); err != nil {
+				return "", err
+			}
+		default:
+			first = false
+			i++
 		}
 	}
+	return kind, nil
+}
+
+// isIdentStart: a byte that begins an identifier or a keyword (any byte of
+// a multi-byte UTF-8 character does).
+func isIdentStart(c byte) bool {
+	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c == '_' || c >= 0x80
+}
+
+// blockComment returns the end of the block comment at stmt[i:], which
+// nests as Postgres's do.
+func blockComment(stmt string, i int) (int, error) {
+	depth := 0
+	for i < len(stmt) {
+		switch {
+		case strings.HasPrefix(stmt[i:], "/*"):
+			depth++
+			i += 2
+		case strings.HasPrefix(stmt[i:], "*/"):
+			depth--
+			i += 2
+			if depth == 0 {
+				return i, nil
+			}
+		default:
+			i++
+		}
+	}
+	return 0, errors.New("an unterminated /* comment")
+}
+
+// quoted returns the end of the string or quoted identifier whose opening
+// quote is stmt[i]: a doubled quote is one quote, and in an escape string
+// (E'…') a backslash escapes the byte after it.
+func quoted(stmt string, i int, escapes bool) (int, error) {
+	q := stmt[i]
+	for i++; i < len(stmt); i++ {
+		switch {
+		case escapes && stmt[i] == '\\':
+			i++
+		case stmt[i] == q && i+1 < len(stmt) && stmt[i+1] == q:
+			i++
+		case stmt[i] == q:
+			return i + 1, nil
+		}
+	}
+	return 0, fmt.Errorf("an unterminated %c", q)
+}
+
+// dollarQuoted returns the end of the dollar-quoted string ($$…$$,
+// $tag$…$tag$) that begins at stmt[i], or i+1 for a $ that begins none
+// (Postgres refuses it when it runs).
+func dollarQuoted(stmt string, i int) (int, error) {
+	end := i + 1
+	for end < len(stmt) && (isIdentStart(stmt[end]) || end > i+1 && stmt[end] >= '0' && stmt[end] <= '9') {
+		end++
+	}
+	if end >= len(stmt) || stmt[end] != '$' {
+		return i + 1, nil
+	}
+	tag := stmt[i : end+1]
+	closing := strings.Index(stmt[end+1:], tag)
+	if closing < 0 {
+		return 0, fmt.Errorf("an unterminated %s string", tag)
+	}
+	return end + 1 + closing + len(tag), nil
 }
 
 func cutWord(w string) string {
@@ -195,26 +324,18 @@ func (s *SQL) checkParams(schema json.RawMessage) error {
 }
 
 // ExecuteTx runs the statement in tx with the call's parameters, and
-// answers its output. A statement Postgres refuses for its data or its
-// text (SQLSTATE classes 22 data exception, 23 integrity constraint
-// violation, 42 syntax error or access rule violation, 44 check option
-// violation, P0 raised by PL/pgSQL) is a definite failure, with code
-// sqlstate_<code>; any other (a serialization failure, a deadlock, a lost
-// connection, a cancelled statement) is not sent: the transaction rolls
-// back, and nothing of it happened.
+// answers its output. It runs with the extended protocol whatever the
+// connection's default_query_exec_mode, so that Postgres runs one
+// statement, and checks that it ran one of the kinds Statement lists. An
+// error of Postgres's is classified by its SQLSTATE (see sqlError).
 func (s *SQL) ExecuteTx(ctx context.Context, tx pgx.Tx, req Request) (json.RawMessage, error) {
 	args, err := s.bind(req)
 	if err != nil {
 		return nil, err
 	}
-	if s.Output == SQLAffected {
-		tag, err := tx.Exec(ctx, s.Statement, args)
-		if err != nil {
-			return nil, sqlError(err)
-		}
-		return fmt.Appendf(nil, `{"rows_affected":%d}`, tag.RowsAffected()), nil
-	}
-	rows, err := tx.Query(ctx, s.Statement, pgx.QueryResultFormats{pgx.TextFormatCode}, args)
+	// QueryExecModeExec: the extended protocol, unprepared, every parameter
+	// text of a type Postgres infers, and every column read as text.
+	rows, err := tx.Query(ctx, s.Statement, pgx.QueryExecModeExec, args)
 	if err != nil {
 		return nil, sqlError(err)
 	}
@@ -223,7 +344,11 @@ func (s *SQL) ExecuteTx(ctx context.Context, tx pgx.Tx, req Request) (json.RawMe
 	n := 0
 	out.WriteByte('[')
 	for rows.Next() {
-		if n++; n > 1 {
+		n++
+		if s.Output == SQLAffected {
+			continue // the rows of an UPDATE … RETURNING: the tag counts them
+		}
+		if n > 1 {
 			out.WriteByte(',')
 		}
 		if err := writeRow(&out, rows.FieldDescriptions(), rows.RawValues()); err != nil {
@@ -236,19 +361,28 @@ func (s *SQL) ExecuteTx(ctx context.Context, tx pgx.Tx, req Request) (json.RawMe
 	if err := rows.Err(); err != nil {
 		return nil, sqlError(err)
 	}
-	out.WriteByte(']')
-	if s.Output == SQLRows {
-		return out.Bytes(), nil
+	tag := rows.CommandTag()
+	if kind, _, _ := strings.Cut(tag.String(), " "); !slices.Contains(sqlTags, kind) {
+		return nil, DefiniteError("unexpected_statement", fmt.Sprintf("the statement ran as %q, not one of the kinds a sql executor runs", tag.String()))
 	}
-	switch n {
-	case 0:
+	out.WriteByte(']')
+	switch {
+	case s.Output == SQLAffected:
+		return fmt.Appendf(nil, `{"rows_affected":%d}`, tag.RowsAffected()), nil
+	case s.Output == SQLRows:
+		return out.Bytes(), nil
+	case n == 0:
 		return nil, DefiniteError("no_row", "the statement returned no row")
-	case 1:
+	case n == 1:
 		return bytes.TrimSuffix(bytes.TrimPrefix(out.Bytes(), []byte("[")), []byte("]")), nil
 	default:
 		return nil, DefiniteError("more_than_one_row", fmt.Sprintf("the statement returned %d rows, not one", n))
 	}
 }
+
+// sqlTags are the command tags of the statements sqlKinds name (WITH and
+// VALUES run as one of these).
+var sqlTags = []string{"SELECT", "INSERT", "UPDATE", "DELETE", "MERGE", "CALL"}
 
 // bind names the statement's parameters' values: toolq's from req, the
 // others from the args' top-level members, each as text (see SQL).

@@ -13,6 +13,103 @@ import (
 	"github.com/toolq/toolq/tools"
 )
 
+// loadSQL loads one transactional_write whose sql executor runs stmt.
+func loadSQL(stmt string) error {
+	quoted, _ := json.Marshal(stmt)
+	_, err := tools.Parse([]byte(`tools:
+  - name: t
+    class: transactional_write
+    schema: {type: object}
+    sql:
+      statement: `+string(quoted)+`
+      output: affected
+`), "test", tools.Config{})
+	return err
+}
+
+// TestSQLStatementThatEndsOrReconfiguresTheTransactionIsALoadError: every
+// statement that is not one of the kinds a sql executor runs, however it is
+// written (cased, after comments, which nest, or parentheses), and every
+// such statement after one that is (two statements), is a load error; so
+// is a positional parameter and anything left unterminated.
+func TestSQLStatementThatEndsOrReconfiguresTheTransactionIsALoadError(t *testing.T) {
+	t.Parallel()
+	refused := []string{
+		"COMMIT", "ROLLBACK", "BEGIN", "START TRANSACTION", "END", "ABORT", "SAVEPOINT s", "RELEASE SAVEPOINT s",
+		"ROLLBACK TO SAVEPOINT s", "PREPARE TRANSACTION 'x'", "COMMIT PREPARED 'x'", "SET statement_timeout = 1",
+		"SET SESSION AUTHORIZATION DEFAULT", "SET TRANSACTION ISOLATION LEVEL SERIALIZABLE", "RESET ALL", "DISCARD ALL",
+		"LISTEN x", "NOTIFY x", "LOCK refunds", "DO $$ BEGIN COMMIT; END $$", "COPY refunds FROM STDIN", "VACUUM",
+		"CREATE TABLE x (a int)", "DROP TABLE refunds", "TRUNCATE refunds", "PREPARE p AS SELECT 1", "EXECUTE p",
+		"DECLARE c CURSOR WITH HOLD FOR SELECT 1", "EXPLAIN ANALYZE DELETE FROM refunds", "GRANT ALL ON refunds TO PUBLIC",
+	}
+	disguises := map[string]func(string) string{
+		"as written":                  func(s string) string { return s },
+		"lower case":                  strings.ToLower,
+		"after a line comment":        func(s string) string { return "-- a note\n" + s },
+		"after a block comment":       func(s string) string { return "/* SELECT */ " + s },
+		"after a nested comment":      func(s string) string { return "/* /* */ SELECT */ " + s },
+		"in parentheses":              func(s string) string { return "((" + s + "))" },
+		"after a statement":           func(s string) string { return "UPDATE refunds SET amount_cents = amount_cents; " + s },
+		"after a statement, then one": func(s string) string { return "SELECT 1;" + s + "; SELECT 2" },
+		"after a string with a quote": func(s string) string { return "SELECT 'it''s'; " + s },
+		"after a dollar-quoted body":  func(s string) string { return "SELECT $q$ ' $q$; " + s },
+		"after an escape string":      func(s string) string { return `SELECT E'\''; ` + s },
+		"after a quoted identifier":   func(s string) string { return `SELECT 1 AS "a;"; ` + s },
+	}
+	for _, stmt := range refused {
+		for name, disguise := range disguises {
+			if err := loadSQL(disguise(stmt)); err == nil {
+				t.Errorf("%s, %s: loaded: %s", stmt, name, disguise(stmt))
+			}
+		}
+	}
+	for _, stmt := range []string{
+		"INSERT INTO refunds (order_id) VALUES ($1)",
+		"SELECT * FROM refunds WHERE id = $12",
+		"SELECT /* /* */ 1",
+		"SELECT 'unterminated",
+		`SELECT "unterminated`,
+		"SELECT $q$ unterminated $Q$",
+		`SELECT E'\'`,
+		"",
+		"   -- nothing but a comment",
+		"'a string'",
+	} {
+		if err := loadSQL(stmt); err == nil {
+			t.Errorf("loaded: %q", stmt)
+		}
+	}
+}
+
+// TestSQLStatementOfOneKindLoads: a semicolon, a $, a COMMIT or a comment
+// marker inside a string, a dollar-quoted string, a quoted identifier or
+// a comment, a $ in an identifier, and semicolons that end the statement,
+// do not make it two statements or another kind.
+func TestSQLStatementOfOneKindLoads(t *testing.T) {
+	t.Parallel()
+	for _, stmt := range []string{
+		"INSERT INTO refunds (note) VALUES ('a; COMMIT; --')",
+		"INSERT INTO refunds (note) VALUES ('it''s; $1')",
+		`INSERT INTO refunds (note) VALUES (E'\'; COMMIT; \\')`,
+		"INSERT INTO refunds (note) VALUES ($$; COMMIT$$), ($tag$ $$; $1 $tag$)",
+		`SELECT 1 AS "; COMMIT"`,
+		"SELECT 1 -- ; COMMIT",
+		"SELECT 1 /* ; /* nested; */ COMMIT */",
+		"SELECT price$1 FROM items",
+		"SELECT 1;",
+		"SELECT 1 ; ;  -- done",
+		"/* first */ (SELECT 1)",
+		"with x AS (SELECT 1) SELECT * FROM x",
+		"CALL refund()",
+		"values (1)",
+		"MERGE INTO t USING s ON t.id = s.id WHEN MATCHED THEN DELETE",
+	} {
+		if err := loadSQL(stmt); err != nil {
+			t.Errorf("%q: %v", stmt, err)
+		}
+	}
+}
+
 // TestTxExecutorErrorsAreClassifiedBySQLState: a Go executor's error of
 // Postgres's, returned as the driver gave it, is classified by its
 // SQLSTATE as the sql executor's are.
