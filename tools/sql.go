@@ -25,9 +25,10 @@ import (
 // absent member or null is NULL), or one of toolq's own: @key (the call's
 // idempotency key), @conversation_id, @turn_index and @tool_use_id. A
 // member is bound as text, which Postgres reads as the parameter's type: a
-// string as its value, a number as written in JSON (exactly: an integer, a
-// numeric or a float column takes it as is), true and false, an object or
-// an array as its JSON (for a json or jsonb parameter).
+// string as its value, a number as its canonical form writes it (the
+// shortest decimal of its double: CheckArgs refuses a number that is not
+// exactly that value, such as 1.000000000000000001), true and false, an
+// object or an array as its JSON (for a json or jsonb parameter).
 type SQL struct {
 	// Statement is one SELECT, INSERT, UPDATE, DELETE, MERGE, WITH, VALUES
 	// or CALL statement, with no positional parameter ($1). None of these
@@ -383,6 +384,80 @@ func (s *SQL) ExecuteTx(ctx context.Context, tx pgx.Tx, req Request) (json.RawMe
 // sqlTags are the command tags of the statements sqlKinds name (WITH and
 // VALUES run as one of these).
 var sqlTags = []string{"SELECT", "INSERT", "UPDATE", "DELETE", "MERGE", "CALL"}
+
+// CheckArgs refuses args that the statement would not bind as they are
+// written: a number, in a member it binds (at any depth), whose value is
+// not that of the double it reads as. The worker binds the call's
+// canonical args (RFC 8785), whose numbers are doubles written as briefly
+// as they read back: 1.000000000000000001 would be bound as 1. Such a
+// number can be sent as a string, which Postgres reads exactly as the
+// parameter's type (numeric among them).
+func (s *SQL) CheckArgs(args json.RawMessage) error {
+	var members map[string]json.RawMessage
+	if err := json.Unmarshal(args, &members); err != nil {
+		return fmt.Errorf("the args are not a JSON object: %v", err)
+	}
+	for _, p := range s.params {
+		v, ok := members[p]
+		if !ok || slices.Contains(toolqParams, p) {
+			continue
+		}
+		dec := json.NewDecoder(bytes.NewReader(v))
+		dec.UseNumber()
+		for {
+			tok, err := dec.Token()
+			if err != nil {
+				break // io.EOF: the args were checked as JSON before
+			}
+			if n, ok := tok.(json.Number); ok {
+				if canonical, exact := asDouble(string(n)); !exact {
+					return fmt.Errorf("@%s: the number %s would be bound as %s, the double it reads as: send it as a string to bind it as written", p, n, canonical)
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// asDouble is the number literal lit as its canonical form writes it (the
+// shortest decimal that reads back as the same double), and whether that
+// is the same value.
+func asDouble(lit string) (string, bool) {
+	f, err := strconv.ParseFloat(lit, 64)
+	if err != nil {
+		return lit, false
+	}
+	canonical := strconv.FormatFloat(f, 'g', -1, 64)
+	a, aok := decimalOf(lit)
+	b, bok := decimalOf(canonical)
+	return canonical, aok && bok && a == b
+}
+
+// decimalOf writes a JSON number literal in one form per value: its
+// significant digits and exponent ("-15e-1" for -1.50), "0" for zero.
+// ok is false for an exponent beyond ±2^31.
+func decimalOf(lit string) (string, bool) {
+	sign := ""
+	if rest, neg := strings.CutPrefix(lit, "-"); neg {
+		sign, lit = "-", rest
+	}
+	mantissa, exponent, _ := strings.Cut(strings.ToLower(lit), "e")
+	whole, frac, _ := strings.Cut(mantissa, ".")
+	digits := strings.TrimLeft(whole+frac, "0")
+	if digits == "" {
+		return "0", true
+	}
+	exp := int64(0)
+	if exponent != "" {
+		var err error
+		if exp, err = strconv.ParseInt(exponent, 10, 32); err != nil {
+			return "", false
+		}
+	}
+	significant := strings.TrimRight(digits, "0")
+	exp += int64(len(digits)-len(significant)) - int64(len(frac))
+	return sign + significant + "e" + strconv.FormatInt(exp, 10), true
+}
 
 // bind names the statement's parameters' values: toolq's from req, the
 // others from the args' top-level members, each as text (see SQL).

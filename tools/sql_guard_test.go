@@ -110,6 +110,43 @@ func TestSQLStatementOfOneKindLoads(t *testing.T) {
 	}
 }
 
+// TestSQLRefusesANumberItWouldNotBindAsWritten: a number in a member the
+// statement binds, at any depth, whose value is not exactly that of the
+// double it reads as, is invalid args; one that is, however it is written,
+// is valid, and so are numbers in members the statement does not bind.
+func TestSQLRefusesANumberItWouldNotBindAsWritten(t *testing.T) {
+	t.Parallel()
+	tool := sqlTool(t, `{type: object, properties: {n: {}, doc: {}, other: {}}}`, `{statement: "SELECT @n::text AS n, @doc::text AS doc"}`)
+	for args, valid := range map[string]bool{
+		`{"n":1}`:                                true,
+		`{"n":1.0}`:                              true,
+		`{"n":-0}`:                               true,
+		`{"n":0.1}`:                              true,
+		`{"n":1.5e3}`:                            true,
+		`{"n":1E+21}`:                            true,
+		`{"n":100e-2}`:                           true,
+		`{"n":9007199254740991}`:                 true,
+		`{"n":1.7976931348623157e308}`:           true,
+		`{"n":5e-324}`:                           true,
+		`{"n":"1.000000000000000001"}`:           true,
+		`{"other":0.30000000000000001}`:          true,
+		`{"n":1.000000000000000001}`:             false,
+		`{"n":0.30000000000000001}`:              false,
+		`{"n":123456789.123456789}`:              false,
+		`{"n":1e-400}`:                           false,
+		`{"n":2.5e-324}`:                         false,
+		`{"doc":{"a":[1,2.000000000000000001]}}`: false,
+	} {
+		err := tool.Validate(json.RawMessage(args))
+		switch {
+		case valid && err != nil:
+			t.Errorf("%s: %v", args, err)
+		case !valid && (!errors.Is(err, tools.ErrInvalidArgs) || !strings.Contains(err.Error(), "send it as a string")):
+			t.Errorf("%s: %v, want it refused", args, err)
+		}
+	}
+}
+
 // TestTxExecutorErrorsAreClassifiedBySQLState: a Go executor's error of
 // Postgres's, returned as the driver gave it, is classified by its
 // SQLSTATE as the sql executor's are.

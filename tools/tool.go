@@ -88,10 +88,11 @@ type Executor interface {
 	Execute(ctx context.Context, req Request) (json.RawMessage, error)
 }
 
-// ArgsChecker is an Executor that refuses some args a schema cannot tell
-// apart (the HTTP executor: args that would carry the idempotency key's
-// member). Tool.Validate asks it, so that such a call is rejected before
-// it is claimed.
+// ArgsChecker is an Executor or a TxExecutor that refuses some args a
+// schema cannot tell apart (the HTTP executor: args that would carry the
+// idempotency key's member; the sql executor: a number it would not bind
+// as written). Tool.Validate asks it, so that such a call is rejected
+// before it is claimed.
 type ArgsChecker interface {
 	CheckArgs(args json.RawMessage) error
 }
@@ -368,9 +369,11 @@ func (t *Tool) Validate(args json.RawMessage) error {
 	if err := t.schema.Validate(inst); err != nil {
 		return fmt.Errorf("%w: %s", ErrInvalidArgs, schemaReason(err))
 	}
-	if c, ok := t.executor.(ArgsChecker); ok {
-		if err := c.CheckArgs(args); err != nil {
-			return fmt.Errorf("%w: %v", ErrInvalidArgs, err)
+	for _, e := range []any{t.executor, t.txExecutor} {
+		if c, ok := e.(ArgsChecker); ok {
+			if err := c.CheckArgs(args); err != nil {
+				return fmt.Errorf("%w: %v", ErrInvalidArgs, err)
+			}
 		}
 	}
 	return nil
