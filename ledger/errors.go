@@ -26,6 +26,10 @@ var (
 	// ledger is a file private to its consumer: no application keeps its
 	// data there, so there is no effect to commit with the row.
 	ErrTxUnsupported = errors.New("ledger: transactional writes need the Postgres ledger")
+	// ErrTxEnded: the effect of a transactional write ended the
+	// transaction it was given (CompleteTx): what it wrote may have
+	// committed without the call's completion.
+	ErrTxEnded = errors.New("ledger: the effect ended the transaction it was given")
 	// ErrNotAwaiting: a decision or a waiter for a call that is not
 	// awaiting approval (decided, expired, or never asked); the error says
 	// where it is.
@@ -103,7 +107,7 @@ func (s *Store) retryConflicts(ctx context.Context, f func() error) error {
 }
 
 func isLedgerError(err error) bool {
-	for _, e := range []error{ErrNotFound, ErrFenced, ErrLeaseHeld, ErrMaterialMismatch, ErrNotIndeterminate, ErrUnavailable, ErrInvalidOutput, ErrResolved, ErrTxUnsupported, ErrNotAwaiting, ErrDecisionRefused} {
+	for _, e := range []error{ErrNotFound, ErrFenced, ErrLeaseHeld, ErrMaterialMismatch, ErrNotIndeterminate, ErrUnavailable, ErrInvalidOutput, ErrResolved, ErrTxUnsupported, ErrTxEnded, ErrNotAwaiting, ErrDecisionRefused} {
 		if errors.Is(err, e) {
 			return true
 		}

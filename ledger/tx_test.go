@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/url"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -98,35 +100,95 @@ func TestCompleteTxCommitsTheEffectWithTheRow(t *testing.T) {
 	}
 }
 
-// TestCompleteTxOfATakenOverClaimRollsBackItsEffect: a holder whose lease
-// was taken over while its effect ran is fenced out when it completes, and
-// its effect never lands; the new holder's does.
-func TestCompleteTxOfATakenOverClaimRollsBackItsEffect(t *testing.T) {
+// TestCompleteTxOfAStaleClaimRunsNoEffect: a holder whose claim was taken
+// over before its transaction began is fenced out at once: its effect never
+// runs. The new holder's lands.
+func TestCompleteTxOfAStaleClaimRunsNoEffect(t *testing.T) {
 	t.Parallel()
 	s, pool := txStore(t, nil)
 	ctx := context.Background()
-	c := newClaim(300 * time.Millisecond)
+	c := newClaim(50 * time.Millisecond)
 	c.Token = newToken()
 	stale := mustClaim(t, s, c)
-	var taken ledger.Row
-	_, err := s.CompleteTx(ctx, stale.Fence(), func(ctx context.Context, tx pgx.Tx) (json.RawMessage, error) {
-		out, err := insertEffect(c.Key)(ctx, tx)
-		waitExpired(t, s, c.Key)
-		var terr error
-		if taken, terr = s.Takeover(ctx, stale.Fence(), "taker", newToken(), time.Minute); terr != nil {
-			t.Error(terr)
-		}
-		return out, err
+	waitExpired(t, s, c.Key)
+	taken, err := s.Takeover(ctx, stale.Fence(), "taker", newToken(), time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ran := false
+	_, err = s.CompleteTx(ctx, stale.Fence(), func(ctx context.Context, tx pgx.Tx) (json.RawMessage, error) {
+		ran = true
+		return insertEffect(c.Key)(ctx, tx)
 	})
 	isErr(t, err, ledger.ErrFenced)
-	if n := effects(t, pool, c.Key); n != 0 {
-		t.Fatalf("%d effects of a fenced holder", n)
+	if ran {
+		t.Fatal("the effect of a stale claim ran")
 	}
 	if _, err := s.CompleteTx(ctx, taken.Fence(), insertEffect(c.Key)); err != nil {
 		t.Fatal(err)
 	}
 	if got := mustGet(t, s, c.Key); got.State != ledger.Completed || got.Attempt != 2 || effects(t, pool, c.Key) != 1 {
 		t.Fatalf("row %+v, %d effects", got, effects(t, pool, c.Key))
+	}
+}
+
+// isolation is a txStore's via that sets the ledger's connections'
+// default_transaction_isolation.
+func isolation(t *testing.T, level string) func(string) string {
+	return func(dbURL string) string {
+		u, err := url.Parse(dbURL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		q := u.Query()
+		q.Set("default_transaction_isolation", level)
+		u.RawQuery = strings.ReplaceAll(q.Encode(), "+", "%20") // pgx reads a + as itself
+		return u.String()
+	}
+}
+
+// TestCompleteTxHoldsItsRowAgainstATakeover: at every isolation level, a
+// takeover of a lease that ran out while the transaction lives waits for
+// its end instead of running the call a second time; the transaction
+// commits, and the takeover finds the row completed.
+func TestCompleteTxHoldsItsRowAgainstATakeover(t *testing.T) {
+	t.Parallel()
+	for _, level := range []string{"read committed", "repeatable read", "serializable"} {
+		t.Run(level, func(t *testing.T) {
+			t.Parallel()
+			s, pool := txStore(t, isolation(t, level))
+			ctx := context.Background()
+			c := newClaim(200 * time.Millisecond)
+			c.Token = newToken()
+			row := mustClaim(t, s, c)
+			terr := make(chan error, 1)
+			out, err := s.CompleteTx(ctx, row.Fence(), func(ctx context.Context, tx pgx.Tx) (json.RawMessage, error) {
+				out, err := insertEffect(c.Key)(ctx, tx)
+				waitExpired(t, s, c.Key)
+				go func() {
+					_, err := s.Takeover(ctx, row.Fence(), "taker", newToken(), time.Minute)
+					terr <- err
+				}()
+				testenv.Eventually(t, 10*time.Second, "the takeover to wait for the row", func() bool {
+					var n int
+					pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
+						AND wait_event_type = 'Lock' AND query LIKE 'UPDATE toolq_ledger SET attempt%'`).Scan(&n)
+					return n == 1
+				})
+				return out, err
+			})
+			if err != nil || string(out) != `{"written":true}` {
+				t.Fatalf("%s, %v", out, err)
+			}
+			if err := <-terr; err == nil {
+				t.Fatal("the takeover of a committed call went through")
+			}
+			_, err = s.Takeover(ctx, row.Fence(), "taker", newToken(), time.Minute)
+			isErr(t, err, ledger.ErrFenced)
+			if got := mustGet(t, s, c.Key); got.State != ledger.Completed || got.Attempt != 1 || effects(t, pool, c.Key) != 1 {
+				t.Fatalf("row %+v, %d effects", got, effects(t, pool, c.Key))
+			}
+		})
 	}
 }
 
@@ -212,7 +274,7 @@ func TestCompleteTxWhoseCommitAnswerIsLost(t *testing.T) {
 	c := newClaim(time.Minute)
 	c.Token = newToken()
 	row := mustClaim(t, s, c)
-	proxy.CutResponse("commit\x00") // pgx's COMMIT, a simple query
+	proxy.CutResponse("COMMIT\x00") // the completion's commit, a simple query
 	_, err := s.CompleteTx(ctx, row.Fence(), insertEffect(c.Key))
 	if err == nil || proxy.Cuts() != 1 {
 		t.Fatalf("err = %v after %d cuts", err, proxy.Cuts())
@@ -285,5 +347,180 @@ func TestAnIdleTransactionEndsAtItsDeadline(t *testing.T) {
 	}
 	if got := mustGet(t, s, c.Key); got.State != ledger.InFlight {
 		t.Fatalf("row %+v", got)
+	}
+}
+
+// TestCompleteTxFindsAnEffectThatEndedItsTransaction: an effect that
+// commits or rolls back the transaction it was given, whatever it returns
+// after (output, an error) and whether or not it begins another, is found:
+// ErrTxEnded, never a completion, and never a plain rollback that would let
+// the call run again over what it committed. The row is left in flight.
+func TestCompleteTxFindsAnEffectThatEndedItsTransaction(t *testing.T) {
+	t.Parallel()
+	s, pool := txStore(t, nil)
+	refused := errors.New("the effect said no")
+	for name, c := range map[string]struct {
+		statements []string
+		err        error
+		effects    int
+	}{
+		"COMMIT, then output":               {[]string{"COMMIT"}, nil, 1},
+		"COMMIT, then an error":             {[]string{"COMMIT"}, refused, 1},
+		"ROLLBACK, then output":             {[]string{"ROLLBACK"}, nil, 0},
+		"COMMIT and BEGIN, then output":     {[]string{"COMMIT", "BEGIN"}, nil, 1},
+		"COMMIT and BEGIN, then an error":   {[]string{"COMMIT", "BEGIN"}, refused, 1},
+		"COMMIT; BEGIN in one, then output": {[]string{"COMMIT; BEGIN"}, nil, 1},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			claim := newClaim(time.Minute)
+			claim.Token = newToken()
+			row := mustClaim(t, s, claim)
+			_, err := s.CompleteTx(context.Background(), row.Fence(), func(ctx context.Context, tx pgx.Tx) (json.RawMessage, error) {
+				if _, err := insertEffect(claim.Key)(ctx, tx); err != nil {
+					return nil, err
+				}
+				for _, stmt := range c.statements {
+					if _, err := tx.Exec(ctx, stmt); err != nil {
+						return nil, err
+					}
+				}
+				return json.RawMessage(`{}`), c.err
+			})
+			isErr(t, err, ledger.ErrTxEnded)
+			if got := mustGet(t, s, claim.Key); got.State != ledger.InFlight || got.Fence() != row.Fence() || effects(t, pool, claim.Key) != c.effects {
+				t.Fatalf("row %+v, %d effects", got, effects(t, pool, claim.Key))
+			}
+		})
+	}
+}
+
+// TestCompleteTxConflictIsNotAnOutage: an effect whose foreign key check
+// is deferred to the commit deadlocks there with another transaction (the
+// commit waits for the parent row the other holds, the other for a row the
+// effect wrote). It is rolled back, the row is as it was, and the error is
+// not ErrUnavailable: the call's own transaction conflicted, and a retry of
+// the call is a try of it.
+func TestCompleteTxConflictIsNotAnOutage(t *testing.T) {
+	t.Parallel()
+	s, pool := txStore(t, nil)
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `CREATE TABLE parent (id int PRIMARY KEY); INSERT INTO parent VALUES (1);
+		CREATE TABLE child (parent_id int REFERENCES parent DEFERRABLE INITIALLY DEFERRED);
+		CREATE TABLE other (id int PRIMARY KEY); INSERT INTO other VALUES (1)`); err != nil {
+		t.Fatal(err)
+	}
+	claim := newClaim(time.Minute)
+	claim.Token = newToken()
+	row := mustClaim(t, s, claim)
+	holder, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Rollback(ctx)
+	if _, err := holder.Exec(ctx, `SELECT * FROM parent WHERE id = 1 FOR UPDATE`); err != nil {
+		t.Fatal(err)
+	}
+	holderDone := make(chan error, 1)
+	_, err = s.CompleteTx(ctx, row.Fence(), func(ctx context.Context, tx pgx.Tx) (json.RawMessage, error) {
+		if _, err := tx.Exec(ctx, `UPDATE other SET id = 1 WHERE id = 1; INSERT INTO child VALUES (1)`); err != nil {
+			return nil, err
+		}
+		if _, err := insertEffect(claim.Key)(ctx, tx); err != nil {
+			return nil, err
+		}
+		go func() {
+			// Once the commit waits for the parent row, the holder waits for
+			// the row the effect wrote: the commit's wait began first, so its
+			// deadlock check finds the cycle first.
+			for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+				var n int
+				pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
+					AND wait_event_type = 'Lock' AND query LIKE '%COMMIT'`).Scan(&n)
+				if n == 1 {
+					break
+				}
+			}
+			_, err := holder.Exec(ctx, `UPDATE other SET id = 1 WHERE id = 1`)
+			holderDone <- err
+		}()
+		return json.RawMessage(`{}`), nil
+	})
+	if err == nil || errors.Is(err, ledger.ErrUnavailable) || !strings.Contains(err.Error(), "conflicted with another") {
+		t.Fatalf("err = %v, want the conflict", err)
+	}
+	if err := <-holderDone; err != nil {
+		t.Fatalf("the other transaction: %v", err)
+	}
+	if got := mustGet(t, s, claim.Key); got.State != ledger.InFlight || got.Fence() != row.Fence() || effects(t, pool, claim.Key) != 0 {
+		t.Fatalf("row %+v, %d effects", got, effects(t, pool, claim.Key))
+	}
+}
+
+// TestCompleteTxLeavesNoSessionState: on a ledger of one connection, an
+// effect that leaves what a statement can leave on its session (an advisory
+// lock, a setting, a temporary table, a LISTEN, a cursor WITH HOLD) leaves
+// nothing of it to the next statement on that connection, whether it
+// committed or failed; the connection's own settings (from its URL) stay.
+func TestCompleteTxLeavesNoSessionState(t *testing.T) {
+	t.Parallel()
+	s, _ := txStore(t, func(dbURL string) string {
+		u, err := url.Parse(dbURL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		q := u.Query()
+		q.Set("pool_max_conns", "1")
+		q.Set("application_name", "ledger-under-test")
+		u.RawQuery = q.Encode()
+		return u.String()
+	})
+	ctx := context.Background()
+	leave := func(ctx context.Context, tx pgx.Tx) error {
+		for _, stmt := range []string{
+			`SELECT pg_advisory_lock(42)`,
+			`SELECT set_config('statement_timeout', '1234', false)`,
+			`SELECT 1 AS n INTO TEMP leftover`,
+			`LISTEN leftover`,
+			`DECLARE leftover CURSOR WITH HOLD FOR SELECT 1`,
+		} {
+			if _, err := tx.Exec(ctx, stmt); err != nil {
+				return fmt.Errorf("%s: %w", stmt, err)
+			}
+		}
+		return nil
+	}
+	var session string
+	look := func(ctx context.Context, tx pgx.Tx) (json.RawMessage, error) {
+		err := tx.QueryRow(ctx, `SELECT concat_ws(' ',
+			(SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()),
+			current_setting('statement_timeout'), to_regclass('pg_temp.leftover') IS NULL,
+			(SELECT count(*) FROM pg_listening_channels()), (SELECT count(*) FROM pg_cursors WHERE name = 'leftover'),
+			current_setting('application_name'))`).Scan(&session)
+		return json.RawMessage(`{}`), err
+	}
+	const clean = `0 0 t 0 0 ledger-under-test`
+	for _, outcome := range []string{"committed", "failed"} {
+		claim := newClaim(time.Minute)
+		row := mustClaim(t, s, claim)
+		_, err := s.CompleteTx(ctx, row.Fence(), func(ctx context.Context, tx pgx.Tx) (json.RawMessage, error) {
+			if err := leave(ctx, tx); err != nil {
+				return nil, err
+			}
+			if outcome == "failed" {
+				return nil, errors.New("the effect said no")
+			}
+			return json.RawMessage(`{}`), nil
+		})
+		if (err == nil) != (outcome == "committed") {
+			t.Fatalf("%s: %v", outcome, err)
+		}
+		next := mustClaim(t, s, newClaim(time.Minute))
+		if _, err := s.CompleteTx(ctx, next.Fence(), look); err != nil {
+			t.Fatal(err)
+		}
+		if session != clean {
+			t.Fatalf("after an effect that %s, the session is %q, want %q", outcome, session, clean)
+		}
 	}
 }

@@ -177,3 +177,21 @@ func TestTxExecutorErrorsAreClassifiedBySQLState(t *testing.T) {
 		}
 	}
 }
+
+// TestTxExecutorDeferredConstraintFailsTheEffect: a constraint the
+// executor's writes break, deferred to the commit, is checked when the
+// executor returns: a definite failure with its SQLSTATE, before the
+// transaction commits anything.
+func TestTxExecutorDeferredConstraintFailsTheEffect(t *testing.T) {
+	t.Parallel()
+	pool := sqlDB(t, `CREATE TABLE orders (id text UNIQUE DEFERRABLE INITIALLY DEFERRED)`, `INSERT INTO orders VALUES ('o-1')`)
+	tool := sqlTool(t, `{type: object, properties: {id: {type: string}}}`, `{statement: "INSERT INTO orders VALUES (@id)", output: affected}`)
+	_, err := runSQL(t, pool, tool, `{"id":"o-1"}`)
+	var te *tools.Error
+	if !errors.As(err, &te) || te.Outcome != tools.Definite || te.Code != "sqlstate_23505" {
+		t.Fatalf("got %v, want a definite sqlstate_23505", err)
+	}
+	if n := count(t, pool, `SELECT count(*) FROM orders`); n != 1 {
+		t.Fatalf("%d orders", n)
+	}
+}

@@ -401,8 +401,9 @@ func TestSQLParamsAreThoseOfPGXNamedArgs(t *testing.T) {
 }
 
 // TestTxExecutorCannotEndItsTransaction: Commit and Rollback of the Tx it
-// is given are refused; a COMMIT statement is caught as ending the
-// transaction, and a statement error it swallowed as a failed transaction.
+// is given are refused, and a statement error it swallowed is caught as a
+// failed transaction. (A COMMIT statement is the ledger's to catch:
+// ledger.ErrTxEnded.)
 func TestTxExecutorCannotEndItsTransaction(t *testing.T) {
 	t.Parallel()
 	pool := sqlDB(t, `CREATE TABLE e (id int)`)
@@ -436,10 +437,6 @@ func TestTxExecutorCannotEndItsTransaction(t *testing.T) {
 			}
 			return json.RawMessage(`{}`), nil
 		}, ""},
-		"COMMIT statement": {func(ctx context.Context, tx pgx.Tx, _ tools.Request) (json.RawMessage, error) {
-			_, err := tx.Exec(ctx, `COMMIT`)
-			return json.RawMessage(`{}`), err
-		}, tools.CodeTxEnded},
 		"swallowed error": {func(ctx context.Context, tx pgx.Tx, _ tools.Request) (json.RawMessage, error) {
 			tx.Exec(ctx, `INSERT INTO nowhere VALUES (1)`)
 			return json.RawMessage(`{}`), nil

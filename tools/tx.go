@@ -29,11 +29,15 @@ import (
 // definite failure.
 //
 // It writes only through tx: what it does elsewhere (an HTTP call, another
-// database) is not in the transaction and may happen more than once. It
-// must not end tx: the Tx it is given refuses Commit and Rollback (Begin, a
-// savepoint, is fine), and a COMMIT or ROLLBACK statement sent through it
-// gives an ambiguous error with code CodeTxEnded, the call then left
-// indeterminate.
+// database) is not in the transaction and may happen more than once. The
+// transaction is READ COMMITTED, whatever the database's default, and the
+// ledger has queried it before: SET TRANSACTION fails (SQLSTATE 25001).
+// What it reads and must not change before the commit, it locks (SELECT …
+// FOR UPDATE). It must not end tx: the Tx it is given refuses Commit and
+// Rollback (Begin, a savepoint, is fine), and a COMMIT or ROLLBACK
+// statement sent through it is found once it returns, whatever it returned
+// (ledger.ErrTxEnded): the call is then left indeterminate (code
+// CodeTxEnded).
 type TxExecutor interface {
 	ExecuteTx(ctx context.Context, tx pgx.Tx, req Request) (json.RawMessage, error)
 }
@@ -112,9 +116,15 @@ func (t *Tool) RunTx(ctx context.Context, req Request, inTx InTx, opts ...RunOpt
 }
 
 // effect calls the executor with a Tx it cannot end, a panic recovered as
-// an ambiguous error, and checks that the transaction is still open and
-// sound after it. An error of Postgres's it returns is classified by its
-// SQLSTATE, as the sql executor's are (sqlError).
+// an ambiguous error. An error of Postgres's it returns is classified by its
+// SQLSTATE, as the sql executor's are (sqlError). Once it has returned
+// output, the constraints it deferred are checked (SET CONSTRAINTS ALL
+// IMMEDIATE), so that one it broke is its definite failure rather than a
+// refusal of the commit that completes the call.
+//
+// Whether the executor ended the transaction (a COMMIT statement) is not
+// told here: the transaction's owner asks (ledger.ErrTxEnded), whatever
+// the executor returned.
 func (t *Tool) effect(ctx context.Context, tx pgx.Tx, req Request) (out json.RawMessage, err error) {
 	defer func() {
 		if p := recover(); p != nil {
@@ -130,11 +140,12 @@ func (t *Tool) effect(ctx context.Context, tx pgx.Tx, req Request) (out json.Raw
 		return nil, err
 	}
 	switch tx.Conn().PgConn().TxStatus() {
-	case 'T': // in the transaction
 	case 'E':
 		return nil, AmbiguousError("failed_transaction", "the executor returned output, but a statement of its transaction failed", 0, nil)
-	default:
-		return nil, AmbiguousError(CodeTxEnded, "the executor ended the transaction it was given: what it wrote may have committed without the call's ledger row", 0, nil)
+	case 'T':
+		if _, err := tx.Exec(ctx, "SET CONSTRAINTS ALL IMMEDIATE"); err != nil {
+			return nil, sqlError(err)
+		}
 	}
 	return out, nil
 }

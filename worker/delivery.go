@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -411,9 +412,7 @@ func (d *delivery) execute(row ledger.Row) verdict {
 // executor ended the transaction itself, against its contract).
 func (d *delivery) executeTx(row ledger.Row) verdict {
 	fence := row.Fence()
-	keep := d.heartbeat(fence, d.leaseSince)
-	out, te, err := d.runToolTx(fence, keep)
-	keep.stop()
+	out, te, err := d.runToolTx(fence)
 	ctx, span := d.child(d.runCtx, "toolq.settle", trace.SpanKindClient, append(d.w.ledgerAttrs("settle"), tracing.KeyToolOutcome.String(outcomeOf(te, err).String()))...)
 	defer span.End()
 	store := d.w.cfg.Ledger
@@ -492,8 +491,19 @@ func (d *delivery) uncommitted(ctx context.Context, row ledger.Row, te *tools.Er
 
 // runToolTx runs a transactional tool under a client span: its effect in
 // the ledger's transaction that completes the claim. te is the tool's
-// error (its transaction did not commit), err the ledger's.
-func (d *delivery) runToolTx(fence ledger.Fence, keep *keepalive) (out json.RawMessage, te *tools.Error, err error) {
+// error (its transaction did not commit, or its executor ended it), err
+// the ledger's.
+//
+// The claim's lease is extended while the call waits for its slot, and no
+// longer once its transaction has begun: the transaction holds the row
+// locked, so that no takeover changes it until the transaction ends, and
+// an extension through another connection would only wait for that lock
+// (or, under repeatable read or serializable isolation, make the
+// completion fail to serialize). The delivery is still kept alive.
+func (d *delivery) runToolTx(fence ledger.Fence) (out json.RawMessage, te *tools.Error, err error) {
+	keep := d.heartbeat(fence, d.leaseSince)
+	stopKeep := sync.OnceFunc(keep.stop)
+	defer stopKeep()
 	ctx, span := d.child(d.startCtx, "execute_tool "+d.tool.Name, trace.SpanKindInternal,
 		tracing.ExecuteTool, tracing.GenAIToolName.String(d.tool.Name), tracing.GenAIToolCallID.String(d.job.ToolUseID),
 		tracing.GenAIToolType.String("function"),
@@ -507,6 +517,10 @@ func (d *delivery) runToolTx(fence ledger.Fence, keep *keepalive) (out json.RawM
 		// (the tool's timeout is shorter), or the server ends it.
 		ctx, cancel := context.WithTimeout(ctx, d.tool.Lease)
 		defer cancel()
+		stopKeep()
+		progress := d.heartbeat(ledger.Fence{}, time.Now()) // the delivery's alone
+		defer progress.stop()
+		progress.beforeSend(ctx) // starts its give-up clock: the call starts now
 		return d.w.cfg.Ledger.CompleteTx(ctx, fence, func(ctx context.Context, tx pgx.Tx) (json.RawMessage, error) {
 			out, err := effect(ctx, tx)
 			d.hook(DuringTool) // the tool has answered; nothing is committed
@@ -514,8 +528,11 @@ func (d *delivery) runToolTx(fence ledger.Fence, keep *keepalive) (out json.RawM
 		})
 	}
 	out, err = d.tool.RunTx(ctx, d.request(fence.Attempt), inTx, tools.BeforeSend(keep.beforeSend))
-	if errors.As(err, &te) {
+	switch {
+	case errors.As(err, &te):
 		err = nil
+	case errors.Is(err, ledger.ErrTxEnded):
+		te, err = tools.AmbiguousError(tools.CodeTxEnded, "the executor ended the transaction it was given: what it wrote may have committed without the call's ledger row", 0, err), nil
 	}
 	span.SetAttributes(tracing.KeyToolOutcome.String(outcomeOf(te, err).String()))
 	switch {

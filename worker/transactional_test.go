@@ -248,7 +248,7 @@ func TestTransactionalCommitWhoseAnswerIsLost(t *testing.T) {
 	logs := &testenv.Buffer{}
 	defer runWorker(t, e.js, e.store, refundRegistry(t, tools.Config{}), worker.Config{RetryDelay: 10 * time.Millisecond,
 		Logger: slog.New(slog.NewTextHandler(logs, nil))})()
-	proxy.CutResponse("commit\x00") // pgx's COMMIT, a simple query
+	proxy.CutResponse("COMMIT\x00") // the completion's commit, a simple query
 	key := e.publish(t, refundJob("toolu_1", `{"amount_cents":500,"order_id":"o-1"}`))
 	r := e.await(t, "toolu_1")
 	if r.Status != jobs.StatusOK || string(r.Output) != `{"order_id":"o-1","amount_cents":500}` || proxy.Cuts() != 1 || e.refunds(t, key) != 1 {
