@@ -38,9 +38,62 @@ type Filter struct {
 	OlderThan      time.Duration // last updated more than this ago
 	NewerThan      time.Duration // last updated at most this ago
 	// Approval selects by ApprovalStatus: "any" for every call that needed
-	// approval, or one status.
+	// approval, "decided" for those approved, denied or expired, or one
+	// status. The row of an approved call that has not run yet is released
+	// (State Released) until a worker claims it to run it; it is listed
+	// when Approval selects approved calls ("any", "decided", "approved"),
+	// and no other released row is ever listed.
 	Approval string
-	Limit    int // 0: 100
+	// Groups selects the calls awaiting, or having needed, the approval of
+	// one of these approver groups (ApprovalInfo.Group).
+	Groups []string
+	Order  Order // zero: LatestUpdateFirst
+	Limit  int   // 0: 100
+}
+
+// Order is the order in which List returns rows.
+type Order int
+
+const (
+	// LatestUpdateFirst lists the most recently updated row first.
+	LatestUpdateFirst Order = iota
+	// OldestExpiryFirst lists first the call awaiting approval that
+	// expires first: the one that needs a decision the soonest.
+	OldestExpiryFirst
+	// LatestDecisionFirst lists first the call whose approval was decided
+	// (approved, denied or expired) last, by the time in the decision's
+	// event; rows without a decision come last.
+	LatestDecisionFirst
+)
+
+// Released is the state of a row whose claim was given up; List returns
+// one only for an approved call that has not run yet (Filter.Approval).
+// It is not a State a Filter selects.
+const Released = stateReleased
+
+// listArgs are the arguments of the list statements for f, or why f is
+// refused.
+func (f Filter) listArgs() (namedArgs, error) {
+	switch {
+	case f.State != "" && !f.State.Valid():
+		return nil, fmt.Errorf("ledger: list: unknown state %q (want in_flight, completed, failed, indeterminate or awaiting_approval)", f.State)
+	case f.OlderThan < 0 || f.NewerThan < 0:
+		return nil, errors.New("ledger: list: ages must not be negative")
+	case f.Order < LatestUpdateFirst || f.Order > LatestDecisionFirst:
+		return nil, fmt.Errorf("ledger: list: unknown order %d", f.Order)
+	case f.Stale && f.Order != LatestUpdateFirst:
+		return nil, errors.New("ledger: list: stale rows are listed by the end of their lease alone")
+	}
+	if f.Limit <= 0 {
+		f.Limit = 100
+	}
+	groups, err := json.Marshal(append([]string{}, f.Groups...))
+	if err != nil {
+		return nil, fmt.Errorf("ledger: list: %w", err)
+	}
+	return namedArgs{"state": string(f.State), "limit": f.Limit, "tool": f.Tool, "conversation": f.ConversationID,
+		"older_ms": f.OlderThan.Milliseconds(), "newer_ms": f.NewerThan.Milliseconds(), "approval": f.Approval,
+		"groups": string(groups)}, nil
 }
 
 // Get returns the row of key, or ErrNotFound.
@@ -62,28 +115,27 @@ func (s *Store) Get(ctx context.Context, key string) (Row, error) {
 	return row, nil
 }
 
-// List returns rows, most recently updated first.
+// List returns the rows f selects, in f's Order, at most f.Limit of them
+// (Total counts them all).
 func (s *Store) List(ctx context.Context, f Filter) ([]Row, error) {
 	ctx, cancel := withDefaultTimeout(ctx)
 	defer cancel()
-	if f.State != "" && !f.State.Valid() {
-		return nil, fmt.Errorf("ledger: list: unknown state %q (want in_flight, completed, failed, indeterminate or awaiting_approval)", f.State)
-	}
-	if f.Limit <= 0 {
-		f.Limit = 100
-	}
-	if f.OlderThan < 0 || f.NewerThan < 0 {
-		return nil, errors.New("ledger: list: ages must not be negative")
+	args, err := f.listArgs()
+	if err != nil {
+		return nil, err
 	}
 	q := s.db.sql()
 	query := q.list
-	if f.Stale {
+	switch {
+	case f.Stale:
 		query = q.listStale
+	case f.Order == OldestExpiryFirst:
+		query = q.listByExpiry
+	case f.Order == LatestDecisionFirst:
+		query = q.listByDecision
 	}
-	args := namedArgs{"state": string(f.State), "limit": f.Limit, "tool": f.Tool, "conversation": f.ConversationID,
-		"older_ms": f.OlderThan.Milliseconds(), "newer_ms": f.NewerThan.Milliseconds(), "approval": f.Approval}
 	rows := []Row{}
-	err := s.db.queryRows(ctx, query, args, func(sc scanner) error {
+	err = s.db.queryRows(ctx, query, args, func(sc scanner) error {
 		var r Row
 		if err := scanRow(sc, &r); err != nil {
 			return err
@@ -95,6 +147,27 @@ func (s *Store) List(ctx context.Context, f Filter) ([]Row, error) {
 		return nil, s.translate("list", err)
 	}
 	return rows, nil
+}
+
+// Total returns how many rows f selects, its Limit aside: with List, how
+// many a list left out. Errors: those of List.
+func (s *Store) Total(ctx context.Context, f Filter) (int64, error) {
+	ctx, cancel := withDefaultTimeout(ctx)
+	defer cancel()
+	args, err := f.listArgs()
+	if err != nil {
+		return 0, err
+	}
+	query := s.db.sql().listTotal
+	if f.Stale {
+		query = s.db.sql().listStaleTotal
+	}
+	var n int64
+	err = s.db.queryRows(ctx, query, args, func(sc scanner) error { return sc.Scan(&n) })
+	if err != nil {
+		return 0, s.translate("list total", err)
+	}
+	return n, nil
 }
 
 // Counts returns the number of rows in each state, and of in-flight rows

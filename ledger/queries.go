@@ -14,8 +14,9 @@ type queries struct {
 	// A settled row answered a call outside a claim (Store.Answered).
 	answered string
 
-	// Reads.
-	get, getAny, list, listStale, counts, oldestInFlight, clock string
+	// Reads. A list is in one order per statement (Filter.Order), and
+	// its total counts what it selects, the limit aside.
+	get, getAny, list, listByExpiry, listByDecision, listStale, listTotal, listStaleTotal, counts, oldestInFlight, clock string
 
 	// An operator's resolution, which appends its event to the history.
 	resolveNotRun, resolveCompleted string

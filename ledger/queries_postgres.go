@@ -12,7 +12,7 @@ const pgCols = `key, conversation_id, turn_index, tool, ordinal, args_digest, st
 	first_tool_use_id, trace_id, span_id, result, error,
 	(extract(epoch from created_at) * 1000)::bigint, (extract(epoch from updated_at) * 1000)::bigint,
 	history, failures, claim_token, (extract(epoch from answered_at) * 1000)::bigint,
-	approval_status, (extract(epoch from approval_expires_at) * 1000)::bigint, approval, waiters`
+	approval_status, (extract(epoch from approval_expires_at) * 1000)::bigint, approval, waiters, approval_attempt`
 
 // pgFenced is the WHERE of a write by the holder of one claim. The attempt
 // alone does not name a claim: a claim that Postgres lost in a crash before
@@ -20,13 +20,34 @@ const pgCols = `key, conversation_id, turn_index, tool, ordinal, args_digest, st
 // by another holder, under another token.
 const pgFenced = `WHERE key = @key AND attempt = @attempt AND claim_token = @token::text AND state = 'in_flight'`
 
-// pgListFilter is a list's Filter: @state, @tool, @conversation, and the
-// least and greatest age in milliseconds, @older_ms and @newer_ms (0: any).
-const pgListFilter = `(@state::text = '' OR state = @state::text) AND (@tool::text = '' OR tool = @tool::text)
+// pgListFilter is a list's Filter: @state, @tool, @conversation, the
+// least and greatest age in milliseconds, @older_ms and @newer_ms (0: any),
+// @approval, and the approver groups, a JSON array @groups ([]: any). A
+// released row is listed only as an approved call not run yet.
+const pgListFilter = `(state <> 'released' OR (approval_status = 'approved' AND @approval::text IN ('any', 'decided', 'approved')))
+	AND (@state::text = '' OR state = @state::text) AND (@tool::text = '' OR tool = @tool::text)
 	AND (@conversation::text = '' OR conversation_id = @conversation::text)
 	AND (@older_ms::bigint = 0 OR updated_at < now() - @older_ms::bigint * interval '1 millisecond')
 	AND (@newer_ms::bigint = 0 OR updated_at >= now() - @newer_ms::bigint * interval '1 millisecond')
-	AND (@approval::text = '' OR approval_status = @approval::text OR (@approval::text = 'any' AND approval_status <> ''))`
+	AND (@approval::text = '' OR approval_status = @approval::text OR (@approval::text = 'any' AND approval_status <> '')
+		OR (@approval::text = 'decided' AND approval_status IN ('approved', 'denied', 'expired')))
+	AND (@groups::text = '[]' OR (CASE WHEN approval = '' THEN NULL
+		ELSE regexp_replace(approval, ` + pgUnreadable + `)::json->>'group' END)
+		IN (SELECT jsonb_array_elements_text(@groups::text::jsonb)))`
+
+// pgUnreadable are the arguments of a regexp_replace that makes JSON text
+// readable by Postgres whatever it holds: json and jsonb refuse to turn
+// \u0000 or a surrogate that is not in a pair into text, and args and
+// outputs may hold them. Each \u0000 and surrogate escape becomes \ufffd
+// (after an escaped backslash the match makes \\ufffd, a backslash and
+// text): the JSON stays valid, its structure and its other strings as
+// they were.
+const pgUnreadable = `'\\u(0000|[dD][89a-fA-F][0-9a-fA-F]{2})', '\\ufffd', 'g'`
+
+// pgDecidedAt is when the row's approval was decided: the time of the
+// approve, deny or expire event of its history (NULL: none).
+const pgDecidedAt = `(SELECT max((e->>'at')::timestamptz) FROM json_array_elements(regexp_replace(history, ` + pgUnreadable + `)::json) e
+	WHERE e->>'action' IN ('approve', 'deny', 'expire'))`
 
 // pgPurgeable are the rows a purge with cutoff @cutoff_ms (Unix
 // milliseconds) deletes: finished before it, answered no call since
@@ -67,10 +88,14 @@ var postgresQueries = &queries{
 
 	get:    `SELECT ` + pgCols + ` FROM toolq_ledger WHERE key = @key AND state <> 'released'`,
 	getAny: `SELECT ` + pgCols + ` FROM toolq_ledger WHERE key = @key`,
-	list: `SELECT ` + pgCols + ` FROM toolq_ledger WHERE state <> 'released' AND ` + pgListFilter + `
-		ORDER BY updated_at DESC, key LIMIT @limit`,
+
+	list:           `SELECT ` + pgCols + ` FROM toolq_ledger WHERE ` + pgListFilter + ` ORDER BY updated_at DESC, key LIMIT @limit`,
+	listByExpiry:   `SELECT ` + pgCols + ` FROM toolq_ledger WHERE ` + pgListFilter + ` ORDER BY approval_expires_at, key LIMIT @limit`,
+	listByDecision: `SELECT ` + pgCols + ` FROM toolq_ledger WHERE ` + pgListFilter + ` ORDER BY ` + pgDecidedAt + ` DESC NULLS LAST, key LIMIT @limit`,
 	listStale: `SELECT ` + pgCols + ` FROM toolq_ledger WHERE state = 'in_flight' AND lease_until <= now() AND ` + pgListFilter + `
 		ORDER BY lease_until, key LIMIT @limit`,
+	listTotal:      `SELECT count(*) FROM toolq_ledger WHERE ` + pgListFilter,
+	listStaleTotal: `SELECT count(*) FROM toolq_ledger WHERE state = 'in_flight' AND lease_until <= now() AND ` + pgListFilter,
 	counts: `SELECT state, count(*) FROM toolq_ledger WHERE state <> 'released' GROUP BY state
 		UNION ALL SELECT 'stale', count(*) FROM toolq_ledger WHERE state = 'in_flight' AND lease_until <= now()`,
 	oldestInFlight: `SELECT ` + pgCols + ` FROM toolq_ledger WHERE state = 'in_flight' ORDER BY lease_until, key LIMIT 1`,

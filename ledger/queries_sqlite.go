@@ -11,18 +11,27 @@ const sqliteNow = "CAST(unixepoch('subsec') * 1000 AS INTEGER)"
 const sqliteCols = `key, conversation_id, turn_index, tool, ordinal, args_digest, state, attempt, owner,
 	lease_until, max(0, lease_until - ` + sqliteNow + `), first_tool_use_id, trace_id, span_id, result, error,
 	created_at, updated_at, history, failures, claim_token, answered_at,
-	approval_status, approval_expires_at, approval, waiters`
+	approval_status, approval_expires_at, approval, waiters, approval_attempt`
 
 // sqliteFenced is the WHERE of a write by the holder of one claim (see
 // pgFenced).
 const sqliteFenced = `WHERE key = @key AND attempt = @attempt AND claim_token = @token AND state = 'in_flight'`
 
 // sqliteListFilter is a list's Filter (see pgListFilter).
-const sqliteListFilter = `(@state = '' OR state = @state) AND (@tool = '' OR tool = @tool)
+const sqliteListFilter = `(state <> 'released' OR (approval_status = 'approved' AND @approval IN ('any', 'decided', 'approved')))
+	AND (@state = '' OR state = @state) AND (@tool = '' OR tool = @tool)
 	AND (@conversation = '' OR conversation_id = @conversation)
 	AND (@older_ms = 0 OR updated_at < ` + sqliteNow + ` - @older_ms)
 	AND (@newer_ms = 0 OR updated_at >= ` + sqliteNow + ` - @newer_ms)
-	AND (@approval = '' OR approval_status = @approval OR (@approval = 'any' AND approval_status <> ''))`
+	AND (@approval = '' OR approval_status = @approval OR (@approval = 'any' AND approval_status <> '')
+		OR (@approval = 'decided' AND approval_status IN ('approved', 'denied', 'expired')))
+	AND (@groups = '[]' OR (CASE WHEN approval = '' THEN NULL ELSE json_extract(approval, '$.group') END)
+		IN (SELECT value FROM json_each(@groups)))`
+
+// sqliteDecidedAt is when the row's approval was decided (see
+// pgDecidedAt), in Unix seconds.
+const sqliteDecidedAt = `(SELECT max(unixepoch(json_extract(e.value, '$.at'), 'subsec')) FROM json_each(history) e
+	WHERE json_extract(e.value, '$.action') IN ('approve', 'deny', 'expire'))`
 
 // sqlitePurgeable are the rows a purge deletes (see pgPurgeable; 3600000 ms
 // is answeredEvery).
@@ -58,10 +67,16 @@ var sqliteQueries = &queries{
 
 	get:    `SELECT ` + sqliteCols + ` FROM toolq_ledger WHERE key = @key AND state <> 'released'`,
 	getAny: `SELECT ` + sqliteCols + ` FROM toolq_ledger WHERE key = @key`,
-	list: `SELECT ` + sqliteCols + ` FROM toolq_ledger WHERE state <> 'released' AND ` + sqliteListFilter + `
-		ORDER BY updated_at DESC, key LIMIT @limit`,
+
+	list:         `SELECT ` + sqliteCols + ` FROM toolq_ledger WHERE ` + sqliteListFilter + ` ORDER BY updated_at DESC, key LIMIT @limit`,
+	listByExpiry: `SELECT ` + sqliteCols + ` FROM toolq_ledger WHERE ` + sqliteListFilter + ` ORDER BY approval_expires_at, key LIMIT @limit`,
+	listByDecision: `SELECT ` + sqliteCols + ` FROM toolq_ledger WHERE ` + sqliteListFilter + `
+		ORDER BY ` + sqliteDecidedAt + ` DESC NULLS LAST, key LIMIT @limit`,
 	listStale: `SELECT ` + sqliteCols + ` FROM toolq_ledger WHERE state = 'in_flight' AND lease_until <= ` + sqliteNow + `
 		AND ` + sqliteListFilter + ` ORDER BY lease_until, key LIMIT @limit`,
+	listTotal: `SELECT count(*) FROM toolq_ledger WHERE ` + sqliteListFilter,
+	listStaleTotal: `SELECT count(*) FROM toolq_ledger WHERE state = 'in_flight' AND lease_until <= ` + sqliteNow + `
+		AND ` + sqliteListFilter,
 	counts: `SELECT state, count(*) FROM toolq_ledger WHERE state <> 'released' GROUP BY state
 		UNION ALL SELECT 'stale', count(*) FROM toolq_ledger WHERE state = 'in_flight' AND lease_until <= ` + sqliteNow,
 	oldestInFlight: `SELECT ` + sqliteCols + ` FROM toolq_ledger WHERE state = 'in_flight' ORDER BY lease_until, key LIMIT 1`,

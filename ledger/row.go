@@ -82,6 +82,9 @@ type Row struct {
 	ApprovalExpiresAt time.Time      `json:"approval_expires_at,omitzero"`
 	Approval          *ApprovalInfo  `json:"approval,omitempty"`
 	Waiters           []string       `json:"waiters,omitempty"`
+	// ApprovalAttempt is the row's attempt when the call was approved: a
+	// claim to run it since has a later one.
+	ApprovalAttempt int64 `json:"approval_attempt,omitempty"`
 }
 
 // answeredEvery is how stale Row.AnsweredAt may be. A claim that answers a
@@ -153,7 +156,7 @@ func scanRow(sc scanner, r *Row, leading ...any) error {
 	dest := append(leading, &r.Key, &r.ConversationID, &r.TurnIndex, &r.Tool, &r.Ordinal, &r.ArgsDigest, &state,
 		&r.Attempt, &r.Owner, &leaseMS, &remainingMS, &r.FirstToolUseID, &r.TraceID, &r.SpanID, &result,
 		&errText, &createdMS, &updatedMS, &history, &r.Failures, &r.ClaimToken, &answeredMS,
-		&approvalStatus, &expiresMS, &approval, &waiters)
+		&approvalStatus, &expiresMS, &approval, &waiters, &r.ApprovalAttempt)
 	if err := sc.Scan(dest...); err != nil {
 		return err
 	}

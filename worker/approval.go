@@ -30,6 +30,23 @@ import (
 // delivery was answered with a pending result and nothing ran.
 const OutcomeAwaitingApproval Outcome = "awaiting_approval"
 
+// OutcomeDecided: the job toolq published again for a decided call was
+// answered from its denied or expired row; nothing ran, and it is no
+// duplicate of anything an agent sent.
+const OutcomeDecided Outcome = "decided"
+
+// decided reports whether the delivery is of a job toolq published again
+// once its call was decided (approvals.Service).
+func (d *delivery) decided() bool { return d.msg.Headers().Get(jobs.HeaderApproval) != "" }
+
+// approvalRoom is how large the canonical args of a call that waits for
+// approval may be: they travel whole in the approval event, the pending
+// result and the job published again to run it, which must fit the body
+// limit and the broker's payload.
+func (d *delivery) approvalRoom() int {
+	return min(d.w.cfg.MaxBodySize, int(d.w.cfg.JS.Conn().MaxPayload())-resultEnvelope) - 2<<10
+}
+
 // needsApproval reports whether the claimed call must wait for a person
 // before it runs: its tool has a policy that asks for these args, and no
 // person has approved it yet (an approved call released for a retry does
@@ -51,6 +68,16 @@ func (d *delivery) needsApproval(row ledger.Row) bool {
 func (d *delivery) requestApproval(row ledger.Row) verdict {
 	ctx, span := d.child(d.runCtx, "toolq.approval request", trace.SpanKindClient, d.w.ledgerAttrs("await_approval")...)
 	defer span.End()
+	if n := len(d.material.Canonical); n > d.approvalRoom() {
+		// Asked for, it could never be answered nor run: say so now.
+		info := ledger.ErrorInfo{Code: "args_too_large_for_approval", Message: fmt.Sprintf(
+			"the call needs a person's approval, and its args (%d bytes canonical) exceed the %d bytes an approval can carry; it did not run", n, d.approvalRoom())}
+		if err := d.durably(ctx, "fail", func() error { return d.w.cfg.Ledger.Fail(ctx, row.Fence(), info) }); err != nil {
+			return d.lostClaim(err)
+		}
+		row.State, row.Error = ledger.Failed, &info
+		return d.answer(row, OutcomeError)
+	}
 	sc := d.span.SpanContext()
 	info := ledger.ApprovalInfo{Args: d.material.Canonical, Group: d.tool.Approval.Group, TTL: d.tool.Approval.TTL,
 		RequestedAt: time.Now().UTC().Truncate(time.Millisecond), TraceID: sc.TraceID().String(), SpanID: sc.SpanID().String()}
@@ -163,4 +190,56 @@ func (d *delivery) publishTo(row ledger.Row, waiter string) error {
 		}
 		return err
 	})
+}
+
+// refuseDecided settles a decided call whose job, published again to run
+// it, was refused before its claim (its tool left the registry, its args no
+// longer pass the schema): the approved call cannot run, so it fails with
+// the refusal, and every tool_use_id that asked gets that answer, once.
+func (d *delivery) refuseDecided(r *refusal) verdict {
+	info := ledger.ErrorInfo{Code: r.code, Message: "the approved call cannot run: " + r.message}
+	var row ledger.Row
+	err := d.durably(d.runCtx, "fail the approved call", func() (err error) {
+		row, err = d.w.cfg.Ledger.FailApproved(d.runCtx, d.key, info)
+		return err
+	})
+	if err != nil {
+		return retryUncounted(d.w.backoff(d), fmt.Errorf("fail the approved call: %w", err))
+	}
+	d.w.log.WarnContext(d.ctx, "an approved call cannot run; every tool_use_id that asked is told", d.attrs("code", r.code, "reason", r.message)...)
+	return d.answer(row, OutcomeRejected)
+}
+
+// answerDeadLettered tells every tool_use_id that asked for a decided call
+// that its run was dead-lettered, when the job toolq published to run it
+// ends in the DLQ: a result each (error, dead_lettered), so that no agent
+// is left with the pending answer. Nothing is recorded in the ledger: a
+// requeue of the dead letter runs the call, and its result supersedes this
+// one. A call its sweep would publish again (never claimed since the
+// decision) is failed instead, so that it is not published for ever.
+func (d *delivery) answerDeadLettered(o verdict) {
+	if d.job == nil || d.key == "" {
+		return
+	}
+	row, err := d.w.cfg.Ledger.ApprovedNotRun(d.runCtx, d.key)
+	if err != nil {
+		return // settled (its answer stands), or gone
+	}
+	info := ledger.ErrorInfo{Code: "dead_lettered", Message: fmt.Sprintf(
+		"the approved call's job went to the dead-letter stream (%s: %v); an operator can requeue it", o.reason, o.err)}
+	if row.Attempt <= row.ApprovalAttempt { // never claimed since the decision: it could never run
+		if failed, err := d.w.cfg.Ledger.FailApproved(d.runCtx, d.key, info); err == nil {
+			row = failed
+		}
+	} else {
+		row.State, row.Error = ledger.Failed, &info
+	}
+	for _, id := range row.Waiters {
+		if err := d.publishTo(row, id); err != nil {
+			d.w.log.WarnContext(d.ctx, "could not tell a waiter that the approved call was dead-lettered", d.attrs("waiter", id, "error", err)...)
+		}
+	}
+	if row.State == ledger.Failed && row.ApprovalStatus == ledger.ApprovalApproved && len(row.Waiters) > 0 {
+		_ = d.w.cfg.Ledger.WaitersAnswered(d.runCtx, d.key)
+	}
 }

@@ -157,6 +157,9 @@ func (d *delivery) refuse(r *refusal) verdict {
 	if r.reason != "" {
 		return deadLettered(r.reason, r.err)
 	}
+	if d.decided() && d.key != "" && r.code != "key_mismatch" { // an approved call that can no longer run
+		return d.refuseDecided(r)
+	}
 	d.w.log.InfoContext(d.ctx, "job rejected", d.attrs("code", r.code, "reason", r.message)...)
 	res := jobs.NewResult(d.job, d.key, jobs.StatusRejected)
 	res.Error = &jobs.ResultError{Code: r.code, Message: r.message}
@@ -257,6 +260,9 @@ func (d *delivery) duplicate(row ledger.Row, found finding) verdict {
 	d.noteFinding(found, &row)
 	d.explainDuplicate(found, &row)
 	d.w.log.InfoContext(d.ctx, "duplicate answered from the ledger", d.attrs("state", row.State, "original_tool_use_id", row.FirstToolUseID)...)
+	if d.decided() { // toolq's own job of a denied or expired call: no duplicate of anything
+		return d.answer(row, OutcomeDecided)
+	}
 	return d.answer(row, OutcomeDuplicate)
 }
 

@@ -33,6 +33,12 @@ func (d *delivery) useLegacyKey() error {
 		return nil
 	}
 	key := legacy.Key()
+	if d.decided() && d.msg.Headers().Get(jobs.HeaderKey) == key {
+		// toolq published it again under the key its row has: an approved
+		// call's released row, which Get does not see.
+		d.material, d.key = legacy, key
+		return nil
+	}
 	if !d.tool.UsesLedger {
 		if d.msg.Headers().Get(jobs.HeaderKey) == key {
 			d.material, d.key = legacy, key

@@ -100,7 +100,11 @@ func (w *Worker) settle(ctx context.Context, d *delivery, o verdict) {
 		o = deadLettered(jobs.DLQMaxDeliver, why)
 	}
 	if o.verb == verbDeadLetter {
-		if err := w.publishDeadLetter(ctx, d, o); err != nil {
+		err := w.publishDeadLetter(ctx, d, o)
+		if err == nil && d.decided() { // the run of an approved call: its waiters hold a pending answer
+			d.answerDeadLettered(o)
+		}
+		if err != nil {
 			if deadLetterRefused(err) {
 				// Not a message it carried: the DLQ's limits or permissions,
 				// which only an operator changes. Dropping the job would lose

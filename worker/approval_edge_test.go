@@ -1,0 +1,389 @@
+package worker_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+
+	"github.com/toolq/toolq/approvals"
+	"github.com/toolq/toolq/internal/testenv"
+	"github.com/toolq/toolq/jobs"
+	"github.com/toolq/toolq/ledger"
+	"github.com/toolq/toolq/tools"
+	"github.com/toolq/toolq/worker"
+)
+
+// collectResults reads a conversation's results for d and returns them.
+func collectResults(t *testing.T, js jetstream.JetStream, conv string, d time.Duration) []*jobs.Result {
+	t.Helper()
+	ctx := context.Background()
+	cons, err := js.OrderedConsumer(ctx, jobs.ResultsStream, jetstream.OrderedConsumerConfig{FilterSubjects: []string{jobs.ResultSubject(conv)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []*jobs.Result
+	end := time.Now().Add(d)
+	for time.Now().Before(end) {
+		msg, err := cons.Next(jetstream.FetchMaxWait(time.Until(end) + 10*time.Millisecond))
+		if err != nil {
+			if errors.Is(err, jetstream.ErrNoMessages) || errors.Is(err, context.DeadlineExceeded) || strings.Contains(err.Error(), "timeout") {
+				break
+			}
+			t.Fatal(err)
+		}
+		r, err := jobs.DecodeResult(msg.Data())
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
+// finalByID is the last final result of each tool_use_id.
+func finalByID(rs []*jobs.Result) map[string]*jobs.Result {
+	out := map[string]*jobs.Result{}
+	for _, r := range rs {
+		if r.Status.Final() {
+			out[r.ToolUseID] = r
+		}
+	}
+	return out
+}
+
+// deadLetteredIDs counts the dead letters per tool_use_id of the job
+// they carry.
+func deadLetteredIDs(t *testing.T, js jetstream.JetStream) map[string]int {
+	t.Helper()
+	out := map[string]int{}
+	for _, m := range deadLetters(t, js) {
+		var j struct {
+			ToolUseID string `json:"tool_use_id"`
+		}
+		_ = json.Unmarshal(m.Data, &j)
+		out[j.ToolUseID]++
+	}
+	return out
+}
+
+// bigArgs is a payment over the threshold whose memo holds n numbers
+// written 1e15: 5 bytes each as sent, 17 once canonical (1000000000000000).
+func bigArgs(n int) json.RawMessage {
+	var b strings.Builder
+	b.WriteString(`{"to":"acct_9","amount_cents":90000,"memo":[`)
+	for i := 0; i < n; i++ {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString("1e15")
+	}
+	b.WriteString(`]}`)
+	return json.RawMessage(b.String())
+}
+
+// TestAnApprovedCallWhoseArgsGrowWhenCanonicalRunsOnceAndAnswersEveryone:
+// a payment over the threshold, asked twice, whose args fit the consumer's
+// body limit as sent (numbers written 1e15) but not once canonicalized:
+// approved, it must make one payment and answer both tool_use_ids, and the
+// sweep must not publish its job again and again.
+func TestACallTooLargeToBeApprovedIsRefusedAtOnceAndEveryoneIsTold(t *testing.T) {
+	t.Parallel()
+	var p payments
+	reg := p.registry(t, time.Hour)
+	js, store := sharedEnv(t)
+	svc, err := approvals.New(approvals.Config{Ledger: store, JS: js, Unanswered: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runWorker(t, js, store, reg, worker.Config{Approvals: svc, ApprovalSweep: 200 * time.Millisecond,
+		Streams: jobs.Streams{DuplicateWindow: time.Second}})
+	defer stop()
+	args := bigArgs(45000) // 225 KB as sent, under the 256 KiB body limit; 765 KB canonical
+	if len(args) >= 250<<10 {
+		t.Fatalf("args of %d bytes", len(args))
+	}
+	conv := "conv-grow"
+	a := jobs.Job{ConversationID: conv, TurnIndex: 1, Tool: "pay", ToolUseID: "toolu_a", Args: args}
+	key := publish(t, js, &a)
+	b := a
+	b.ToolUseID = "toolu_b"
+	publish(t, js, &b)
+	for _, r := range resultsOf(t, js, conv, 2) {
+		if r.Status != jobs.StatusError || r.Error == nil || r.Error.Code != "args_too_large_for_approval" {
+			t.Fatalf("a call whose approval could not carry its args: %s %+v", r.Status, r.Error)
+		}
+	}
+	time.Sleep(time.Second) // sweeps
+	if ev := approvalEvents(t, js, conv); len(ev) != 0 || p.n.Load() != 0 || len(deadLetteredIDs(t, js)) != 0 {
+		t.Fatalf("events %v, %d payments, dead letters %v; row: %s", ev, p.n.Load(), deadLetteredIDs(t, js), released(t, store, key))
+	}
+}
+
+// TestAnApprovedCallRefusedAfterTheDecisionIsNotPublishedForEver: a call
+// awaits approval; meanwhile the tool's schema is tightened (a registry
+// change, a consumer restarted with it). Approved, its job is refused
+// (invalid_args) before any claim. Every tool_use_id that asked must get a
+// final result, and the sweep must not publish the decided call's job and
+// its approved event again and again.
+func TestAnApprovedCallRefusedAfterTheDecisionIsNotPublishedForEver(t *testing.T) {
+	t.Parallel()
+	var p payments
+	js, store := sharedEnv(t)
+	streams := jobs.Streams{DuplicateWindow: time.Second}
+	stop := runWorker(t, js, store, p.registry(t, time.Hour), worker.Config{ApprovalSweep: -1, Streams: streams})
+	conv := "conv-refused"
+	a := jobs.Job{ConversationID: conv, TurnIndex: 1, Tool: "pay", ToolUseID: "toolu_a", Args: json.RawMessage(`{"to":"acct_9","amount_cents":90000}`)}
+	key := publish(t, js, &a)
+	b := a
+	b.ToolUseID = "toolu_b"
+	publish(t, js, &b)
+	resultsOf(t, js, conv, 2)
+	stop()
+
+	tightened, err := tools.NewRegistry([]tools.Definition{{Name: "pay", Class: tools.KeyedWrite,
+		Executor: tools.ExecutorFunc(func(ctx context.Context, r tools.Request) (json.RawMessage, error) {
+			p.n.Add(1)
+			return json.RawMessage(`{"paid":true}`), nil
+		}),
+		Schema:   json.RawMessage(`{"type":"object","properties":{"amount_cents":{"type":"integer","maximum":80000},"to":{"type":"string"}}}`),
+		Approval: &tools.Approval{When: "args.amount_cents > 50000", TTL: time.Hour, Group: "finance"}}}, tools.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc, err := approvals.New(approvals.Config{Ledger: store, JS: js, Unanswered: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop = runWorker(t, js, store, tightened, worker.Config{Approvals: svc, ApprovalSweep: 200 * time.Millisecond, Streams: streams})
+	defer stop()
+	if _, err := svc.Decide(context.Background(), key, ledger.Decision{Approve: true, By: "alice", Reason: "ok", Group: "finance"}); err != nil {
+		t.Fatal(err)
+	}
+	rs := collectResults(t, js, conv, 6*time.Second)
+	final := finalByID(rs)
+	rejected := 0
+	for _, r := range rs {
+		if r.Status == jobs.StatusRejected {
+			rejected++
+		}
+	}
+	ev := approvalEvents(t, js, conv)
+	if final["toolu_a"] == nil || final["toolu_b"] == nil || ev[jobs.ApprovalApproved] != 1 || rejected > 1 {
+		t.Fatalf("final results %v; %d rejected results; %d approved events (want 1); row: %s",
+			keysOf(final), rejected, ev[jobs.ApprovalApproved], released(t, store, key))
+	}
+}
+
+// TestEveryToolUseIDOfAnApprovedCallThatCannotBeSentEndsWithAResultOrADeadLetter:
+// approved, the payment's downstream refuses it before anything is sent,
+// until the delivery limit. The job of the first tool_use_id (toolq's
+// re-publication) is dead-lettered; the retried turn's tool_use_id, whose
+// own job was acknowledged with the pending answer, must end too: with a
+// final result or a dead letter, not silence.
+func TestEveryToolUseIDOfAnApprovedCallThatCannotBeSentEndsWithAResultOrADeadLetter(t *testing.T) {
+	t.Parallel()
+	var sent atomic.Int32
+	reg, err := tools.NewRegistry([]tools.Definition{{Name: "pay", Class: tools.KeyedWrite,
+		Executor: tools.ExecutorFunc(func(ctx context.Context, r tools.Request) (json.RawMessage, error) {
+			sent.Add(1)
+			return nil, tools.NotSentError("unavailable", "connection refused", 10*time.Millisecond, nil)
+		}),
+		Schema:   json.RawMessage(`{"type":"object","properties":{"amount_cents":{"type":"integer"}}}`),
+		Approval: &tools.Approval{When: "args.amount_cents > 50000", TTL: time.Hour, Group: "finance"}}}, tools.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, store := sharedEnv(t)
+	svc, err := approvals.New(approvals.Config{Ledger: store, JS: js, Unanswered: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runWorker(t, js, store, reg, worker.Config{Approvals: svc, ApprovalSweep: 200 * time.Millisecond,
+		RetryDelay: 10 * time.Millisecond, Consumer: worker.Consumer{MaxDeliver: 2}})
+	defer stop()
+	conv := "conv-notsent"
+	a := jobs.Job{ConversationID: conv, TurnIndex: 1, Tool: "pay", ToolUseID: "toolu_a", Args: json.RawMessage(`{"amount_cents":90000}`)}
+	key := publish(t, js, &a)
+	b := a
+	b.ToolUseID = "toolu_b"
+	publish(t, js, &b)
+	resultsOf(t, js, conv, 2)
+	if _, err := svc.Decide(context.Background(), key, ledger.Decision{Approve: true, By: "alice", Reason: "ok", Group: "finance"}); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 40*time.Second, "the approved call dead-lettered", func() bool { return len(deadLetteredIDs(t, js)) > 0 })
+	final := finalByID(collectResults(t, js, conv, 4*time.Second))
+	dead := deadLetteredIDs(t, js)
+	for _, id := range []string{"toolu_a", "toolu_b"} {
+		if final[id] == nil && dead[id] == 0 {
+			t.Errorf("%s: neither a final result nor a dead letter (sent %d times; dead letters %v; row: %s)",
+				id, sent.Load(), dead, released(t, store, key))
+		}
+	}
+}
+
+// TestADenialIsNotCountedAsASuppressedDuplicate: one call, asked once,
+// denied. No duplicate of it was ever sent, so toolq.duplicates.suppressed
+// must stay at zero; the denial's own re-publication is toolq's, not a
+// duplicate delivery.
+func TestADenialIsNotCountedAsASuppressedDuplicate(t *testing.T) {
+	t.Parallel()
+	var p payments
+	reader := sdkmetric.NewManualReader()
+	js, store := startWorker(t, p.registry(t, time.Hour), worker.Config{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))})
+	ctx := context.Background()
+	a := jobs.Job{ConversationID: "conv-metric", TurnIndex: 1, Tool: "pay", ToolUseID: "toolu_1", Args: json.RawMessage(`{"amount_cents":90000}`)}
+	key := publish(t, js, &a)
+	resultsOf(t, js, "conv-metric", 1)
+	svc, _ := approvals.New(approvals.Config{Ledger: store, JS: js})
+	if _, err := svc.Decide(ctx, key, ledger.Decision{By: "bob", Reason: "no", Group: "finance"}); err != nil {
+		t.Fatal(err)
+	}
+	if r := resultsOf(t, js, "conv-metric", 2)[1]; r.Status != jobs.StatusDenied {
+		t.Fatalf("%+v", r)
+	}
+	var rm metricdata.ResourceMetrics
+	time.Sleep(500 * time.Millisecond) // the delivery is counted once JetStream is answered
+	if err := reader.Collect(ctx, &rm); err != nil {
+		t.Fatal(err)
+	}
+	if n := sumOf(rm, "toolq.duplicates.suppressed"); n != 0 {
+		t.Fatalf("toolq.duplicates.suppressed = %d for one call asked once and denied", n)
+	}
+}
+
+// TestOneCallWhoseAnnouncementCannotBePublishedDoesNotStopTheSweep: a
+// consumer configured with a 512 KiB body limit (below the server's 1 MB
+// max payload, as documented) takes a call over the threshold whose args
+// (numbers written 1e15) grow past the max payload once canonical: its
+// approval events cannot be published. It expires. Then an operator
+// denies another call with the CLI while NATS is out (the ledger alone):
+// the sweep must announce that denial to its waiter. One call whose
+// announcement fails must not stop the sweep for every call after it.
+func TestADecisionRecordedWithoutNATSIsAnnouncedBesideACallTooLargeToAsk(t *testing.T) {
+	t.Parallel()
+	var p payments
+	reg := p.registry(t, time.Second)
+	js, store := sharedEnv(t)
+	svc, err := approvals.New(approvals.Config{Ledger: store, JS: js, Unanswered: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runWorker(t, js, store, reg, worker.Config{Approvals: svc, ApprovalSweep: 200 * time.Millisecond,
+		MaxBodySize: 512 << 10, RetryDelay: 10 * time.Millisecond, Consumer: worker.Consumer{MaxDeliver: 2}})
+	defer stop()
+	ctx := context.Background()
+	poison := jobs.Job{ConversationID: "conv-poison", TurnIndex: 1, Tool: "pay", ToolUseID: "toolu_p", Args: bigArgs(80000)} // 400 KB sent, 1.36 MB canonical
+	publish(t, js, &poison)
+	if r := resultsOf(t, js, "conv-poison", 1)[0]; r.Status != jobs.StatusError || r.Error.Code != "args_too_large_for_approval" {
+		t.Fatalf("the large call: %+v", r)
+	}
+	// Another call, in another conversation, that a person denies with the
+	// CLI while NATS is out: the decision is in the ledger alone.
+	normal := jobs.Job{ConversationID: "conv-normal", TurnIndex: 1, Tool: "pay", ToolUseID: "toolu_n", Args: json.RawMessage(`{"amount_cents":90000}`)}
+	key := publish(t, js, &normal)
+	if r := resultsOf(t, js, "conv-normal", 1)[0]; r.Status != jobs.StatusAwaitingApproval {
+		t.Fatalf("%+v", r)
+	}
+	if _, err := store.Decide(ctx, key, ledger.Decision{By: "bob", Reason: "no"}); err != nil {
+		t.Fatal(err)
+	}
+	final := finalByID(collectResults(t, js, "conv-normal", 6*time.Second))
+	if r := final["toolu_n"]; r == nil || r.Status != jobs.StatusDenied {
+		t.Fatalf("the denied call's waiter was never told (final results %v)", keysOf(final))
+	}
+}
+
+// TestAnApprovedCallUnderItsLegacyKeyRunsOnceWithoutASecondRequest: a call
+// whose args have member names that first differ above U+FFFF (👎 written
+// before 👍) has a legacy key; its attempt from before the upgrade died in
+// flight. After the upgrade its delivery takes it over under the legacy
+// key and it asks for approval there. Approved, it must run once, under
+// that approval: not ask a person a second time under its new key.
+func TestAnApprovedCallUnderItsLegacyKeyRunsOnceWithoutASecondRequest(t *testing.T) {
+	t.Parallel()
+	var p payments
+	js, store := sharedEnv(t)
+	svc, err := approvals.New(approvals.Config{Ledger: store, JS: js, Unanswered: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runWorker(t, js, store, p.registry(t, time.Hour), worker.Config{Approvals: svc, ApprovalSweep: 200 * time.Millisecond})
+	defer stop()
+	ctx := context.Background()
+	conv := "conv-legacy"
+	body := `{"version":1,"conversation_id":"` + conv + `","turn_index":1,"ordinal":0,"tool":"pay","tool_use_id":"toolu_a",` +
+		`"args":{"amount_cents":90000,"👎":1,"👍":2}}`
+	_, m, err := jobs.DecodeJobMaterial([]byte(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	legacy, ok := m.Legacy()
+	if !ok {
+		t.Fatal("no legacy key")
+	}
+	// The attempt from before the upgrade, in flight under the legacy key, its holder gone.
+	if got, err := store.Claim(ctx, []ledger.Claim{{Key: legacy.Key(), ConversationID: conv, TurnIndex: 1, Tool: "pay",
+		ArgsDigest: legacy.ArgsDigest(), ToolUseID: "toolu_a", Owner: "before-upgrade", Lease: time.Millisecond, Token: "old"}}); err != nil || !got[0].Claimed {
+		t.Fatalf("%+v %v", got, err)
+	}
+	time.Sleep(10 * time.Millisecond)
+	if _, err := js.Publish(ctx, jobs.JobSubject("pay"), []byte(body)); err != nil {
+		t.Fatal(err)
+	}
+	first := resultsOf(t, js, conv, 1)[0]
+	if first.Status != jobs.StatusAwaitingApproval || first.Key != legacy.Key() {
+		t.Fatalf("first answer: %+v (legacy key %s, new key %s)", first, legacy.Key(), m.Key())
+	}
+	if _, err := svc.Decide(ctx, legacy.Key(), ledger.Decision{Approve: true, By: "alice", Reason: "ok", Group: "finance"}); err != nil {
+		t.Fatal(err)
+	}
+	rs := collectResults(t, js, conv, 5*time.Second)
+	ev := approvalEvents(t, js, conv)
+	if p.n.Load() != 1 || ev[jobs.ApprovalRequested] != 1 {
+		t.Fatalf("approved once: %d payments (want 1), %d approval requests (want 1); results %v; the approved row: %s",
+			p.n.Load(), ev[jobs.ApprovalRequested], statuses(rs), released(t, store, legacy.Key()))
+	}
+}
+
+// released describes key's row when it is released (approved, not run
+// since), as the approvals sweep sees it, or says the sweep does not.
+func released(t *testing.T, store *ledger.Store, key string) string {
+	t.Helper()
+	rows, err := store.UnansweredApprovals(context.Background(), 0, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range rows {
+		if r.Key == key {
+			return fmt.Sprintf("%s at attempt %d, approval %s, waiters %v, published again by every sweep", r.State, r.Attempt, r.ApprovalStatus, r.Waiters)
+		}
+	}
+	if r, err := store.Get(context.Background(), key); err == nil {
+		return fmt.Sprintf("%s, waiters %v", r.State, r.Waiters)
+	}
+	return "released, and not among the sweep's unanswered approvals"
+}
+
+func keysOf(m map[string]*jobs.Result) []string {
+	var out []string
+	for k, v := range m {
+		out = append(out, k+":"+string(v.Status))
+	}
+	return out
+}
+
+// TestAnApprovedCallRefusedAfterTheDecisionIsNotPublishedForEver: a call
+// awaits approval; meanwhile the tool's schema is tightened (a registry
+// change, a consumer restarted with it). Approved, its job is refused
+// (invalid_args) before any claim. Every tool_use_id that asked must get a
+// final result, and the sweep must not publish the decided call's job and
