@@ -22,6 +22,7 @@ import (
 	"unicode/utf8"
 
 	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
+	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/net/http/httpguts"
 
@@ -57,6 +58,8 @@ type HTTP struct {
 	// traceparent sent downstream), and whose redirects are limited by
 	// followRedirect before the client's own CheckRedirect.
 	Client *http.Client
+
+	secrets secrets // the values of the registry's ${…} references (see Load)
 }
 
 // HTTPExecutor checks h and returns a copy with its defaults filled: the
@@ -78,10 +81,10 @@ func HTTPExecutor(h HTTP) (*HTTP, error) {
 	}
 	u, err := url.Parse(h.URL)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, fmt.Errorf("url %q: want an absolute http:// or https:// URL", h.URL)
+		return nil, fmt.Errorf("url %q: want an absolute http:// or https:// URL", h.secrets.redact(h.URL))
 	}
 	if u.RawQuery != "" || u.Fragment != "" {
-		return nil, fmt.Errorf("url %q: no query or fragment: the args make the query", h.URL)
+		return nil, fmt.Errorf("url %q: no query or fragment: the args make the query", h.secrets.redact(h.URL))
 	}
 	h.formGiven = h.IdempotencyForm != ""
 	switch h.IdempotencyForm {
@@ -121,7 +124,7 @@ func HTTPExecutor(h HTTP) (*HTTP, error) {
 		next = http.DefaultTransport
 	}
 	c := *client
-	c.Transport = tracedTransport(noReplay{next: next})
+	c.Transport = tracedTransport(noReplay{next: next}, h.secrets)
 	c.CheckRedirect = followRedirect(client.CheckRedirect)
 	h.Client = &c
 	return &h, nil
@@ -149,23 +152,35 @@ func keepAliveTransport() *http.Transport {
 // it is given and keeps its GetBody, so it sits outside noReplay: what
 // reaches net/http is always noReplay's, whatever otelhttp does with the
 // request. Its spans use the parent span's provider, its metrics the global
-// meter provider.
-func tracedTransport(inner noReplay) http.RoundTripper {
+// meter provider; their url.full has the secrets redacted.
+func tracedTransport(inner noReplay, secrets secrets) http.RoundTripper {
 	return closeIdle{
-		RoundTripper: otelhttp.NewTransport(annotate{next: inner}),
+		RoundTripper: otelhttp.NewTransport(annotate{next: inner, secrets: secrets}),
 		inner:        inner,
 	}
 }
 
 // annotate puts the call's key and tool, from the request's context, on the
-// otelhttp span the context carries.
-type annotate struct{ next http.RoundTripper }
+// otelhttp span the context carries, and writes its url.full (otelhttp's
+// drops the userinfo, not a secret in the path) again with the secrets
+// redacted.
+type annotate struct {
+	next    http.RoundTripper
+	secrets secrets
+}
 
 func (a annotate) RoundTrip(req *http.Request) (*http.Response, error) {
+	span := trace.SpanFromContext(req.Context())
 	if c, ok := req.Context().Value(callKey{}).(Request); ok {
-		trace.SpanFromContext(req.Context()).SetAttributes(tracing.KeyKey.String(c.Key), tracing.KeyTool.String(c.Tool))
+		span.SetAttributes(tracing.KeyKey.String(c.Key), tracing.KeyTool.String(c.Tool))
 	}
-	return a.next.RoundTrip(req)
+	if len(a.secrets) > 0 {
+		u := *req.URL
+		u.User = nil
+		span.SetAttributes(attribute.String("url.full", a.secrets.redact(u.String())))
+	}
+	resp, err := a.next.RoundTrip(req)
+	return resp, a.secrets.redactError(err)
 }
 
 // callKey is the context key of the Request an HTTP call is made for.
@@ -311,6 +326,12 @@ type progressKey struct{}
 //	timeout or reset once the request had a connection; other 5xx    → Ambiguous
 //	2xx                                                              → Success
 func (h *HTTP) Execute(ctx context.Context, req Request) (json.RawMessage, error) {
+	out, err := h.execute(ctx, req)
+	return out, h.secrets.redactError(err)
+}
+
+// execute is Execute, its errors not yet redacted.
+func (h *HTTP) execute(ctx context.Context, req Request) (json.RawMessage, error) {
 	target := h.URL
 	var body io.Reader
 	keySent := req.Key != "" && h.ForwardsKey()

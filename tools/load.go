@@ -50,7 +50,11 @@ import (
 // A top-level retention: 31d is every tool's default (see Retention).
 //
 // ${VAR} takes an environment variable (unset: an error naming it);
-// ${VAR:-default} falls back to the default. Both work in url and headers.
+// ${VAR:-default} falls back to the default; ${file:/run/secrets/name} takes
+// a file's content, one trailing newline trimmed (unreadable: an error
+// naming the path). They work in url and headers (an mcp tool's url,
+// command, env and headers), and what they give is a secret: shown
+// nowhere, redacted from errors and spans (see expand and secrets).
 type fileSpec struct {
 	Retention string     `yaml:"retention"` // the default of every tool's (see Retention)
 	Tools     []toolSpec `yaml:"tools"`
@@ -218,12 +222,12 @@ func (s *toolSpec) definition(cfg Config) (Definition, error) {
 	case s.HTTP != nil:
 		h := HTTP{Method: s.HTTP.Method, IdempotencyHeader: s.HTTP.IdempotencyHeader, IdempotencyForm: s.HTTP.IdempotencyForm,
 			IdempotencyBodyField: s.HTTP.IdempotencyBodyField, MaxResponseBytes: s.HTTP.MaxResponseBytes}
-		if h.URL, err = expandEnv(s.HTTP.URL, cfg.Getenv); err != nil {
+		if h.URL, err = expandURL(s.HTTP.URL, cfg.Getenv, &h.secrets); err != nil {
 			return d, bad("http.url", "%v", err)
 		}
 		h.Headers = map[string]string{}
 		for k, v := range s.HTTP.Headers {
-			if h.Headers[k], err = expandEnv(v, cfg.Getenv); err != nil {
+			if h.Headers[k], err = expandSecret(v, cfg.Getenv, &h.secrets); err != nil {
 				return d, bad("http.headers."+k, "%v", err)
 			}
 		}
@@ -322,16 +326,18 @@ func (s *mcpSpec) executor(name string, getenv func(string) string) (*MCP, error
 	return MCPExecutor(m)
 }
 
-// expanded is m with the ${VAR} references of its url, command, env and
-// headers replaced (see expandEnv); an error is a *fieldError.
+// expanded is m with the ${…} references of its url, command, env and
+// headers replaced (see expand), their values kept in m.secrets; an error
+// is a *fieldError.
 func (m MCP) expanded(getenv func(string) string) (MCP, error) {
 	var err error
-	if m.URL, err = expandEnv(m.URL, getenv); err != nil {
+	m.secrets = nil
+	if m.URL, err = expandURL(m.URL, getenv, &m.secrets); err != nil {
 		return m, &fieldError{"url", err}
 	}
 	m.Command = slices.Clone(m.Command)
 	for i, w := range m.Command {
-		if m.Command[i], err = expandEnv(w, getenv); err != nil {
+		if m.Command[i], err = expandSecret(w, getenv, &m.secrets); err != nil {
 			return m, &fieldError{"command", err}
 		}
 	}
@@ -341,7 +347,7 @@ func (m MCP) expanded(getenv func(string) string) (MCP, error) {
 		}
 		out := make(map[string]string, len(kv))
 		for k, v := range kv {
-			if out[k], err = expandEnv(v, getenv); err != nil {
+			if out[k], err = expandSecret(v, getenv, &m.secrets); err != nil {
 				return nil, &fieldError{field + "." + k, err}
 			}
 		}
@@ -373,29 +379,6 @@ func parseDuration(s string) (time.Duration, error) {
 		return 0, fmt.Errorf("%q is not a positive duration (e.g. 10s, 2m)", s)
 	}
 	return d, nil
-}
-
-var envRef = regexp.MustCompile(`\$\{([A-Za-z_][A-Za-z0-9_]*)(:-([^}]*))?\}`)
-
-// expandEnv replaces ${VAR} and ${VAR:-default}. An unset (or empty)
-// variable without a default is an error naming it.
-func expandEnv(s string, getenv func(string) string) (string, error) {
-	var missing []string
-	out := envRef.ReplaceAllStringFunc(s, func(ref string) string {
-		m := envRef.FindStringSubmatch(ref)
-		if v := getenv(m[1]); v != "" {
-			return v
-		}
-		if m[2] != "" {
-			return m[3]
-		}
-		missing = append(missing, m[1])
-		return ""
-	})
-	if len(missing) > 0 {
-		return "", fmt.Errorf("environment variable %s is not set", strings.Join(missing, ", "))
-	}
-	return out, nil
 }
 
 // unknownField is how yaml.v3 reports a field a struct does not have.

@@ -65,7 +65,8 @@ type MCP struct {
 	// idle connections).
 	Client *http.Client
 
-	pool *sessionPool
+	pool    *sessionPool
+	secrets secrets // the values of the registry's ${…} references (see Load)
 }
 
 // MCPExecutor checks m and returns a copy with its defaults filled and its
@@ -81,7 +82,7 @@ func MCPExecutor(m MCP) (*MCP, error) {
 	case m.URL != "":
 		u, err := url.Parse(m.URL)
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return nil, fmt.Errorf("url %q: want an absolute http:// or https:// URL", m.URL)
+			return nil, fmt.Errorf("url %q: want an absolute http:// or https:// URL", m.secrets.redact(m.URL))
 		}
 	case m.Command[0] == "":
 		return nil, errors.New("command: the first word is the program to start")
@@ -147,13 +148,14 @@ func MCPExecutor(m MCP) (*MCP, error) {
 }
 
 // Downstream is the server the executor calls, the unit of circuit
-// breaking: its origin and path, or the command that starts it.
+// breaking: its origin and path, or the command that starts it, the
+// secrets in them redacted.
 func (m *MCP) Downstream() string {
 	if m.URL != "" {
 		u, _ := url.Parse(m.URL)
-		return "mcp:" + u.Scheme + "://" + u.Host + u.Path
+		return "mcp:" + u.Scheme + "://" + u.Host + m.secrets.redact(u.Path)
 	}
-	return "mcp:stdio:" + strings.Join(m.Command, " ")
+	return "mcp:stdio:" + m.secrets.redact(strings.Join(m.Command, " "))
 }
 
 // Server is what the executor's sessions connect to, for sharing: tools of
@@ -245,7 +247,7 @@ func (m *MCP) Execute(ctx context.Context, req Request) (json.RawMessage, error)
 		if err != nil && try == 0 && errors.As(err, &te) && te.Code == codeSessionGone && ctx.Err() == nil {
 			continue
 		}
-		return out, err
+		return out, m.secrets.redactError(err)
 	}
 }
 
