@@ -2,7 +2,7 @@
 STATICCHECK_VERSION := v0.8.2
 GO ?= go
 
-.PHONY: help build release test test-go test-mcp-deps test-approvals-deps test-race test-ts test-py lint fuzz soak compose-check
+.PHONY: help build release test test-go test-deploy test-mcp-deps test-approvals-deps test-race test-ts test-py lint fuzz soak compose-check
 
 # The build's stamp (see internal/version): make release VERSION=v0.1.0
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
@@ -26,10 +26,13 @@ release: ## static binaries for linux and darwin, amd64 and arm64, in dist/ with
 		tar -C dist -czf dist/$$name.tar.gz $$name; rm -r dist/$$name; done
 	cd dist && sha256sum *.tar.gz > SHA256SUMS && cat SHA256SUMS
 
-test: test-go test-ts test-py ## run every test, as CI does: Go with the race detector, then the TypeScript and Python clients
+test: test-go test-deploy test-ts test-py ## run every test, as CI does: Go with the race detector, the Kubernetes manifests, then the TypeScript and Python clients
 
 test-go: test-mcp-deps test-approvals-deps ## run the Go tests with the race detector (they start their own NATS and Postgres)
 	$(GO) test -race -count=1 ./...
+
+test-deploy: ## render the Kubernetes manifests (deploy/kubernetes, a Go module of its own) and check them
+	cd deploy/kubernetes && $(GO) vet ./... && $(GO) test -count=1 ./...
 
 test-mcp-deps: ## install the MCP parts the Go tests run against (test/mcp: the reference server, the TypeScript MCP client)
 	@if command -v npm >/dev/null 2>&1; then cd test/mcp && npm ci --no-audit --no-fund --silent; \
