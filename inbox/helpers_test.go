@@ -40,8 +40,9 @@ type bundle struct {
 	srv   *httptest.Server
 }
 
-// setup starts an inbox for alice and oscar (or cfg's operator) on a
-// SQLite ledger, behind an HTTP server; both stop when the test ends.
+// setup starts an inbox for alice and oscar (or cfg's approvers or
+// operator) on a SQLite ledger, behind an HTTP server; both stop when the
+// test ends. Its logger is quiet unless cfg has one.
 func setup(t *testing.T, cfg inbox.Config) *bundle {
 	t.Helper()
 	ctx := context.Background()
@@ -58,7 +59,10 @@ func setup(t *testing.T, cfg inbox.Config) *bundle {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg.Ledger, cfg.Approvals, cfg.Logger = store, appr, quiet
+	cfg.Ledger, cfg.Approvals = store, appr
+	if cfg.Logger == nil {
+		cfg.Logger = quiet
+	}
 	if cfg.Operator == nil && cfg.Approvers == nil {
 		cfg.Approvers = []inbox.Approver{approver("alice", aliceToken, "finance"), approver("oscar", oscarToken, "ops")}
 	}
@@ -73,16 +77,22 @@ func setup(t *testing.T, cfg inbox.Config) *bundle {
 
 var seq atomic.Int64
 
-// awaiting records a call of group with args awaiting approval, and returns
-// its row.
+// awaiting records a call of group with args awaiting approval for an
+// hour, and returns its row.
 func (b *bundle) awaiting(t *testing.T, group, args string) ledger.Row {
 	t.Helper()
+	return b.awaitingFor(t, group, args, time.Hour)
+}
+
+// awaitingFor records a call awaiting approval for ttl.
+func (b *bundle) awaitingFor(t *testing.T, group, args string, ttl time.Duration) ledger.Row {
+	t.Helper()
 	digest := sha256.Sum256([]byte(args))
-	return b.awaitingDigest(t, group, args, hex.EncodeToString(digest[:]))
+	return b.awaitingDigest(t, group, args, hex.EncodeToString(digest[:]), ttl)
 }
 
 // awaitingDigest records a call whose args digest is digest.
-func (b *bundle) awaitingDigest(t *testing.T, group, args, digest string) ledger.Row {
+func (b *bundle) awaitingDigest(t *testing.T, group, args, digest string, ttl time.Duration) ledger.Row {
 	t.Helper()
 	ctx := context.Background()
 	n := seq.Add(1)
@@ -94,7 +104,7 @@ func (b *bundle) awaitingDigest(t *testing.T, group, args, digest string) ledger
 	if err != nil || res[0].Err != nil || !res[0].Claimed {
 		t.Fatalf("claim: %v %+v", err, res)
 	}
-	row, err := b.store.AwaitApproval(ctx, res[0].Row.Fence(), ledger.ApprovalInfo{Args: json.RawMessage(args), Group: group, TTL: time.Hour},
+	row, err := b.store.AwaitApproval(ctx, res[0].Row.Fence(), ledger.ApprovalInfo{Args: json.RawMessage(args), Group: group, TTL: ttl},
 		res[0].Row.FirstToolUseID)
 	if err != nil {
 		t.Fatal(err)
@@ -189,14 +199,18 @@ func (br *browser) login(token string) {
 // listed is an answer of /api/pending or /api/history.
 type listed struct {
 	Now   time.Time `json:"now"`
+	More  int64     `json:"more"`
 	Calls []struct {
-		Key        string `json:"key"`
-		Tool       string `json:"tool"`
-		Group      string `json:"group"`
-		Args       string `json:"args"`
-		ArgsPretty string `json:"args_pretty"`
-		ArgsDigest string `json:"args_digest"`
-		Verified   bool   `json:"args_verified"`
+		Key        string   `json:"key"`
+		Tool       string   `json:"tool"`
+		Group      string   `json:"group"`
+		Args       string   `json:"args"`
+		ArgsShown  string   `json:"args_shown"`
+		ArgsPretty string   `json:"args_pretty"`
+		ArgsDigest string   `json:"args_digest"`
+		Verified   bool     `json:"args_verified"`
+		Unseen     bool     `json:"unseen"`
+		Lookalikes []string `json:"lookalikes"`
 		Fields     []struct {
 			Path, Value, Kind string
 			Hidden            bool

@@ -3,6 +3,7 @@ package inbox
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -30,15 +31,15 @@ type change struct {
 // recorded by a CLI without NATS, an event that was lost.
 type hub struct {
 	mu   sync.Mutex
-	subs map[chan change]struct{}
-	last string // the ledger's fingerprint at the last poll
+	subs map[chan change][]string // the groups each page shows
+	last map[string]string        // each group's fingerprint at the last poll
 }
 
-func (h *hub) subscribe() chan change {
+func (h *hub) subscribe(groups []string) chan change {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	ch := make(chan change, 16)
-	h.subs[ch] = struct{}{}
+	h.subs[ch] = groups
 	return ch
 }
 
@@ -48,10 +49,20 @@ func (h *hub) unsubscribe(ch chan change) {
 	delete(h.subs, ch)
 }
 
-func (h *hub) watched() bool {
+// watched returns the groups the open pages show.
+func (h *hub) watched() []string {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return len(h.subs) > 0
+	var groups []string
+	for _, gs := range h.subs {
+		for _, g := range gs {
+			if !slices.Contains(groups, g) {
+				groups = append(groups, g)
+			}
+		}
+	}
+	slices.Sort(groups)
+	return groups
 }
 
 // publish tells every page; a page that is behind gets it later or not at
@@ -76,35 +87,68 @@ func (h *hub) event(msg *nats.Msg) {
 	h.publish(change{Event: ev.Event, Key: ev.Key, Group: ev.Group})
 }
 
-// poll compares the ledger's calls awaiting approval and its latest
-// decisions with the last poll's, and says when they changed.
-func (h *hub) poll(ctx context.Context, store *ledger.Store) error {
-	pending, err := store.List(ctx, ledger.Filter{State: ledger.AwaitingApproval, Limit: maxListed})
-	if err != nil {
-		return err
+// recentDecisions is how many of a group's latest decisions a poll
+// compares: a new decision changes the group's pending calls, and what
+// changes after a decision (the approved call runs) comes soon after it.
+const recentDecisions = 20
+
+// poll compares, for each group an open page shows, the calls awaiting
+// its approval that a page lists (the first limit to expire, and how many
+// there are) and its latest decisions with the last poll's, and tells the
+// group's pages when they changed. A page of several groups lists the
+// first of their calls together, each of which is among the first of its
+// own group: a change of its list is a change of some group's.
+func (h *hub) poll(ctx context.Context, store *ledger.Store, limit int) error {
+	groups := h.watched()
+	seen := map[string]string{}
+	for _, g := range groups {
+		fp, err := fingerprint(ctx, store, g, limit)
+		if err != nil {
+			return err
+		}
+		seen[g] = fp
 	}
-	decided, err := store.List(ctx, ledger.Filter{Approval: "any", Limit: 20})
-	if err != nil {
-		return err
-	}
-	var parts []string
-	for _, r := range slices.Concat(pending, decided) {
-		parts = append(parts, r.Key+":"+string(r.State)+":"+string(r.ApprovalStatus))
-	}
-	slices.Sort(parts)
-	fp := strings.Join(parts, ",")
 	h.mu.Lock()
-	changed := h.last != fp
-	h.last = fp
+	var changed []string
+	for _, g := range groups {
+		if h.last[g] != seen[g] {
+			changed = append(changed, g)
+		}
+	}
+	h.last = seen
 	h.mu.Unlock()
-	if changed {
-		h.publish(change{Event: "changed"})
+	for _, g := range changed {
+		h.publish(change{Event: "changed", Group: g})
 	}
 	return nil
 }
 
+// fingerprint is what the pages of group list of it, in short.
+func fingerprint(ctx context.Context, store *ledger.Store, group string, limit int) (string, error) {
+	awaiting := ledger.Filter{State: ledger.AwaitingApproval, Groups: []string{group}, Order: ledger.OldestExpiryFirst, Limit: limit}
+	pending, err := store.List(ctx, awaiting)
+	if err != nil {
+		return "", err
+	}
+	total, err := store.Total(ctx, awaiting)
+	if err != nil {
+		return "", err
+	}
+	decided, err := store.List(ctx, ledger.Filter{Approval: "decided", Groups: []string{group}, Order: ledger.LatestDecisionFirst,
+		Limit: recentDecisions})
+	if err != nil {
+		return "", err
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "%d", total)
+	for _, r := range slices.Concat(pending, decided) {
+		fmt.Fprintf(&b, ",%s:%s:%s:%d", r.Key, r.State, r.ApprovalStatus, len(r.Waiters))
+	}
+	return b.String(), nil
+}
+
 // run polls the ledger every interval while a page is open, until ctx ends.
-func (h *hub) run(ctx context.Context, store *ledger.Store, interval time.Duration, failed func(error)) {
+func (h *hub) run(ctx context.Context, store *ledger.Store, interval time.Duration, limit int, failed func(error)) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
@@ -113,10 +157,7 @@ func (h *hub) run(ctx context.Context, store *ledger.Store, interval time.Durati
 			return
 		case <-t.C:
 		}
-		if !h.watched() {
-			continue
-		}
-		if err := h.poll(ctx, store); err != nil && ctx.Err() == nil {
+		if err := h.poll(ctx, store, limit); err != nil && ctx.Err() == nil {
 			failed(err)
 		}
 	}

@@ -60,7 +60,11 @@ type Config struct {
 	Poll time.Duration
 	// SessionTTL is how long a login lasts (default 12h).
 	SessionTTL time.Duration
-	Logger     *slog.Logger
+	// ListLimit is how many calls each list shows (default 200): the
+	// pending calls that expire first, the latest decisions; the page
+	// says how many more there are.
+	ListLimit int
+	Logger    *slog.Logger
 }
 
 // Inbox serves the approvals inbox (Handler). Close it when done.
@@ -80,7 +84,7 @@ type Inbox struct {
 //go:embed assets
 var embedded embed.FS
 
-// maxListed is how many calls a list shows.
+// maxListed is how many calls a list shows by default.
 const maxListed = 200
 
 // New returns an Inbox. Errors: a configuration without its ledger or
@@ -111,6 +115,9 @@ func New(cfg Config) (*Inbox, error) {
 	if cfg.SessionTTL <= 0 {
 		cfg.SessionTTL = 12 * time.Hour
 	}
+	if cfg.ListLimit <= 0 {
+		cfg.ListLimit = maxListed
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -119,7 +126,8 @@ func New(cfg Config) (*Inbox, error) {
 		return nil, err
 	}
 	in := &Inbox{cfg: cfg, log: cfg.Logger, assets: assets, done: make(chan struct{}),
-		sessions: sessions{ttl: cfg.SessionTTL, m: map[string]*session{}}, hub: hub{subs: map[chan change]struct{}{}}}
+		sessions: sessions{ttl: cfg.SessionTTL, m: map[string]*session{}},
+		hub:      hub{subs: map[chan change][]string{}, last: map[string]string{}}}
 	if cfg.Conn != nil {
 		if in.sub, err = cfg.Conn.Subscribe(jobs.ApprovalsSubjects, in.hub.event); err != nil {
 			return nil, fmt.Errorf("inbox: subscribe to %s: %w", jobs.ApprovalsSubjects, err)
@@ -128,7 +136,7 @@ func New(cfg Config) (*Inbox, error) {
 	ctx, stop := context.WithCancel(context.Background())
 	in.stop = stop
 	in.polled.Go(func() {
-		in.hub.run(ctx, cfg.Ledger, cfg.Poll, func(err error) {
+		in.hub.run(ctx, cfg.Ledger, cfg.Poll, cfg.ListLimit, func(err error) {
 			in.log.Warn("approvals inbox: reading the ledger failed; the pages are told again at the next poll", "error", err)
 		})
 	})
@@ -291,42 +299,46 @@ func (in *Inbox) authed(h func(http.ResponseWriter, *http.Request, *session)) ht
 }
 
 // list is the answer of pending and history; Now is the server's clock,
-// which the page counts the time left by.
+// which the page counts the time left by, and More how many calls the
+// list leaves out.
 type list struct {
 	Now   time.Time `json:"now"`
 	Calls []call    `json:"calls"`
+	More  int64     `json:"more"`
 }
 
 // pending lists the calls awaiting the approval of the session's groups,
-// the oldest request first.
+// the first to expire first.
 func (in *Inbox) pending(w http.ResponseWriter, r *http.Request, x *session) {
-	rows, err := in.cfg.Ledger.List(r.Context(), ledger.Filter{State: ledger.AwaitingApproval, Limit: maxListed})
-	if err != nil {
-		in.ledgerFailed(w, err)
-		return
-	}
-	out := list{Now: time.Now().UTC(), Calls: []call{}}
-	for i := len(rows) - 1; i >= 0; i-- { // the ledger lists the latest first
-		if rows[i].Approval != nil && x.approver.Decides(rows[i].Approval.Group) {
-			out.Calls = append(out.Calls, view(rows[i]))
-		}
-	}
-	reply(w, http.StatusOK, out)
+	in.list(w, r, ledger.Filter{State: ledger.AwaitingApproval, Groups: x.approver.Groups, Order: ledger.OldestExpiryFirst})
 }
 
 // history lists the decided calls of the session's groups, the latest
-// first.
+// decision first, with the approved calls that have not run yet.
 func (in *Inbox) history(w http.ResponseWriter, r *http.Request, x *session) {
-	rows, err := in.cfg.Ledger.List(r.Context(), ledger.Filter{Approval: "any", Limit: maxListed})
+	in.list(w, r, ledger.Filter{Approval: "decided", Groups: x.approver.Groups, Order: ledger.LatestDecisionFirst})
+}
+
+// list answers with the calls f selects, the first ListLimit of them, and
+// how many more there are.
+func (in *Inbox) list(w http.ResponseWriter, r *http.Request, f ledger.Filter) {
+	f.Limit = in.cfg.ListLimit
+	rows, err := in.cfg.Ledger.List(r.Context(), f)
 	if err != nil {
 		in.ledgerFailed(w, err)
 		return
 	}
 	out := list{Now: time.Now().UTC(), Calls: []call{}}
 	for _, row := range rows {
-		if row.State != ledger.AwaitingApproval && row.Approval != nil && x.approver.Decides(row.Approval.Group) {
-			out.Calls = append(out.Calls, view(row))
+		out.Calls = append(out.Calls, view(row))
+	}
+	if len(rows) == f.Limit {
+		total, err := in.cfg.Ledger.Total(r.Context(), f)
+		if err != nil {
+			in.ledgerFailed(w, err)
+			return
 		}
+		out.More = max(0, total-int64(len(rows)))
 	}
 	reply(w, http.StatusOK, out)
 }
@@ -434,7 +446,7 @@ func (in *Inbox) events(w http.ResponseWriter, r *http.Request, x *session) {
 		fail(w, http.StatusInternalServerError, "no_stream", "this server cannot stream events")
 		return
 	}
-	ch := in.hub.subscribe()
+	ch := in.hub.subscribe(x.approver.Groups)
 	defer in.hub.unsubscribe(ch)
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.WriteHeader(http.StatusOK)

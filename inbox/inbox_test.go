@@ -412,7 +412,7 @@ func TestTheEventStreamSaysWhatChanged(t *testing.T) {
 func TestArgsThatDoNotHashToTheirDigestCannotBeApproved(t *testing.T) {
 	t.Parallel()
 	b := setup(t, inbox.Config{})
-	call := b.awaitingDigest(t, "finance", `{"amount_cents":90000}`, strings.Repeat("d", 64))
+	call := b.awaitingDigest(t, "finance", `{"amount_cents":90000}`, strings.Repeat("d", 64), time.Hour)
 	br := b.browser(t)
 	br.login(aliceToken)
 	if l := br.list("/api/pending"); len(l.Calls) != 1 || l.Calls[0].Verified {

@@ -165,8 +165,8 @@ function refresh() {
         state.again = false;
         const [pending, history] = await Promise.all([api('api/pending'), api('api/history')]);
         state.offset = Date.parse(pending.now) - Date.now();
-        renderPending(pending.calls);
-        renderHistory(history.calls);
+        renderPending(pending.calls, pending.more);
+        renderHistory(history.calls, history.more);
       } while (state.again);
     } catch (err) {
       if (err.status === 401) showLogin('Your session ended: log in again.');
@@ -181,8 +181,9 @@ function refresh() {
 // --- pending ---------------------------------------------------------------
 
 // renderPending adds the cards of new calls and removes those of calls no
-// longer pending, leaving the others (and the reasons typed in them) alone.
-function renderPending(calls) {
+// longer pending, leaving the others (and the reasons typed in them) alone;
+// more calls than listed are counted.
+function renderPending(calls, more) {
   const keys = new Set(calls.map((c) => c.key));
   for (const [key, card] of state.cards) {
     if (!keys.has(key)) {
@@ -203,8 +204,11 @@ function renderPending(calls) {
     }
     prev = card;
   }
-  $('pending-count').textContent = String(calls.length);
+  $('pending-count').textContent = String(calls.length + more);
   $('pending-empty').hidden = calls.length > 0;
+  $('pending-more').hidden = more === 0;
+  $('pending-more').textContent = `${more} more ${more === 1 ? 'call awaits' : 'calls await'} your approval, not listed here: ` +
+    'they expire after these. Decide these, and the next come.';
   tick();
 }
 
@@ -226,12 +230,13 @@ function renderCall(c) {
     ]),
     el('h3', { text: 'Arguments' }),
     fieldsTable(c.fields),
-    ...(c.fields.some((f) => f.hidden)
-      ? [el('p', { class: 'warn hidden-chars', text: 'Some values hold characters that do not show; they are written as \\u escapes above.' })]
-      : []),
     ...(c.args_verified ? [] : [el('p', { class: 'error unverified', text: 'These args do not hash to the call\'s digest, so the inbox cannot show exactly what would run: it can be denied here, not approved.' })]),
     el('h3', { text: 'Exactly what runs (canonical JSON)' }),
-    el('pre', { class: 'canonical', text: c.args }),
+    ...warnings(c),
+    el('pre', { class: 'canonical', text: c.args_shown }),
+    ...(c.unseen ? [el('details', { class: 'raw' },
+      el('summary', { text: 'raw bytes, as digested (the characters that do not show are invisible here)' }),
+      el('pre', { class: 'raw', text: c.args }))] : []),
     meta([['args digest (SHA-256)', c.args_digest, 'digest'], ['key', c.key, 'key']], 'ids'),
     el('details', {}, el('summary', { text: 'indented' }), el('pre', { class: 'pretty', text: c.args_pretty })),
     el('div', { class: 'decide' },
@@ -278,10 +283,32 @@ function meta(rows, cls = '') {
   return dl;
 }
 
+// warnings say what in the args may not read as it is: characters that
+// do not show (the server escapes them in every view but the raw bytes),
+// and keys or strings that read as others.
+function warnings(c) {
+  const out = [];
+  if (c.unseen) {
+    out.push(el('p', { class: 'warn hidden-chars', role: 'alert',
+      text: 'These args hold characters that do not show (zero-width, bidirectional, variation selectors, blank fillers and the like). ' +
+        'They are written as \\u escapes in the values above (the rows marked) and in the JSON below: the same JSON value, ' +
+        'not the same bytes. The digest is over the raw bytes.' }));
+  }
+  if (c.lookalikes.length > 0) {
+    out.push(el('div', { class: 'warn lookalikes', role: 'alert' },
+      el('p', { text: 'Some keys or strings read as others (words that mix scripts; keys that look alike, by a small table of Latin, Cyrillic, Greek and Armenian lookalikes):' }),
+      el('ul', {}, ...c.lookalikes.map((l) => el('li', { text: l })))));
+  }
+  return out;
+}
+
 function fieldsTable(fields) {
   const t = el('table', { class: 'fields' });
   for (const f of fields) {
-    t.append(el('tr', { 'data-path': f.path }, el('th', { text: f.path }), el('td', { class: f.kind, text: f.value })));
+    const flags = [f.hidden ? 'hidden' : '', f.lookalike ? 'lookalike' : ''].filter(Boolean);
+    const row = el('tr', { 'data-path': f.path, class: flags.join(' ') }, el('th', { text: f.path }), el('td', { class: f.kind, text: f.value }));
+    if (flags.length > 0) row.title = (f.hidden ? 'holds characters that do not show, escaped. ' : '') + (f.lookalike ? 'reads as something else.' : '');
+    t.append(row);
   }
   return t;
 }
@@ -310,7 +337,9 @@ function timeLeft(ms) {
 
 // --- history ---------------------------------------------------------------
 
-function renderHistory(calls) {
+const stateText = { not_run_yet: 'not run yet' };
+
+function renderHistory(calls, more) {
   const body = $('history').tBodies[0];
   body.replaceChildren(...calls.map((c) => el('tr', { 'data-key': c.key },
     el('td', { class: 'when', text: c.decided_at ? new Date(c.decided_at).toLocaleString() : '' }),
@@ -319,11 +348,13 @@ function renderHistory(calls) {
     el('td', { class: 'decision ' + c.decision, text: c.decision }),
     el('td', { class: 'by', text: c.by ?? '' }),
     el('td', { class: 'reason', text: c.reason ?? '' }),
-    el('td', { class: 'state', text: c.state }),
+    el('td', { class: 'state ' + c.state, text: stateText[c.state] ?? c.state }),
     el('td', {}, el('details', {}, el('summary', { text: c.args_digest.slice(0, 12) + '…' }),
-      el('pre', { class: 'canonical', text: c.args }))))));
+      el('pre', { class: 'canonical', text: c.args_shown }))))));
   $('history-empty').hidden = calls.length > 0;
   $('history').hidden = calls.length === 0;
+  $('history-more').hidden = more === 0;
+  $('history-more').textContent = `and ${more} earlier ${more === 1 ? 'decision' : 'decisions'}, not listed here.`;
 }
 
 boot();
