@@ -435,3 +435,44 @@ func TestConsumerRunsUnprivileged(t *testing.T) {
 		}
 	}
 }
+
+// The consumer's flags in the manifests, and the variables the values and
+// the manifests set, are the consumer's own: each is in the flags table of
+// docs/configuration.md (generated from `consumer run --help`), so that a
+// renamed flag or variable fails here, not in the cluster.
+func TestFlagsAndVariablesAreTheConsumers(t *testing.T) {
+	ref, err := os.ReadFile("../../docs/configuration.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	table := string(ref)
+	for _, dir := range kustomizations {
+		r := render(t, dir)
+		c := container(t, r.deployment(t, "toolq-consumer"), "consumer")
+		for _, a := range c.Args[1:] {
+			name, _, _ := strings.Cut(a, "=")
+			if !strings.Contains(table, "| `"+name+"` |") {
+				t.Errorf("%s: the consumer's argument %s is no flag of docs/configuration.md", dir, a)
+			}
+		}
+		vars := []string{}
+		for _, e := range c.Env {
+			vars = append(vars, e.Name)
+		}
+		for _, from := range c.EnvFrom {
+			if from.ConfigMapRef != nil {
+				for k := range r.configMaps[from.ConfigMapRef.Name].Data {
+					vars = append(vars, k)
+				}
+			}
+		}
+		for _, v := range vars {
+			if v == "GOMEMLIMIT" || v == "TOOLQ_SANDBOX_URL" { // the Go runtime's; the demo registry's
+				continue
+			}
+			if !strings.Contains(table, "| `"+v+"` |") {
+				t.Errorf("%s: the consumer's variable %s is in no row of docs/configuration.md", dir, v)
+			}
+		}
+	}
+}
