@@ -58,13 +58,18 @@ type approverEntry struct {
 //	approvers:
 //	  - name: alice
 //	    groups: [finance]
-//	    token_sha256: 5e884898da28047151d0e56f8dc6292773603d0d6aabbdd62a11ef721d1542d8
+//	    token_sha256: 3ba617f3ac3861a53c3a558c7eb6b2c939b427544a519666e6dbf7c9e0532773
 //	  - name: bob
 //	    groups: [finance, ops]
 //	    token_env: TOOLQ_TOKEN_BOB
 //
-// A token read from the environment or a file has at least 20 characters;
-// names and token hashes are unique. Errors name the entry, never a token.
+// (alice's is the hash of a token made with openssl rand -hex 32, given
+// to her alone: printf %s "$TOKEN" | sha256sum.) A token read from the
+// environment or a file has at least 20 characters; the file cannot tell
+// the length of a token given by its hash, which must be of a random
+// token as well, never of a password: the login slows guessing down, it
+// cannot stop the guess of a word. Names and token hashes are unique.
+// Errors name the entry, never a token.
 func LoadApprovers(path string, getenv func(string) string) ([]Approver, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {

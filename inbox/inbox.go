@@ -29,9 +29,11 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"math"
 	"mime"
 	"net/http"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -72,6 +74,7 @@ type Inbox struct {
 	cfg      Config
 	log      *slog.Logger
 	sessions sessions
+	throttle *throttle
 	hub      hub
 	assets   fs.FS
 	sub      *nats.Subscription
@@ -126,8 +129,8 @@ func New(cfg Config) (*Inbox, error) {
 		return nil, err
 	}
 	in := &Inbox{cfg: cfg, log: cfg.Logger, assets: assets, done: make(chan struct{}),
-		sessions: sessions{ttl: cfg.SessionTTL, m: map[string]*session{}},
-		hub:      hub{subs: map[chan change][]string{}, last: map[string]string{}}}
+		sessions: sessions{ttl: cfg.SessionTTL, m: map[string]*session{}}, throttle: newThrottle(time.Now),
+		hub: hub{subs: map[chan change][]string{}, last: map[string]string{}}}
 	if cfg.Conn != nil {
 		if in.sub, err = cfg.Conn.Subscribe(jobs.ApprovalsSubjects, in.hub.event); err != nil {
 			return nil, fmt.Errorf("inbox: subscribe to %s: %w", jobs.ApprovalsSubjects, err)
@@ -255,12 +258,20 @@ func (in *Inbox) login(w http.ResponseWriter, r *http.Request) {
 	if !readJSON(w, r, &req) {
 		return
 	}
+	from := clientOf(r)
+	if wait := in.throttle.attempt(from); wait > 0 {
+		in.refused(r, true)
+		w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(wait.Seconds()))))
+		fail(w, http.StatusTooManyRequests, "throttled", fmt.Sprintf("too many logins with unknown tokens: try again in %s", wait.Round(time.Second)))
+		return
+	}
 	a := match(in.cfg.Approvers, req.Token)
 	if a == nil {
-		in.log.Warn("approvals inbox: a login with an unknown token was refused", "remote", r.RemoteAddr)
+		in.refused(r, false)
 		fail(w, http.StatusUnauthorized, "bad_token", "no approver has this token")
 		return
 	}
+	in.throttle.succeeded(from)
 	if old := in.sessions.of(r); old != nil {
 		in.sessions.end(old)
 	}

@@ -29,7 +29,7 @@ type inboxFlags struct {
 
 func (f *inboxFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.listen, "approvals-listen", "", "serve the approvals inbox, a web page where approvers decide the calls awaiting their approval, at / on this address; empty: off")
-	fs.StringVar(&f.tokens, "approvals-tokens", "", "the inbox's approvers: a YAML or JSON file giving each a name, groups and a token (token_sha256, token_env or token_file) to log in with")
+	fs.StringVar(&f.tokens, "approvals-tokens", "", "the inbox's approvers: a YAML or JSON file giving each a name, groups and a token (token_sha256, token_env or token_file) to log in with; token_sha256 is the hash of a random token (openssl rand -hex 32), never of a password")
 	fs.StringVar(&f.as, "approvals-as", "", "with no --approvals-tokens: the one approver the inbox acts as, with no login, answering on a loopback --approvals-listen only")
 	fs.StringVar(&f.groups, "approvals-groups", "", "with --approvals-as: the approver groups it decides for, comma-separated")
 	fs.StringVar(&f.tlsCert, "approvals-tls-cert", "", "serve the inbox over TLS with this certificate (PEM; with --approvals-tls-key)")
