@@ -25,10 +25,12 @@ func TestMain(m *testing.M) {
 }
 
 // eachBackend runs the test body once per backend, as subtests named
-// "postgres" and "sqlite", each on a fresh, migrated database.
+// "postgres", "sqlite" and "pgbouncer" (Postgres through PgBouncer in
+// transaction mode: see pgbouncer_test.go), each on a fresh, migrated
+// database.
 func eachBackend(t *testing.T, body func(t *testing.T, s *ledger.Store)) {
 	t.Helper()
-	for _, backend := range []string{"postgres", "sqlite"} {
+	for _, backend := range []string{"postgres", "sqlite", "pgbouncer"} {
 		t.Run(backend, func(t *testing.T) {
 			t.Parallel()
 			body(t, openStore(t, backend))
@@ -48,6 +50,8 @@ func openStoreTB(t testing.TB, backend string) *ledger.Store {
 		s, err = ledger.OpenPostgres(ctx, testenv.Postgres(t)+"&pool_max_conns=16")
 	case "sqlite":
 		s, err = ledger.OpenSQLite(ctx, filepath.Join(t.TempDir(), "ledger.db"))
+	case "pgbouncer":
+		s, err = ledger.OpenPostgres(ctx, testenv.PgBouncerPostgres(t)+"&pool_max_conns=16")
 	}
 	if err != nil {
 		t.Fatal(err)
