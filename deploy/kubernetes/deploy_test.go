@@ -18,19 +18,24 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
+	"path/filepath"
+
+	"github.com/nats-io/nats-server/v2/server"
 	"sigs.k8s.io/kustomize/api/krusty"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
 )
 
 // The kustomizations a platform team applies or starts from: each must render
 // and hold every property below. testdata/with-nats-creds is the example with
-// the nats-creds component added.
-var kustomizations = []string{"base", "overlays/example", "testdata/with-nats-creds"}
+// the nats-creds component added, testdata/longer-drain the example with the
+// drain docs/deploy.md shows.
+var kustomizations = []string{"base", "overlays/example", "testdata/with-nats-creds", "testdata/longer-drain"}
 
 // rendered is one kustomization's output, strictly decoded.
 type rendered struct {
 	dir         string
 	deployments []*appsv1.Deployment
+	sets        []*appsv1.StatefulSet
 	pdbs        []*policyv1.PodDisruptionBudget
 	configMaps  map[string]*corev1.ConfigMap
 	services    []*corev1.Service
@@ -66,6 +71,8 @@ func render(t *testing.T, dir string) *rendered {
 		switch o := obj.(type) {
 		case *appsv1.Deployment:
 			out.deployments = append(out.deployments, o)
+		case *appsv1.StatefulSet:
+			out.sets = append(out.sets, o)
 		case *policyv1.PodDisruptionBudget:
 			out.pdbs = append(out.pdbs, o)
 		case *corev1.ConfigMap:
@@ -473,6 +480,95 @@ func TestFlagsAndVariablesAreTheConsumers(t *testing.T) {
 			if !strings.Contains(table, "| `"+v+"` |") {
 				t.Errorf("%s: the consumer's variable %s is in no row of docs/configuration.md", dir, v)
 			}
+		}
+	}
+}
+
+// The NATS cluster of nats-cluster/ is the one of docs/scaling.md: three
+// servers with JetStream, each routed to all three by the names the headless
+// Service gives them, each storing on its own volume. Its configuration is
+// read by nats-server's own parser, as each pod's server reads it.
+func TestNATSClusterIsThreeRoutedJetStreamServers(t *testing.T) {
+	r := render(t, "nats-cluster")
+	if len(r.sets) != 1 || len(r.services) != 1 || len(r.pdbs) != 1 {
+		t.Fatalf("rendered %d StatefulSets, %d Services, %d PodDisruptionBudgets", len(r.sets), len(r.services), len(r.pdbs))
+	}
+	set, svc, pdb := r.sets[0], r.services[0], r.pdbs[0]
+	if set.Spec.Replicas == nil || *set.Spec.Replicas != 3 {
+		t.Fatalf("replicas %v, want 3", set.Spec.Replicas)
+	}
+	if svc.Spec.ClusterIP != corev1.ClusterIPNone || svc.Name != set.Spec.ServiceName || !svc.Spec.PublishNotReadyAddresses {
+		t.Errorf("Service %s (clusterIP %q) is not the StatefulSet's headless service %s that names servers before they are ready", svc.Name, svc.Spec.ClusterIP, set.Spec.ServiceName)
+	}
+	podLabels := labels.Set(set.Spec.Template.Labels)
+	pdbSel, err := metav1.LabelSelectorAsSelector(pdb.Spec.Selector)
+	if err != nil || !pdbSel.Matches(podLabels) || !labels.SelectorFromSet(svc.Spec.Selector).Matches(podLabels) {
+		t.Errorf("the budget or the Service does not select the servers: %v", err)
+	}
+	if pdb.Spec.MaxUnavailable == nil || pdb.Spec.MaxUnavailable.IntValue() != 1 {
+		t.Errorf("maxUnavailable %v: a drain must keep two of three (the JetStream quorum)", pdb.Spec.MaxUnavailable)
+	}
+	c := &set.Spec.Template.Spec.Containers[0]
+	var confPath string
+	for i, a := range c.Args {
+		if a == "--config" && i+1 < len(c.Args) {
+			confPath = c.Args[i+1]
+		}
+	}
+	var conf, storeMount string
+	for _, m := range c.VolumeMounts {
+		for _, v := range set.Spec.Template.Spec.Volumes {
+			if v.Name == m.Name && v.ConfigMap != nil {
+				if text, ok := r.configMaps[v.ConfigMap.Name].Data[strings.TrimPrefix(confPath, m.MountPath+"/")]; ok {
+					conf = text
+				}
+			}
+		}
+		for _, pvc := range set.Spec.VolumeClaimTemplates {
+			if pvc.Name == m.Name {
+				storeMount = m.MountPath
+			}
+		}
+	}
+	if conf == "" || storeMount == "" {
+		t.Fatalf("--config %q is no file of a mounted ConfigMap, or no volume claim is mounted", confPath)
+	}
+	file := filepath.Join(t.TempDir(), "nats.conf")
+	if err := os.WriteFile(file, []byte(conf), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var want []string
+	for i := range 3 {
+		want = append(want, fmt.Sprintf("nats://%s-%d.%s.%s.svc:%d", set.Name, i, svc.Name, set.Namespace, containerPort(t, c, "cluster")))
+	}
+	var grace time.Duration
+	if g := set.Spec.Template.Spec.TerminationGracePeriodSeconds; g != nil {
+		grace = time.Duration(*g) * time.Second
+	}
+	for i := range 3 {
+		pod := fmt.Sprintf("%s-%d", set.Name, i)
+		t.Setenv("POD_NAME", pod)
+		opts, err := server.ProcessConfigFile(file)
+		if err != nil {
+			t.Fatalf("nats-server refuses the configuration: %v", err)
+		}
+		var routes []string
+		for _, u := range opts.Routes {
+			routes = append(routes, u.String())
+		}
+		switch {
+		case opts.ServerName != pod:
+			t.Errorf("server_name %q in pod %s", opts.ServerName, pod)
+		case !opts.JetStream || opts.StoreDir != storeMount:
+			t.Errorf("JetStream %v storing in %q, the volume is at %s", opts.JetStream, opts.StoreDir, storeMount)
+		case opts.Cluster.Name == "" || fmt.Sprint(opts.Cluster.Port) != fmt.Sprint(containerPort(t, c, "cluster")):
+			t.Errorf("cluster %q on port %d", opts.Cluster.Name, opts.Cluster.Port)
+		case fmt.Sprint(opts.Port) != fmt.Sprint(containerPort(t, c, "client")) || fmt.Sprint(opts.HTTPPort) != fmt.Sprint(containerPort(t, c, "monitor")):
+			t.Errorf("client port %d, monitoring port %d: not the container's", opts.Port, opts.HTTPPort)
+		case !slices.Equal(routes, want):
+			t.Errorf("routes %q, want %q", routes, want)
+		case grace <= opts.LameDuckDuration+opts.LameDuckGracePeriod:
+			t.Errorf("grace period %s: the lame-duck mode takes %s", grace, opts.LameDuckDuration+opts.LameDuckGracePeriod)
 		}
 	}
 }
