@@ -164,7 +164,6 @@ default_pool_size = 20
 reserve_pool_size = 0
 server_login_retry = 1
 server_idle_timeout = 10
-ignore_startup_parameters = extra_float_digits
 logfile = %s
 admin_users = %s
 `, server, b.Port, filepath.Join(b.dir, "userlist.txt"), filepath.Join(b.dir, "pgbouncer.log"), cfg.User)

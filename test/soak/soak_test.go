@@ -117,6 +117,12 @@ type run struct {
 	faultErrs []string
 
 	linkMu map[string]*sync.Mutex
+	// viaPgBouncer: the consumers reach Postgres through bouncer, a
+	// pgbouncer in transaction mode in front of the cluster (see
+	// pgbouncer_test.go).
+	viaPgBouncer bool
+	bouncer      *testenv.PgBouncer
+
 	natsMu sync.Mutex
 	pgMu   sync.Mutex
 	sbMu   sync.Mutex
@@ -243,6 +249,12 @@ func (r *run) setup() {
 		"postgres": fmt.Sprintf("127.0.0.1:%d", r.cluster.Port),
 		"sandbox":  strings.TrimPrefix(sbURL, "http://"),
 	}
+	consumerDB := r.dbURL
+	if r.viaPgBouncer {
+		r.bouncer = testenv.StartPgBouncer(t, r.cluster.URL("postgres"))
+		targets["postgres"] = r.bouncer.Addr()
+		consumerDB = r.bouncer.Through(t, r.dbURL)
+	}
 	for _, l := range links {
 		p, err := NewProxy(l, targets[l])
 		if err != nil {
@@ -272,7 +284,7 @@ func (r *run) setup() {
 	if err := os.WriteFile(registry, []byte(reg), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	u, _ := url.Parse(r.dbURL)
+	u, _ := url.Parse(consumerDB)
 	u.Host = r.proxies["postgres"].Addr()
 	for i := range consumers {
 		c := &consumerProc{idx: i, bin: filepath.Join(bin, "consumer"), log: filepath.Join(r.dir, fmt.Sprintf("consumer-%d.log", i)),
