@@ -12,9 +12,10 @@ type Config struct {
 	// Logger receives the circuit breakers' state changes (nil:
 	// slog.Default()).
 	Logger *slog.Logger
-	// Getenv resolves the ${VAR} references of a registry file in http.url
-	// and http.headers (nil: os.Getenv). A registry file is trusted
-	// configuration: with os.Getenv it can send any variable of the process
+	// Getenv resolves the ${VAR} references of a registry file in its
+	// executors' URLs and headers (nil: os.Getenv); ${file:/path} reads the
+	// file. A registry file is trusted configuration: with os.Getenv it can
+	// send any variable of the process, and any file it can read,
 	// downstream, so give files you do not control a narrower function.
 	// NewRegistry does not use it.
 	Getenv func(string) string

@@ -46,13 +46,13 @@ func ImportMCP(ctx context.Context, m MCP, getenv func(string) string) ([]byte, 
 	defer e.Close()
 	s, _, err := e.pool.get(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("connect to the MCP server: %w", err)
+		return nil, fmt.Errorf("connect to the MCP server: %w", reach.secrets.redactError(err))
 	}
 	defer e.pool.put(s, true) // closed with the executor
 	var listed []*mcp.Tool
 	for t, err := range s.Tools(ctx, nil) {
 		if err != nil {
-			return nil, fmt.Errorf("tools/list: %w", err)
+			return nil, fmt.Errorf("tools/list: %w", reach.secrets.redactError(err))
 		}
 		listed = append(listed, t)
 	}

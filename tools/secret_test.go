@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -173,5 +174,45 @@ func TestSecretInTheURLIsRedactedFromErrorsAndSpans(t *testing.T) {
 	}
 	if !strings.Contains(te.Message, tools.Redacted) {
 		t.Errorf("message %q does not say where the secret was", te.Message)
+	}
+}
+
+func TestSecretInAnMCPServersURLIsRedactedFromItsErrorsAndName(t *testing.T) {
+	t.Parallel()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := "http://" + l.Addr().String()
+	l.Close()
+	reg, err := tools.Parse([]byte(`tools:
+  - name: search
+    class: read
+    timeout: 2s
+    schema: {type: object}
+    mcp:
+      url: ${BASE}/mcp/${MCP_KEY}
+      headers: {Authorization: "Bearer ${MCP_KEY}"}
+`), "secrets.yaml", tools.Config{Getenv: func(k string) string {
+		return map[string]string{"BASE": base, "MCP_KEY": "mcp-key-5ecret"}[k]
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reg.Close()
+	tool, _ := reg.Lookup("search")
+	_, err = tool.Run(context.Background(), tools.Request{Tool: "search", Args: json.RawMessage(`{}`)})
+	if err == nil {
+		t.Fatal("a server that is not there answered")
+	}
+	var te *tools.Error
+	errors.As(err, &te)
+	for _, text := range []string{err.Error(), te.Message, fmt.Sprint(te.Err), tool.Downstream} {
+		if strings.Contains(text, "mcp-key-5ecret") {
+			t.Errorf("%q shows the secret", text)
+		}
+	}
+	if want := "mcp:" + base + "/mcp/" + tools.Redacted; tool.Downstream != want {
+		t.Errorf("downstream %q, want %q", tool.Downstream, want)
 	}
 }
