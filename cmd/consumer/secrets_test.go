@@ -81,9 +81,9 @@ func TestPlantedSecretAppearsInNoSink(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	rec := tracetest.NewSpanRecorder()
-	prev := otel.GetTracerProvider()
+	// It stays installed (the global default delegates to the first one
+	// set, for good): the package's other tests look at no spans.
 	otel.SetTracerProvider(sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec)))
-	defer otel.SetTracerProvider(prev)
 
 	down := &secretDownstream{}
 	srv := httptest.NewServer(down)
