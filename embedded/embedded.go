@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -159,7 +160,7 @@ func Start(ctx context.Context, cfg Config) (st *Stack, err error) {
 		}
 		st.NATSURL = st.Server.ClientURL()
 	}
-	what := "NATS at " + st.NATSURL
+	what := "NATS at " + RedactURL(st.NATSURL)
 	err = cfg.wait(ctx, what, func() (err error) {
 		st.Conn, err = nats.Connect(st.NATSURL, cfg.NATSOptions...)
 		return err
@@ -173,14 +174,14 @@ func Start(ctx context.Context, cfg Config) (st *Stack, err error) {
 	// A server of a JetStream cluster whose peers are not up yet takes
 	// connections but answers no JetStream request until the cluster has a
 	// leader: wait for JetStream itself.
-	err = cfg.wait(ctx, "JetStream at "+st.NATSURL, func() error {
+	err = cfg.wait(ctx, "JetStream at "+RedactURL(st.NATSURL), func() error {
 		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
 		_, err := st.JS.AccountInfo(actx)
 		return err
 	}, jetStreamUnavailable)
 	if err != nil {
-		return st, fmt.Errorf("JetStream at %s: %w", st.NATSURL, err)
+		return st, fmt.Errorf("JetStream at %s: %w", RedactURL(st.NATSURL), err)
 	}
 
 	if st.Store, err = ledger.Open(ctx, cfg.DatabaseURL, st.Dir); err != nil {
@@ -386,4 +387,32 @@ func (s *Stack) Close() {
 			os.RemoveAll(s.Dir)
 		}
 	})
+}
+
+// RedactURL is urls (a URL, or a comma-separated list as NATS takes) for
+// showing: the password of each replaced by "redacted", and a user alone
+// (a NATS token) too. A part that does not parse is kept whole only if it
+// has no userinfo.
+func RedactURL(urls string) string {
+	parts := strings.Split(urls, ",")
+	for i, p := range parts {
+		u, err := url.Parse(strings.TrimSpace(p))
+		switch {
+		case err != nil && strings.Contains(p, "@"):
+			parts[i] = "redacted"
+		case err != nil || u.User == nil:
+		case hasPassword(u.User):
+			u.User = url.UserPassword(u.User.Username(), "redacted")
+			parts[i] = u.String()
+		default:
+			u.User = url.User("redacted")
+			parts[i] = u.String()
+		}
+	}
+	return strings.Join(parts, ",")
+}
+
+func hasPassword(u *url.Userinfo) bool {
+	_, ok := u.Password()
+	return ok
 }

@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/toolq/toolq/embedded"
 	"github.com/toolq/toolq/internal/cli"
 	"github.com/toolq/toolq/internal/progress"
 	"github.com/toolq/toolq/jobs"
@@ -571,7 +572,7 @@ func purgeComebacks(ctx context.Context, nf *cli.NATSFlags, horizonFlag string) 
 			return cs, nil
 		}
 		return nil, fmt.Errorf("refused: cannot read the streams at %s (%v), whose max ages the retention must outlive; "+
-			"give the NATS flags of toolq's server, or --horizon H (at least 30d), the longest the streams keep a job", nf.URL, err)
+			"give the NATS flags of toolq's server, or --horizon H (at least 30d), the longest the streams keep a job", embedded.RedactURL(nf.URL), err)
 	}
 	return append(cs, live...), nil
 }

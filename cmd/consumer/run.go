@@ -156,9 +156,10 @@ func runWorker(ctx context.Context, args []string, stdio cli.IO, getenv func(str
 	}
 	cleanups = append(cleanups, st.Close)
 	nf.URL = st.NATSURL
-	natsDesc := nf.URL
+	shownURL := embedded.RedactURL(nf.URL) // a password in the URL is shown nowhere
+	natsDesc := shownURL
 	if st.Server != nil {
-		natsDesc = fmt.Sprintf("embedded, %s (JetStream store %s, fsync on every write)", nf.URL, filepath.Join(sf.dataDir, "jetstream"))
+		natsDesc = fmt.Sprintf("embedded, %s (JetStream store %s, fsync on every write)", shownURL, filepath.Join(sf.dataDir, "jetstream"))
 	}
 	banner = append(banner, "  NATS     "+natsDesc)
 	banner = append(banner, "  ledger   "+ledgerDesc(st.Store, sf))
@@ -240,9 +241,9 @@ func runWorker(ctx context.Context, args []string, stdio cli.IO, getenv func(str
 	banner = append(banner, "", "Try, in another shell:")
 	if *toolsFile == "" {
 		banner = append(banner, fmt.Sprintf(`  go run ./cmd/publisher publish --nats-url %s --conversation demo --turn 1 --tool send_payment \
-      --args '{"invoice_id":"inv_1","amount_cents":500,"currency":"EUR"}' --wait`, nf.URL))
+      --args '{"invoice_id":"inv_1","amount_cents":500,"currency":"EUR"}' --wait`, shownURL))
 	} else {
-		banner = append(banner, fmt.Sprintf("  go run ./cmd/publisher publish --nats-url %s --conversation C --turn 1 --tool T --args '{…}' --wait", nf.URL))
+		banner = append(banner, fmt.Sprintf("  go run ./cmd/publisher publish --nats-url %s --conversation C --turn 1 --tool T --args '{…}' --wait", shownURL))
 	}
 	if *logFormat == "json" {
 		// Nothing but JSON on standard output: what runs where is a record

@@ -145,3 +145,50 @@ func TestConsumerRefusesAServerItsAuthorityDidNotSign(t *testing.T) {
 		})
 	}
 }
+
+// TestNATSPasswordInTheURLIsShownNowhere: a consumer given its NATS
+// password in --nats-url shows the URL in its summary and its errors with
+// the password redacted.
+func TestNATSPasswordInTheURLIsShownNowhere(t *testing.T) {
+	t.Parallel()
+	const password = "nats-pw-5ecret"
+	n := testenv.StartNATS(t, func(o *server.Options) { o.Username, o.Password = "toolq", password })
+	host := strings.TrimPrefix(n.URL, "nats://")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+
+	// Refused: another password.
+	var out, logs testenv.Buffer
+	err := run(ctx, []string{"--nats-url", "nats://toolq:wrong-" + password + "@" + host, "--data-dir", t.TempDir(),
+		"--sandbox-listen", "127.0.0.1:0", "--startup-wait", "0"}, cli.IO{Out: &out, Err: &logs}, func(string) string { return "" })
+	if err == nil || !strings.Contains(err.Error(), "nats://toolq:redacted@"+host) {
+		t.Fatalf("err = %v, want it to name the URL, redacted", err)
+	}
+	for where, text := range map[string]string{"error": err.Error(), "output": out.String(), "logs": logs.String()} {
+		if strings.Contains(text, password) {
+			t.Errorf("%s shows the password: %s", where, text)
+		}
+	}
+
+	// Running: the summary names the server, not the password.
+	runCtx, stop := context.WithCancel(ctx)
+	var runOut, runLogs testenv.Buffer
+	done := make(chan error, 1)
+	go func() {
+		done <- run(runCtx, []string{"--nats-url", "nats://toolq:" + password + "@" + host, "--data-dir", t.TempDir(),
+			"--sandbox-listen", "127.0.0.1:0"}, cli.IO{Out: &runOut, Err: &runLogs}, func(string) string { return "" })
+	}()
+	testenv.Eventually(t, time.Minute, "the summary", func() bool { return strings.Contains(runOut.String(), "Try, in another shell") })
+	stop()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(runOut.String(), "nats://toolq:redacted@"+host) {
+		t.Errorf("the summary does not name the server:\n%s", runOut.String())
+	}
+	for where, text := range map[string]string{"output": runOut.String(), "logs": runLogs.String()} {
+		if strings.Contains(text, password) {
+			t.Errorf("%s shows the password: %s", where, text)
+		}
+	}
+}

@@ -7,6 +7,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolq/toolq/embedded"
 )
 
 // NATSFlags are the connection flags every command that talks to NATS takes,
@@ -98,7 +100,7 @@ func (f *NATSFlags) Connect(name string) (*nats.Conn, error) {
 	}
 	nc, err := nats.Connect(f.URL, opts...)
 	if err != nil {
-		return nil, fmt.Errorf("connect to NATS at %s: %w", f.URL, err)
+		return nil, fmt.Errorf("connect to NATS at %s: %w", embedded.RedactURL(f.URL), err)
 	}
 	return nc, nil
 }
