@@ -26,6 +26,7 @@ type Client struct {
 	js         jetstream.JetStream
 	tracer     trace.Tracer
 	propagator propagation.TextMapPropagator
+	tenant     string
 }
 
 // ClientOption adjusts a Client.
@@ -41,6 +42,16 @@ func WithTracerProvider(tp trace.TracerProvider) ClientOption {
 // (default: the global propagator).
 func WithPropagator(p propagation.TextMapPropagator) ClientOption {
 	return func(c *Client) { c.propagator = p }
+}
+
+// WithTenant makes the client a tenant's (docs/tenants.md): its jobs carry
+// the tenant (a job's own tenant, if set, must be this one) and are
+// published on toolq.<tenant>.jobs.<tool>, its results are awaited on
+// toolq.<tenant>.results.<conversation_id> in the tenant's results stream,
+// and its lookups asked on toolq.<tenant>.ledger.get. The default, "", is
+// the default tenant: today's subjects, streams and keys.
+func WithTenant(tenant string) ClientOption {
+	return func(c *Client) { c.tenant = tenant }
 }
 
 const tracerName = "github.com/toolq/toolq/jobs"
@@ -77,6 +88,12 @@ func (c *Client) Publish(ctx context.Context, j *Job) (Published, error) {
 	if j.CreatedAt.IsZero() {
 		j.CreatedAt = time.Now().UTC()
 	}
+	if j.Tenant == "" {
+		j.Tenant = c.tenant
+	}
+	if j.Tenant != c.tenant {
+		return Published{}, &FieldError{Field: "tenant", Rule: fmt.Sprintf("must be the client's tenant %q, got %q", c.tenant, j.Tenant)}
+	}
 	if err := j.Validate(); err != nil {
 		return Published{}, err
 	}
@@ -88,7 +105,7 @@ func (c *Client) Publish(ctx context.Context, j *Job) (Published, error) {
 	if err != nil {
 		return Published{}, err
 	}
-	subject, msgID := JobSubject(j.Tool), JobMsgID(key, j.ToolUseID)
+	subject, msgID := TenantJobSubject(j.Tenant, j.Tool), JobMsgID(key, j.ToolUseID)
 	ctx, span := c.tracer.Start(ctx, "send "+subject, trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(
 		attribute.String("messaging.system", "nats"), attribute.String("messaging.destination.name", subject),
 		attribute.String("messaging.message.id", msgID), attribute.String("messaging.operation.type", "send"),
@@ -191,13 +208,13 @@ func (c *Client) PublishAndAwait(ctx context.Context, j *Job, opts ...AwaitOptio
 // resultsCursor is the sequence the next result will get: every result of a
 // job published after this call comes at or after it.
 func (c *Client) resultsCursor(ctx context.Context) (uint64, error) {
-	s, err := c.js.Stream(ctx, ResultsStream)
+	s, err := c.js.Stream(ctx, TenantStream(c.tenant, ResultsStream))
 	if err != nil {
-		return 0, fmt.Errorf("jobs: stream %s: %w", ResultsStream, err)
+		return 0, fmt.Errorf("jobs: stream %s: %w", TenantStream(c.tenant, ResultsStream), err)
 	}
 	info, err := s.Info(ctx)
 	if err != nil {
-		return 0, fmt.Errorf("jobs: stream %s: %w", ResultsStream, err)
+		return 0, fmt.Errorf("jobs: stream %s: %w", TenantStream(c.tenant, ResultsStream), err)
 	}
 	return info.State.LastSeq + 1, nil
 }
@@ -225,13 +242,13 @@ func (c *Client) awaitAll(ctx context.Context, conversationID string, toolUseIDs
 		want[id] = true
 	}
 	cfg := jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{ResultSubject(conversationID)},
+		FilterSubjects: []string{TenantResultSubject(c.tenant, conversationID)},
 		DeliverPolicy:  jetstream.DeliverAllPolicy,
 	}
 	if from > 0 {
 		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, from
 	}
-	cons, err := c.js.OrderedConsumer(ctx, ResultsStream, cfg)
+	cons, err := c.js.OrderedConsumer(ctx, TenantStream(c.tenant, ResultsStream), cfg)
 	if err != nil {
 		return nil, fmt.Errorf("jobs: await results of %s: %w", conversationID, err)
 	}

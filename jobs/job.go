@@ -79,11 +79,16 @@ type Job struct {
 	ToolUseID      string          `json:"tool_use_id"`
 	Args           json.RawMessage `json:"args"`
 	CreatedAt      time.Time       `json:"created_at,omitzero"`
+	// Tenant is the tenant whose call this is (docs/tenants.md): absent or
+	// empty for the default tenant, whose subjects and keys are those of a
+	// single-tenant deployment.
+	Tenant string `json:"tenant,omitempty"`
 }
 
 // Call returns the part of the job that its key is derived from.
 func (j *Job) Call() Call {
 	return Call{
+		Tenant:         j.Tenant,
 		ConversationID: j.ConversationID,
 		TurnIndex:      j.TurnIndex,
 		Tool:           j.Tool,
@@ -185,7 +190,7 @@ func DecodeCall(body []byte) (Call, error) {
 
 var jobFields = map[string]bool{
 	"version": true, "conversation_id": true, "turn_index": true, "ordinal": true,
-	"tool": true, "tool_use_id": true, "args": true, "created_at": true,
+	"tool": true, "tool_use_id": true, "args": true, "created_at": true, "tenant": true,
 }
 
 // decodeFields checks the body with the strict parser and returns its
@@ -213,6 +218,9 @@ func decodeFields(body []byte, known map[string]bool) (map[string]jcs.Member, er
 // returns the parsed args.
 func decodeCallFields(fields map[string]jcs.Member, j *Job) (*jcs.Value, error) {
 	var err error
+	if j.Tenant, err = stringField(fields, "tenant", false); err != nil {
+		return nil, err
+	}
 	if j.ConversationID, err = stringField(fields, "conversation_id", true); err != nil {
 		return nil, err
 	}

@@ -51,6 +51,9 @@ const KeyLen = 32
 // two calls the same call, and nothing that changes across a retry (the
 // tool_use_id is not here on purpose).
 type Call struct {
+	// Tenant, when not empty, starts the material: "tenant|". The default
+	// tenant's material is that of a single-tenant deployment, unchanged.
+	Tenant         string
 	ConversationID string
 	TurnIndex      int64
 	Tool           string
@@ -61,7 +64,7 @@ type Call struct {
 // Material is the exact byte string a key is hashed from, with the canonical
 // form of the arguments kept apart for callers that store or compare it.
 type Material struct {
-	Text      string // conversation_id|turn_index|tool|ordinal|canonical(args)
+	Text      string // [tenant|]conversation_id|turn_index|tool|ordinal|canonical(args)
 	Canonical []byte // canonical(args)
 
 	legacy []byte // canonical(args) in the legacy member order, when it differs
@@ -71,6 +74,8 @@ type Material struct {
 // returns a *FieldError naming the first one that breaks its rule.
 func (c Call) Validate() error {
 	switch {
+	case !ValidTenant(c.Tenant):
+		return tenantError()
 	case !conversationIDPattern.MatchString(c.ConversationID):
 		return &FieldError{Field: "conversation_id", Rule: "must match " + conversationIDPattern.String()}
 	case c.TurnIndex < 0:
@@ -110,7 +115,11 @@ func (c Call) material(args *jcs.Value) Material {
 
 // materialOf is the material of a valid call whose canonical args are canon.
 func (c Call) materialOf(canon []byte) Material {
-	text := make([]byte, 0, len(c.ConversationID)+len(c.Tool)+len(canon)+48)
+	text := make([]byte, 0, len(c.Tenant)+len(c.ConversationID)+len(c.Tool)+len(canon)+49)
+	if c.Tenant != "" {
+		text = append(text, c.Tenant...)
+		text = append(text, '|')
+	}
 	text = append(text, c.ConversationID...)
 	text = append(text, '|')
 	text = strconv.AppendInt(text, c.TurnIndex, 10)

@@ -62,7 +62,7 @@ var ErrLookupRefused = errors.New("jobs: lookup refused")
 // with the service's code and description), or the request's (no
 // consumer answers: nats.ErrNoResponders).
 func (c *Client) Lookup(ctx context.Context, key string) (*Lookup, error) {
-	msg, err := c.js.Conn().RequestWithContext(ctx, LookupSubject, []byte(key))
+	msg, err := c.js.Conn().RequestWithContext(ctx, TenantLookupSubject(c.tenant), []byte(key))
 	if err != nil {
 		return nil, fmt.Errorf("jobs: lookup %s: %w", key, err)
 	}

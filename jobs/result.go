@@ -64,6 +64,8 @@ type Result struct {
 	// Approval is set on the results of a call that needed a person's
 	// approval: what was asked, and once decided, the decision.
 	Approval *ResultApproval `json:"approval,omitempty"`
+	// Tenant is the job's tenant; absent for the default tenant.
+	Tenant string `json:"tenant,omitempty"`
 }
 
 // NewResult starts the result of job j with the given key and status.
@@ -71,6 +73,7 @@ func NewResult(j *Job, key string, status Status) *Result {
 	return &Result{
 		Version:        Version,
 		Key:            key,
+		Tenant:         j.Tenant,
 		ConversationID: j.ConversationID,
 		TurnIndex:      j.TurnIndex,
 		Ordinal:        j.Ordinal,

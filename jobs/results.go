@@ -42,14 +42,15 @@ type slot struct {
 }
 
 // Results starts a reader of the results published from now on whose
-// subject matches filter (empty: toolq.results.>, every conversation).
+// subject matches filter (empty: toolq.results.>, every conversation; a
+// tenant's client: toolq.<tenant>.results.>).
 // Expect a tool_use_id before publishing its job, so that its result cannot
 // pass unseen. Errors: the consumer could not be created.
 func (c *Client) Results(ctx context.Context, filter string) (*Results, error) {
 	if filter == "" {
-		filter = ResultsSubjects
+		filter = tenantPrefix(c.tenant) + "results.>"
 	}
-	cons, err := c.js.OrderedConsumer(ctx, ResultsStream, jetstream.OrderedConsumerConfig{
+	cons, err := c.js.OrderedConsumer(ctx, TenantStream(c.tenant, ResultsStream), jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{filter},
 		DeliverPolicy:  jetstream.DeliverNewPolicy,
 	})

@@ -26,6 +26,10 @@ type Streams struct {
 	DLQMaxAge       time.Duration // how long dead letters stay requeueable (default 30 days)
 	ApprovalsMaxAge time.Duration // how long approval events stay, to rebuild an inbox from (default 31 days)
 	Storage         jetstream.StorageType
+	// Tenants are the tenants besides the default one (docs/tenants.md):
+	// TOOLQ_JOBS takes their jobs too (toolq.<t>.jobs.>), and each has its
+	// own results, dead-letter and approvals streams (TenantStream).
+	Tenants []string
 }
 
 func (s Streams) withDefaults() Streams {
@@ -55,8 +59,12 @@ func (s Streams) withDefaults() Streams {
 // be replayed.
 func (s Streams) configs() []jetstream.StreamConfig {
 	s = s.withDefaults()
-	return []jetstream.StreamConfig{
-		{Name: JobsStream, Subjects: []string{JobsSubjects}, Retention: jetstream.LimitsPolicy, Storage: s.Storage,
+	jobsSubjects := []string{JobsSubjects}
+	for _, t := range s.Tenants {
+		jobsSubjects = append(jobsSubjects, TenantJobsPrefix(t)+">")
+	}
+	configs := []jetstream.StreamConfig{
+		{Name: JobsStream, Subjects: jobsSubjects, Retention: jetstream.LimitsPolicy, Storage: s.Storage,
 			MaxAge: s.JobsMaxAge, Duplicates: s.DuplicateWindow, Replicas: s.Replicas,
 			Description: "toolq jobs: one message per completed tool call"},
 		{Name: ResultsStream, Subjects: []string{ResultsSubjects}, Retention: jetstream.LimitsPolicy, Storage: s.Storage,
@@ -69,13 +77,29 @@ func (s Streams) configs() []jetstream.StreamConfig {
 			MaxAge: s.ApprovalsMaxAge, Duplicates: s.DuplicateWindow, Replicas: s.Replicas,
 			Description: "toolq approvals: calls that asked for a person's approval, and the decisions, by conversation"},
 	}
+	for _, t := range s.Tenants {
+		for _, c := range configs[1:4] {
+			c.Description = "tenant " + t + ": " + c.Description
+			c.Subjects = []string{tenantPrefix(t) + c.Subjects[0][len("toolq."):]}
+			c.Name = TenantStream(t, c.Name)
+			configs = append(configs, c)
+		}
+	}
+	return configs
 }
 
 // ProvisionStreams creates the streams, or updates them when they exist. An
 // existing stream whose configuration toolq cannot work with (another
 // retention, subjects that do not cover toolq's) is an error naming the
 // stream and the setting; toolq never deletes or recreates a stream.
+//
+// The tenants' job subjects are added to an existing TOOLQ_JOBS.
 func ProvisionStreams(ctx context.Context, js jetstream.JetStream, s Streams) error {
+	for _, t := range s.Tenants {
+		if t == "" || !ValidTenant(t) {
+			return fmt.Errorf("jobs: tenant %q: %s", t, tenantRule)
+		}
+	}
 	for _, want := range s.configs() {
 		stream, err := js.Stream(ctx, want.Name)
 		switch {
@@ -96,6 +120,11 @@ func ProvisionStreams(ctx context.Context, js jetstream.JetStream, s Streams) er
 		}
 		update := have
 		update.MaxAge, update.Duplicates, update.Description = want.MaxAge, want.Duplicates, want.Description
+		for _, subj := range want.Subjects[1:] {
+			if !covers(update.Subjects, subj) {
+				update.Subjects = append(update.Subjects[:len(update.Subjects):len(update.Subjects)], subj)
+			}
+		}
 		if _, err := js.UpdateStream(ctx, update); err != nil {
 			return fmt.Errorf("jobs: update stream %s: %w", want.Name, err)
 		}
