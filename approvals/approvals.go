@@ -49,6 +49,11 @@ type Config struct {
 	// Unanswered is how long a decided call may have waiters without their
 	// final answer before the sweep publishes its job again (default 30s).
 	Unanswered time.Duration
+	// Tenants are the tenants besides the default one (docs/tenants.md).
+	// A call's tenant is the one whose key its row's key is: its events
+	// and its decided job go on that tenant's subjects, and only that
+	// tenant's decision subject decides it.
+	Tenants []string
 }
 
 // Service decides calls awaiting approval. Its methods are safe for
@@ -261,7 +266,11 @@ func (s *Service) publishEvent(ctx context.Context, row ledger.Row, event string
 	if err != nil {
 		return err
 	}
-	msg := nats.NewMsg(jobs.ApprovalSubject(row.ConversationID))
+	tenant, err := s.TenantOf(row)
+	if err != nil {
+		return err
+	}
+	msg := nats.NewMsg(jobs.TenantApprovalSubject(tenant, row.ConversationID))
 	msg.Data = body
 	msg.Header.Set(jetstream.MsgIDHeader, jobs.ApprovalEventMsgID(row.Key, event))
 	msg.Header.Set(jobs.HeaderKey, row.Key)
@@ -283,13 +292,17 @@ func (s *Service) publishJob(ctx context.Context, row ledger.Row) error {
 	if row.Approval == nil {
 		return fmt.Errorf("approvals: %s holds no approval to run", row.Key)
 	}
+	tenant, err := s.TenantOf(row)
+	if err != nil {
+		return err
+	}
 	job := jobs.Job{Version: jobs.Version, ConversationID: row.ConversationID, TurnIndex: row.TurnIndex, Ordinal: row.Ordinal,
-		Tool: row.Tool, ToolUseID: row.FirstToolUseID, Args: row.Approval.Args}
+		Tool: row.Tool, ToolUseID: row.FirstToolUseID, Args: row.Approval.Args, Tenant: tenant}
 	body, err := encode(job)
 	if err != nil {
 		return err
 	}
-	msg := nats.NewMsg(jobs.JobSubject(row.Tool))
+	msg := nats.NewMsg(jobs.TenantJobSubject(tenant, row.Tool))
 	msg.Data = body
 	msg.Header.Set(jetstream.MsgIDHeader, "decided:"+row.Key+":"+string(row.ApprovalStatus)+":"+strconv.FormatInt(row.Attempt, 10))
 	msg.Header.Set(jobs.HeaderKey, row.Key)
@@ -301,6 +314,35 @@ func (s *Service) publishJob(ctx context.Context, row ledger.Row) error {
 		return fmt.Errorf("approvals: publish the job of %s again: %w", row.Key, err)
 	}
 	return nil
+}
+
+// TenantOf returns the tenant of a row that holds an approval: the one,
+// of the default tenant and Config.Tenants, whose key of the row's call
+// (its conversation, turn, tool, ordinal and approval's args) is the
+// row's key (or its legacy key). Without tenants configured it is the
+// default tenant. Rows without an approval, and rows of no tenant
+// configured, are an error.
+func (s *Service) TenantOf(row ledger.Row) (string, error) {
+	if row.Approval == nil {
+		return "", fmt.Errorf("approvals: %s holds no approval", row.Key)
+	}
+	if len(s.cfg.Tenants) == 0 {
+		return "", nil // a single-tenant deployment: every call is the default tenant's
+	}
+	for _, t := range append([]string{""}, s.cfg.Tenants...) {
+		c := jobs.Call{Tenant: t, ConversationID: row.ConversationID, TurnIndex: row.TurnIndex, Tool: row.Tool, Ordinal: row.Ordinal, Args: row.Approval.Args}
+		m, err := c.Material()
+		if err != nil {
+			continue
+		}
+		if m.Key() == row.Key {
+			return t, nil
+		}
+		if l, ok := m.Legacy(); ok && l.Key() == row.Key {
+			return t, nil
+		}
+	}
+	return "", fmt.Errorf("approvals: %s is the key of no configured tenant's call", row.Key)
 }
 
 // Event is the approvals stream's event of row.

@@ -28,60 +28,94 @@ var keyPattern = regexp.MustCompile(`^[0-9a-f]{32}$`)
 // call), 409 (no longer awaiting: the reply says what stands), 503 (the
 // ledger did not answer). Stop the service when done.
 func (s *Service) Serve(nc *nats.Conn) (micro.Service, error) {
-	return micro.AddService(nc, micro.Config{
+	svc, err := micro.AddService(nc, micro.Config{
 		Name:        "toolq-approvals",
 		Version:     semver(version.Get().Version),
 		Description: "decisions on toolq calls awaiting a person's approval, on toolq.decide.<group>",
 		QueueGroup:  "toolq-approvals",
 		Endpoint: &micro.EndpointConfig{Subject: jobs.DecidePrefix + "*", Handler: micro.HandlerFunc(func(req micro.Request) {
-			group := strings.TrimPrefix(req.Subject(), jobs.DecidePrefix)
-			var d jobs.DecisionRequest
-			dec := json.NewDecoder(strings.NewReader(string(req.Data())))
-			dec.DisallowUnknownFields()
-			if err := dec.Decode(&d); err != nil {
-				refuse(req, "400", jobs.DecisionReply{Error: &jobs.ResultError{Code: "bad_request", Message: "want a DecisionRequest: " + err.Error()}})
-				return
-			}
-			reply := jobs.DecisionReply{Key: d.Key}
-			switch {
-			case !keyPattern.MatchString(d.Key):
-				reply.Error = &jobs.ResultError{Code: "bad_request", Message: "key: want 32 lowercase hexadecimal characters"}
-			case d.Decision != "approve" && d.Decision != "deny":
-				reply.Error = &jobs.ResultError{Code: "bad_request", Message: `decision: want "approve" or "deny"`}
-			case strings.TrimSpace(d.By) == "" || strings.TrimSpace(d.Reason) == "":
-				reply.Error = &jobs.ResultError{Code: "bad_request", Message: "by and reason are required: they are recorded with the decision"}
-			}
-			if reply.Error != nil {
-				refuse(req, "400", reply)
-				return
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-			defer cancel()
-			row, err := s.Decide(ctx, d.Key, ledger.Decision{Approve: d.Decision == "approve", By: d.By, Reason: d.Reason, Group: group, Digest: d.Digest})
-			code, errCode := "", ""
-			switch {
-			case err == nil:
-				reply.Status = string(row.ApprovalStatus)
-				req.RespondJSON(reply)
-				return
-			case errors.Is(err, ledger.ErrNotFound):
-				code, errCode = "404", "not_found"
-			case errors.Is(err, ledger.ErrNotAwaiting):
-				code, errCode = "409", "not_awaiting"
-				if st, gerr := s.cfg.Ledger.ApprovalStatusOf(ctx, d.Key); gerr == nil {
-					reply.Status = string(st)
-				}
-			case errors.Is(err, ledger.ErrDecisionRefused):
-				code, errCode = "403", "refused"
-			case errors.Is(err, ledger.ErrUnavailable):
-				code, errCode = "503", "unavailable"
-			default:
-				code, errCode = "500", "error"
-			}
-			reply.Error = &jobs.ResultError{Code: errCode, Message: err.Error()}
-			refuse(req, code, reply)
+			s.serveDecision(req, "", strings.TrimPrefix(req.Subject(), jobs.DecidePrefix))
 		})},
 	})
+	if err != nil || len(s.cfg.Tenants) == 0 {
+		return svc, err
+	}
+	// A tenant's decisions: toolq.<tenant>.decide.<group>.
+	err = svc.AddEndpoint("tenant-decide", micro.HandlerFunc(func(req micro.Request) {
+		tokens := strings.Split(req.Subject(), ".")
+		if len(tokens) != 4 {
+			refuse(req, "400", jobs.DecisionReply{Error: &jobs.ResultError{Code: "bad_request", Message: "want toolq.<tenant>.decide.<group>"}})
+			return
+		}
+		s.serveDecision(req, tokens[1], tokens[3])
+	}), micro.WithEndpointSubject("toolq.*.decide.*"), micro.WithEndpointQueueGroup("toolq-approvals"))
+	if err != nil {
+		_ = svc.Stop()
+		return nil, err
+	}
+	return svc, nil
+}
+
+// serveDecision answers one decision request on tenant's subject for group.
+func (s *Service) serveDecision(req micro.Request, tenant, group string) {
+	var d jobs.DecisionRequest
+	dec := json.NewDecoder(strings.NewReader(string(req.Data())))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&d); err != nil {
+		refuse(req, "400", jobs.DecisionReply{Error: &jobs.ResultError{Code: "bad_request", Message: "want a DecisionRequest: " + err.Error()}})
+		return
+	}
+	reply := jobs.DecisionReply{Key: d.Key}
+	switch {
+	case !keyPattern.MatchString(d.Key):
+		reply.Error = &jobs.ResultError{Code: "bad_request", Message: "key: want 32 lowercase hexadecimal characters"}
+	case d.Decision != "approve" && d.Decision != "deny":
+		reply.Error = &jobs.ResultError{Code: "bad_request", Message: `decision: want "approve" or "deny"`}
+	case strings.TrimSpace(d.By) == "" || strings.TrimSpace(d.Reason) == "":
+		reply.Error = &jobs.ResultError{Code: "bad_request", Message: "by and reason are required: they are recorded with the decision"}
+	}
+	if reply.Error != nil {
+		refuse(req, "400", reply)
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	if len(s.cfg.Tenants) > 0 { // only the call's tenant's subject decides it
+		row, err := s.cfg.Ledger.Get(ctx, d.Key)
+		if err == nil && row.Approval != nil {
+			if t, terr := s.TenantOf(row); terr != nil || t != tenant {
+				err = ledger.ErrNotFound
+			}
+		}
+		if err != nil || row.Approval == nil {
+			reply.Error = &jobs.ResultError{Code: "not_found", Message: "no call of this tenant awaits a decision under this key"}
+			refuse(req, "404", reply)
+			return
+		}
+	}
+	row, err := s.Decide(ctx, d.Key, ledger.Decision{Approve: d.Decision == "approve", By: d.By, Reason: d.Reason, Group: group, Digest: d.Digest})
+	code, errCode := "", ""
+	switch {
+	case err == nil:
+		reply.Status = string(row.ApprovalStatus)
+		req.RespondJSON(reply)
+		return
+	case errors.Is(err, ledger.ErrNotFound):
+		code, errCode = "404", "not_found"
+	case errors.Is(err, ledger.ErrNotAwaiting):
+		code, errCode = "409", "not_awaiting"
+		if st, gerr := s.cfg.Ledger.ApprovalStatusOf(ctx, d.Key); gerr == nil {
+			reply.Status = string(st)
+		}
+	case errors.Is(err, ledger.ErrDecisionRefused):
+		code, errCode = "403", "refused"
+	case errors.Is(err, ledger.ErrUnavailable):
+		code, errCode = "503", "unavailable"
+	default:
+		code, errCode = "500", "error"
+	}
+	reply.Error = &jobs.ResultError{Code: errCode, Message: err.Error()}
+	refuse(req, code, reply)
 }
 
 func refuse(req micro.Request, code string, reply jobs.DecisionReply) {

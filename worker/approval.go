@@ -172,7 +172,7 @@ func (d *delivery) publishTo(row ledger.Row, waiter string) error {
 	if r.Duplicate {
 		r.OriginalToolUseID = row.FirstToolUseID
 	}
-	subject := jobs.ResultSubject(d.job.ConversationID)
+	subject := jobs.TenantResultSubject(d.job.Tenant, d.job.ConversationID)
 	msg := nats.NewMsg(subject)
 	msg.Header.Set(jobs.HeaderKey, d.key)
 	msg.Header.Set(jetstream.MsgIDHeader, jobs.ResultMsgID(d.key, waiter, answerID(r, true, d.jobSeq())))

@@ -18,6 +18,11 @@ type Consumer struct {
 	MaxDeliver    int             // counted deliveries before a job goes to the DLQ (default 10)
 	BackOff       []time.Duration // redelivery delays after an unacknowledged delivery (optional)
 	MaxAckPending int             // default 1000
+	// Tenants are the tenants whose jobs the durable takes besides the
+	// default tenant's (docs/tenants.md); default: Config.Streams.Tenants.
+	// With the default FilterSubject its filters are toolq.jobs.> and each
+	// tenant's toolq.<tenant>.jobs.>; another FilterSubject is kept as is.
+	Tenants []string
 }
 
 func (c Consumer) withDefaults() Consumer {
@@ -45,18 +50,36 @@ func (c Consumer) withDefaults() Consumer {
 // even when publishing the dead letter fails: the job is then redelivered).
 func (c Consumer) Config() jetstream.ConsumerConfig {
 	c = c.withDefaults()
-	return jetstream.ConsumerConfig{
-		Durable:       c.Durable,
-		Description:   "toolq workers",
-		FilterSubject: c.FilterSubject,
-		AckPolicy:     jetstream.AckExplicitPolicy,
-		AckWait:       c.AckWait,
-		MaxDeliver:    -1,
-		BackOff:       c.BackOff,
-		MaxAckPending: c.MaxAckPending,
-		DeliverPolicy: jetstream.DeliverAllPolicy,
-		ReplayPolicy:  jetstream.ReplayInstantPolicy,
+	cfg := jetstream.ConsumerConfig{
+		Durable:        c.Durable,
+		Description:    "toolq workers",
+		FilterSubject:  c.FilterSubject,
+		FilterSubjects: c.filterSubjects(),
+		AckPolicy:      jetstream.AckExplicitPolicy,
+		AckWait:        c.AckWait,
+		MaxDeliver:     -1,
+		BackOff:        c.BackOff,
+		MaxAckPending:  c.MaxAckPending,
+		DeliverPolicy:  jetstream.DeliverAllPolicy,
+		ReplayPolicy:   jetstream.ReplayInstantPolicy,
 	}
+	if len(cfg.FilterSubjects) > 0 {
+		cfg.FilterSubject = ""
+	}
+	return cfg
+}
+
+// filterSubjects are the durable's filters when it takes tenants' jobs
+// with the default filter, or nil.
+func (c Consumer) filterSubjects() []string {
+	if len(c.Tenants) == 0 || c.FilterSubject != jobs.JobsSubjects {
+		return nil
+	}
+	subjects := []string{jobs.JobsSubjects}
+	for _, t := range c.Tenants {
+		subjects = append(subjects, jobs.TenantJobsPrefix(t)+">")
+	}
+	return subjects
 }
 
 // provision creates or updates the durable consumer.

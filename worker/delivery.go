@@ -131,7 +131,10 @@ func (d *delivery) decode() *refusal {
 		return &refusal{reason: jobs.DLQInvalid, err: err}
 	}
 	d.job = job
-	if subj := jobs.JobSubject(job.Tool); msg.Subject() != subj {
+	if subj := jobs.TenantJobSubject(job.Tenant, job.Tool); msg.Subject() != subj {
+		if t, ok := jobs.SubjectTenant(msg.Subject()); ok && t != job.Tenant { // never run as the tenant it names
+			return &refusal{reason: jobs.DLQInvalid, err: fmt.Errorf("job of tenant %q published on %s, a subject of tenant %q: want %s", job.Tenant, msg.Subject(), t, subj)}
+		}
 		return &refusal{reason: jobs.DLQInvalid, err: fmt.Errorf("job for tool %q published on %s, want %s", job.Tool, msg.Subject(), subj)}
 	}
 	d.material, d.key = material, material.Key()

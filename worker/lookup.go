@@ -24,32 +24,44 @@ var keyPattern = regexp.MustCompile(`^[0-9a-f]{32}$`)
 // service (toolq-ledger) whose requests are keys and whose answers are
 // jobs.Lookup, so that an agent that restarted can ask whether a call
 // already happened without access to the database. Every consumer serves
-// it, in one queue group. Stop the service when done.
-func ServeLookup(nc *nats.Conn, store *ledger.Store, log *slog.Logger) (micro.Service, error) {
+// it, in one queue group. With tenants, it answers their lookups on
+// toolq.<tenant>.ledger.get too. Stop the service when done.
+func ServeLookup(nc *nats.Conn, store *ledger.Store, log *slog.Logger, tenants ...string) (micro.Service, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	return micro.AddService(nc, micro.Config{
+	handler := micro.HandlerFunc(func(req micro.Request) {
+		key := strings.TrimSpace(string(req.Data()))
+		if !keyPattern.MatchString(key) {
+			req.Error("400", "want a key: 32 lowercase hexadecimal characters", nil)
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		l, err := lookup(ctx, store, key)
+		if err != nil {
+			log.Warn("ledger lookup failed", "key", key, "error", err)
+			req.Error("503", "the ledger did not answer: "+err.Error(), nil)
+			return
+		}
+		req.RespondJSON(l)
+	})
+	svc, err := micro.AddService(nc, micro.Config{
 		Name:        "toolq-ledger",
 		Version:     semver(version.Get().Version),
 		Description: "what toolq's ledger knows of a call's key: did it already happen, and how did it end",
-		Endpoint: &micro.EndpointConfig{Subject: jobs.LookupSubject, Handler: micro.HandlerFunc(func(req micro.Request) {
-			key := strings.TrimSpace(string(req.Data()))
-			if !keyPattern.MatchString(key) {
-				req.Error("400", "want a key: 32 lowercase hexadecimal characters", nil)
-				return
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			l, err := lookup(ctx, store, key)
-			if err != nil {
-				log.Warn("ledger lookup failed", "key", key, "error", err)
-				req.Error("503", "the ledger did not answer: "+err.Error(), nil)
-				return
-			}
-			req.RespondJSON(l)
-		})},
+		Endpoint:    &micro.EndpointConfig{Subject: jobs.LookupSubject, Handler: handler},
 	})
+	if err != nil || len(tenants) == 0 {
+		return svc, err
+	}
+	// The tenants' lookups, toolq.<tenant>.ledger.get: each tenant's
+	// permissions let it ask on its own subject only.
+	if err := svc.AddEndpoint("tenant-get", handler, micro.WithEndpointSubject("toolq.*.ledger.get")); err != nil {
+		_ = svc.Stop()
+		return nil, err
+	}
+	return svc, nil
 }
 
 func lookup(ctx context.Context, store *ledger.Store, key string) (*jobs.Lookup, error) {

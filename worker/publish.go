@@ -32,7 +32,7 @@ import (
 // its job must still be answered); any other refusal is a counted retry, so
 // the job ends in the DLQ rather than looping.
 func (d *delivery) publish(r *jobs.Result, label Outcome) verdict {
-	subject, msgID := jobs.ResultSubject(d.job.ConversationID), jobs.ResultMsgID(d.key, d.job.ToolUseID, answerID(r, d.tool != nil && d.tool.UsesLedger, d.jobSeq()))
+	subject, msgID := jobs.TenantResultSubject(d.job.Tenant, d.job.ConversationID), jobs.ResultMsgID(d.key, d.job.ToolUseID, answerID(r, d.tool != nil && d.tool.UsesLedger, d.jobSeq()))
 	ctx, span := d.child(d.runCtx, "publish toolq.results", trace.SpanKindProducer,
 		tracing.MessagingSystem.String("nats"), tracing.MessagingDestination.String(subject),
 		tracing.MessagingMessageID.String(msgID), tracing.MessagingOperation.String("send"),
@@ -179,7 +179,8 @@ func refused(err error) bool {
 	return errors.As(err, &api) || errors.Is(err, nats.ErrBadSubject) || errors.Is(err, nats.ErrPermissionViolation)
 }
 
-// publishDeadLetter publishes the message to toolq.dlq.<reason>: toolq's
+// publishDeadLetter publishes the message to toolq.dlq.<reason> (a
+// tenant's job subject's to toolq.<tenant>.dlq.<reason>): toolq's
 // headers (the reason, the error, what the ledger knew of the call), then
 // as many of the original's headers as fit, and its body when it fits too.
 // What does not fit is named in Toolq-Dlq-Headers-Omitted and
@@ -191,7 +192,8 @@ func refused(err error) bool {
 // (see deadLetterRefused), or the broker did not answer.
 func (w *Worker) publishDeadLetter(ctx context.Context, d *delivery, o verdict) error {
 	own := w.deadLetterHeaders(ctx, d, o)
-	msg := nats.NewMsg(jobs.DLQSubject(o.reason))
+	tenant, _ := jobs.SubjectTenant(d.msg.Subject()) // the tenant whose subject it came on: the one who sent it
+	msg := nats.NewMsg(jobs.TenantDLQSubject(tenant, o.reason))
 	msg.Header = maps.Clone(own)
 	if omitted := copyHeaders(msg.Header, d.msg.Headers(), w.headerRoom(own)); len(omitted) > 0 {
 		msg.Header.Set(jobs.HeaderDLQHeadersOmitted, cut(strings.Join(omitted, ", "), headerValueLimit))

@@ -207,6 +207,9 @@ func New(ctx context.Context, cfg Config) (*Worker, error) {
 	if err := jobs.ProvisionStreams(ctx, cfg.JS, cfg.Streams); err != nil {
 		return nil, err
 	}
+	if cfg.Consumer.Tenants == nil {
+		cfg.Consumer.Tenants = cfg.Streams.Tenants
+	}
 	cons, err := cfg.Consumer.provision(ctx, cfg.JS)
 	if err != nil {
 		return nil, err
@@ -224,7 +227,7 @@ func New(ctx context.Context, cfg Config) (*Worker, error) {
 	appr := cfg.Approvals
 	if appr == nil {
 		if appr, err = approvals.New(approvals.Config{Ledger: cfg.Ledger, JS: cfg.JS, Logger: cfg.Logger,
-			TracerProvider: cfg.TracerProvider, MeterProvider: cfg.MeterProvider, Propagator: cfg.Propagator}); err != nil {
+			TracerProvider: cfg.TracerProvider, MeterProvider: cfg.MeterProvider, Propagator: cfg.Propagator, Tenants: cfg.Streams.Tenants}); err != nil {
 			return nil, fmt.Errorf("worker: approvals: %w", err)
 		}
 	}

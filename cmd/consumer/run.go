@@ -56,6 +56,7 @@ func runWorker(ctx context.Context, args []string, stdio cli.IO, getenv func(str
 	shutdownTimeout := fs.Duration("shutdown-timeout", 30*time.Second, "on SIGTERM, how long running tools may finish")
 	durable := fs.String("durable", "toolq", "name of the durable consumer the workers share")
 	filter := fs.String("filter-subject", jobs.JobsSubjects, "the jobs this durable takes, e.g. toolq.jobs.send_payment (give each set of workers with its own registry its own --durable)")
+	tenantsFlag := fs.String("tenants", "", "comma-separated tenants served besides the default one (docs/tenants.md): their jobs on toolq.<tenant>.jobs.>, their results, dead letters and approvals in their own streams, their lookups and decisions on their own subjects; empty: a single-tenant deployment")
 	ackWait := fs.Duration("ack-wait", 30*time.Second, "JetStream ack wait (the worker sends InProgress while a tool runs)")
 	maxDeliver := fs.Int("max-deliver", 10, "deliveries before a job goes to the dead-letter stream")
 	maxAckPending := fs.Int("max-ack-pending", 1000, "jobs delivered and not yet acknowledged, across all workers")
@@ -176,14 +177,24 @@ func runWorker(ctx context.Context, args []string, stdio cli.IO, getenv func(str
 
 	// Calls awaiting a person's approval are decided through one service:
 	// the worker's sweep, the decisions on toolq.decide.<group>.
-	appr, err := approvals.New(approvals.Config{Ledger: st.Store, JS: st.JS, Logger: logger, MeterProvider: meters})
+	var tenants []string
+	for _, t := range strings.Split(*tenantsFlag, ",") {
+		if t = strings.TrimSpace(t); t == "" {
+			continue
+		}
+		if !jobs.ValidTenant(t) {
+			return fmt.Errorf("--tenants: %q: a tenant must match ^[A-Za-z0-9_-]{1,64}$ and not be jobs, results, dlq, approvals, decide, ledger or tools", t)
+		}
+		tenants = append(tenants, t)
+	}
+	appr, err := approvals.New(approvals.Config{Ledger: st.Store, JS: st.JS, Logger: logger, MeterProvider: meters, Tenants: tenants})
 	if err != nil {
 		return err
 	}
 	w, err := st.NewWorker(ctx, worker.Config{
 		Approvals:     appr,
 		MeterProvider: meters,
-		Streams:       jobs.Streams{Replicas: *replicas},
+		Streams:       jobs.Streams{Replicas: *replicas, Tenants: tenants},
 		Consumer:      worker.Consumer{Durable: *durable, FilterSubject: *filter, AckWait: *ackWait, MaxDeliver: *maxDeliver, MaxAckPending: *maxAckPending, BackOff: backoffs},
 		BatchSize:     *batch, MaxInFlight: *workers, MaxBodySize: *maxBody,
 		ShutdownTimeout: *shutdownTimeout, UntilEmpty: *untilEmpty, Logger: logger,
@@ -195,7 +206,7 @@ func runWorker(ctx context.Context, args []string, stdio cli.IO, getenv func(str
 		return err
 	}
 	// Agents ask the ledger whether a call already happened over NATS.
-	lookup, err := worker.ServeLookup(st.Conn, st.Store, logger)
+	lookup, err := worker.ServeLookup(st.Conn, st.Store, logger, tenants...)
 	if err != nil {
 		return fmt.Errorf("ledger lookup service: %w", err)
 	}
