@@ -274,8 +274,8 @@ func (c *Client) awaitAll(ctx context.Context, conversationID string, toolUseIDs
 		meta, err := msg.Metadata()
 		caughtUp = err != nil || meta.NumPending == 0
 		r, err := DecodeResult(msg.Data())
-		if err != nil || !want[r.ToolUseID] || !r.Supersedes(got[r.ToolUseID]) {
-			continue
+		if err != nil || r.Tenant != c.tenant || !want[r.ToolUseID] || !r.Supersedes(got[r.ToolUseID]) {
+			continue // another tenant's result is never this client's (docs/tenants.md)
 		}
 		if !wait.enough(got[r.ToolUseID]) && wait.enough(r) {
 			enough++

@@ -77,8 +77,8 @@ func (r *Results) read() {
 			return
 		}
 		res, err := DecodeResult(msg.Data())
-		if err != nil {
-			continue
+		if err != nil || res.Tenant != r.client.tenant {
+			continue // another tenant's result is never this reader's (docs/tenants.md)
 		}
 		r.mu.Lock()
 		k := waitKey{res.ConversationID, res.ToolUseID}
