@@ -455,3 +455,37 @@ func (f *Formation) Logs() string {
 	}
 	return b.String()
 }
+
+// HoldReplication stops (SIGSTOP) the primary's WAL senders, so that
+// nothing the primary commits from now on reaches the secondary (a commit
+// that waits for the synchronous secondary waits), until resume continues
+// them. It is how a test makes sure that a commit that did not wait for
+// the secondary is lost when the primary is then killed.
+func (f *Formation) HoldReplication(ctx context.Context) (resume func(), err error) {
+	conn, err := pgx.Connect(ctx, f.URL())
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close(context.Background())
+	rows, err := conn.Query(ctx, "SELECT pid FROM pg_stat_replication")
+	if err != nil {
+		return nil, err
+	}
+	pids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	if err != nil {
+		return nil, err
+	}
+	if len(pids) == 0 {
+		return nil, errors.New("the primary has no WAL sender")
+	}
+	for _, pid := range pids {
+		if err := syscall.Kill(int(pid), syscall.SIGSTOP); err != nil {
+			return nil, fmt.Errorf("stopping the WAL sender %d: %v", pid, err)
+		}
+	}
+	return func() {
+		for _, pid := range pids {
+			syscall.Kill(int(pid), syscall.SIGCONT)
+		}
+	}, nil
+}

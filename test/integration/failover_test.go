@@ -21,6 +21,8 @@ import (
 	"github.com/toolq/toolq/embedded"
 	"github.com/toolq/toolq/internal/testenv"
 	"github.com/toolq/toolq/jobs"
+	"github.com/toolq/toolq/ledger"
+	"github.com/toolq/toolq/worker"
 )
 
 // The failover test's load: jobs published at this pace, a third of them
@@ -49,53 +51,7 @@ func TestPrimaryFailoverLosesNothingPromised(t *testing.T) {
 	f := testenv.StartFormation(t)
 	reader := sdkmetric.NewManualReader()
 	o := options{faults: sandbox.Faults{LatencyMS: int(failoverLatency / time.Millisecond)}, meters: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))}
-	e := &env{t: t, logs: &testenv.Buffer{}, dataDir: t.TempDir(), gate: make(chan struct{}), dbURL: f.URL()}
-	e.nats = testenv.StartNATS(t)
-	var err error
-	if e.sandbox, err = sandbox.New(sandbox.Config{Faults: o.faults}); err != nil {
-		t.Fatal(err)
-	}
-	// What reaches the downstream: payment requests by Idempotency-Key, and
-	// the replays it answered instead of paying again.
-	var dsMu sync.Mutex
-	requests, replays := map[string]int{}, 0
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method == http.MethodPost && r.URL.Path == "/v1/payments" {
-			rec := httptest.NewRecorder()
-			e.sandbox.ServeHTTP(rec, r)
-			dsMu.Lock()
-			requests[r.Header.Get("Idempotency-Key")]++
-			if rec.Header().Get("Idempotent-Replayed") == "true" {
-				replays++
-			}
-			dsMu.Unlock()
-			for k, v := range rec.Header() {
-				w.Header()[k] = v
-			}
-			w.WriteHeader(rec.Code)
-			w.Write(rec.Body.Bytes())
-			return
-		}
-		e.sandbox.ServeHTTP(w, r)
-	}))
-	t.Cleanup(srv.Close)
-	e.sbURL = srv.URL
-	if e.registry, err = testRegistry(e.sbURL, slog.New(slog.NewTextHandler(e.logs, nil)), e.gate); err != nil {
-		t.Fatal(err)
-	}
-	st, err := embedded.Start(context.Background(), embedded.Config{
-		NATSURL: e.nats.URL, NATSOptions: []nats.Option{nats.MaxReconnects(-1), nats.ReconnectWait(50 * time.Millisecond)},
-		DatabaseURL: e.dbURL, Dir: e.dataDir, Tools: e.registry,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(st.Close)
-	e.stack, e.nc, e.js, e.store = st, st.Conn, st.JS, st.Store
-	e.client = jobs.NewClient(e.js)
-	if err := jobs.ProvisionStreams(context.Background(), e.js, jobs.Streams{}); err != nil {
-		t.Fatal(err)
-	}
+	e, ds := setupOnFormation(t, f, o)
 	e.startWorker(o, nil)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Second)
@@ -190,14 +146,14 @@ func TestPrimaryFailoverLosesNothingPromised(t *testing.T) {
 		perInvoice[p.InvoiceID]++
 	}
 	collapsed := 0
-	dsMu.Lock()
-	for _, n := range requests {
+	ds.mu.Lock()
+	for _, n := range ds.requests {
 		if n > 1 {
 			collapsed++
 		}
 	}
-	dsReplays := replays
-	dsMu.Unlock()
+	dsReplays := ds.replays
+	ds.mu.Unlock()
 	for _, cl := range calls {
 		if cl.job.Tool != "send_payment" {
 			continue
@@ -269,4 +225,146 @@ func probeWrite(ctx context.Context, url string) error {
 	defer conn.Close(context.Background())
 	_, err = conn.Exec(ctx, "CREATE TABLE IF NOT EXISTS failover_probe (at timestamptz); INSERT INTO failover_probe VALUES (now())")
 	return err
+}
+
+// downstream counts what reaches the sandbox's payments: the requests by
+// Idempotency-Key, and the replays it answered instead of paying again.
+type downstream struct {
+	mu       sync.Mutex
+	requests map[string]int
+	replays  int
+}
+
+// setupOnFormation is setup with the ledger on the formation, through its
+// multi-host URL, and the sandbox's payments counted.
+func setupOnFormation(t *testing.T, f *testenv.Formation, o options) (*env, *downstream) {
+	t.Helper()
+	e := &env{t: t, logs: &testenv.Buffer{}, dataDir: t.TempDir(), gate: make(chan struct{}), dbURL: f.URL()}
+	e.nats = testenv.StartNATS(t)
+	var err error
+	if e.sandbox, err = sandbox.New(sandbox.Config{Faults: o.faults}); err != nil {
+		t.Fatal(err)
+	}
+	// What reaches the downstream: payment requests by Idempotency-Key, and
+	// the replays it answered instead of paying again.
+	ds := &downstream{requests: map[string]int{}}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost && r.URL.Path == "/v1/payments" {
+			rec := httptest.NewRecorder()
+			e.sandbox.ServeHTTP(rec, r)
+			ds.mu.Lock()
+			ds.requests[r.Header.Get("Idempotency-Key")]++
+			if rec.Header().Get("Idempotent-Replayed") == "true" {
+				ds.replays++
+			}
+			ds.mu.Unlock()
+			for k, v := range rec.Header() {
+				w.Header()[k] = v
+			}
+			w.WriteHeader(rec.Code)
+			w.Write(rec.Body.Bytes())
+			return
+		}
+		e.sandbox.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	e.sbURL = srv.URL
+	if e.registry, err = testRegistry(e.sbURL, slog.New(slog.NewTextHandler(e.logs, nil)), e.gate); err != nil {
+		t.Fatal(err)
+	}
+	st, err := embedded.Start(context.Background(), embedded.Config{
+		NATSURL: e.nats.URL, NATSOptions: []nats.Option{nats.MaxReconnects(-1), nats.ReconnectWait(50 * time.Millisecond)},
+		DatabaseURL: e.dbURL, Dir: e.dataDir, Tools: e.registry,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(st.Close)
+	e.stack, e.nc, e.js, e.store = st, st.Conn, st.JS, st.Store
+	e.client = jobs.NewClient(e.js)
+	if err := jobs.ProvisionStreams(context.Background(), e.js, jobs.Streams{}); err != nil {
+		t.Fatal(err)
+	}
+	return e, ds
+}
+
+// TestFailoverLosesAKeyedClaim: a keyed write's claim commits without
+// waiting for the disk or the synchronous secondary (its key goes
+// downstream, which collapses a repeat), so a failover right after it can
+// lose it, exactly as a crash can. The primary's WAL senders are held
+// (SIGSTOP) and the primary is killed right after the claim, so that the
+// claim never reached the secondary. The tool runs on; once the secondary is promoted its
+// completion finds no row and publishes nothing; the redelivery
+// claims the key again and runs the call again under the same
+// Idempotency-Key, which the downstream answers as a replay: one payment,
+// two requests, one result.
+func TestFailoverLosesAKeyedClaim(t *testing.T) {
+	f := testenv.StartFormation(t)
+	// The ack wait outlasts the failover: the redelivery comes after the
+	// first holder has run the call and found its claim gone.
+	o := options{ackWait: 15 * time.Second}
+	e, ds := setupOnFormation(t, f, o)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	keyed := job(conv(t), 0, "send_payment", payment("failover_lost_claim"))
+	keyedKey, _ := keyed.Key()
+	killed := make(chan time.Time, 1)
+	var once sync.Once
+	e.startWorker(o, func(p worker.FaultPoint, j *jobs.Job) {
+		if p != worker.AfterClaim || j.ToolUseID != keyed.ToolUseID {
+			return
+		}
+		// The claim is in the primary's WAL buffers only; the call goes
+		// downstream as the primary dies.
+		once.Do(func() {
+			if _, err := f.KillPrimary(ctx); err != nil {
+				t.Errorf("killing the primary: %v", err)
+			}
+			killed <- time.Now()
+		})
+	})
+	// From now on nothing the primary commits reaches the secondary.
+	resume, err := f.HoldReplication(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resume()
+	p := e.publish(keyed)
+	at := <-killed
+	for probeWrite(ctx, f.URL()) != nil {
+		if ctx.Err() != nil {
+			t.Fatalf("no write after the failover:\n%s", f.State())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	recoveredIn := time.Since(at)
+	if r := e.await(keyed); r.Status != jobs.StatusOK || r.Duplicate {
+		t.Fatalf("the keyed write after its claim was lost: %+v", r)
+	}
+	if row := e.row(keyedKey); row.State != ledger.Completed {
+		t.Fatalf("row %+v", row)
+	}
+	if rs := e.results(keyed.ConversationID); len(rs) != 1 {
+		t.Fatalf("%d results for one call: %+v", len(rs), rs)
+	}
+	if pays := e.sandbox.Payments(); len(pays) != 1 || pays[0].IdempotencyKey != p.Key {
+		t.Fatalf("payments %+v, want one under %s", pays, p.Key)
+	}
+	ds.mu.Lock()
+	var requests int
+	for _, n := range ds.requests {
+		requests += n
+	}
+	replays := ds.replays
+	ds.mu.Unlock()
+	if requests != 2 || replays != 1 {
+		t.Fatalf("the downstream saw %d request(s) and answered %d replay(s), want the call twice and the second collapsed; logs:\n%s", requests, replays, e.logs.String())
+	}
+	if !strings.Contains(e.logs.String(), "lost the claim while the tool ran") {
+		t.Fatalf("the first holder did not see it lost its claim; logs:\n%s", e.logs.String())
+	}
+	if n := len(e.deadLetters()); n != 0 {
+		t.Fatalf("%d dead letters", n)
+	}
+	t.Logf("the claim lost in the failover (recovered in %v): the downstream saw the key twice and paid once", recoveredIn.Round(time.Millisecond))
 }
