@@ -14,10 +14,10 @@ import (
 )
 
 func runKey(_ context.Context, args []string, stdio cli.IO, _ func(string) string) error {
-	fs := cli.NewFlagSet("key", "publisher key [--conversation C --turn N --tool T [--ordinal K] --args JSON] [--material]\n\n"+
+	fs := cli.NewFlagSet("key", "publisher key [[--tenant T] --conversation C --turn N --tool T [--ordinal K] --args JSON] [--material]\n\n"+
 		"With --args, prints the key of that one call. Without it, reads job bodies as JSON\n"+
 		"Lines on standard input (only conversation_id, turn_index, tool, ordinal and args\n"+
-		"are needed) and prints, for each line in order, its key or 'error: <reason>'.", stdio)
+		"are needed; a tenant, when there is one) and prints, for each line in order, its key or 'error: <reason>'.", stdio)
 	var call jobs.Call
 	var argsJSON string
 	fs.StringVar(&call.ConversationID, "conversation", "", "conversation id")
@@ -25,6 +25,7 @@ func runKey(_ context.Context, args []string, stdio cli.IO, _ func(string) strin
 	fs.StringVar(&call.Tool, "tool", "", "tool name")
 	fs.Int64Var(&call.Ordinal, "ordinal", 0, "position of the call among identical calls of the turn")
 	fs.StringVar(&argsJSON, "args", "", "the call's arguments, a JSON object")
+	fs.StringVar(&call.Tenant, "tenant", "", "the tenant whose call it is (its material starts with \"tenant|\"); empty: the default tenant")
 	material := fs.Bool("material", false, "print the exact hashed material instead of the key")
 	if err := cli.ParseNone(fs, args); err != nil {
 		return err

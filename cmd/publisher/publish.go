@@ -8,12 +8,16 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolq/toolq/embedded"
 	"github.com/toolq/toolq/internal/cli"
 	"github.com/toolq/toolq/jobs"
 )
 
 func runPublish(ctx context.Context, args []string, stdio cli.IO, getenv func(string) string) error {
-	fs := cli.NewFlagSet("publish", "publisher publish --conversation C --turn N [--ordinal K] --tool T [--tool-use-id ID] --args JSON [--wait] [--timeout D]\n\n"+
+	fs := cli.NewFlagSet("publish", "publisher publish [--tenant T] --conversation C --turn N [--ordinal K] --tool T [--tool-use-id ID] --args JSON [--wait] [--timeout D]\n\n"+
 		"Publishes one job. Without --wait it prints where JetStream stored it; with --wait it\n"+
 		"prints the result (Result v1 JSON) and exits 0 only when its status is ok: 1 for error, 4 rejected, 5 indeterminate.", stdio)
 	var nf cli.NATSFlags
@@ -26,6 +30,7 @@ func runPublish(ctx context.Context, args []string, stdio cli.IO, getenv func(st
 	fs.StringVar(&job.Tool, "tool", "", "tool name")
 	fs.StringVar(&job.ToolUseID, "tool-use-id", "", "the model's tool_use id (default: a new toolu_… id)")
 	fs.StringVar(&argsJSON, "args", "", "the call's arguments, a JSON object")
+	fs.StringVar(&job.Tenant, "tenant", "", "the tenant whose call it is (docs/tenants.md): published on toolq.<tenant>.jobs.<tool>, awaited in its results stream, with the inbox prefix _INBOX_<tenant>; empty: the default tenant")
 	wait := fs.Bool("wait", false, "wait for the result and print it")
 	timeout := fs.Duration("timeout", 30*time.Second, "how long --wait waits")
 	if err := cli.ParseNone(fs, args); err != nil {
@@ -45,12 +50,23 @@ func runPublish(ctx context.Context, args []string, stdio cli.IO, getenv func(st
 	if err := job.Validate(); err != nil {
 		return cli.WithCode(cli.ExitRejected, err) // the call, as given, cannot run
 	}
-	nc, js, err := nf.JetStream("toolq publisher")
+	opts, err := nf.Options("toolq publisher")
 	if err != nil {
 		return err
 	}
+	if job.Tenant != "" { // a tenant's user may subscribe to its own inbox only
+		opts = append(opts, nats.CustomInboxPrefix("_INBOX_"+job.Tenant))
+	}
+	nc, err := nats.Connect(nf.URL, opts...)
+	if err != nil {
+		return fmt.Errorf("connect to NATS at %s: %w", embedded.RedactURL(nf.URL), err)
+	}
 	defer nc.Close()
-	client := jobs.NewClient(js)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	client := jobs.NewClient(js, jobs.WithTenant(job.Tenant))
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
 	if !*wait {
