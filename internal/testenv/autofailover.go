@@ -343,6 +343,9 @@ func (f *Formation) URL() string {
 	return fmt.Sprintf("postgres://postgres@%s/%s?sslmode=disable&target_session_attrs=read-write", strings.Join(hosts, ","), f.Database)
 }
 
+// NodeAddr is host:port of node i.
+func (f *Formation) NodeAddr(i int) string { return fmt.Sprintf("127.0.0.1:%d", f.Nodes[i].Port) }
+
 // NodeURL is the URL of the formation's database on node i alone.
 func (f *Formation) NodeURL(i int) string { return f.Nodes[i].url(f.Database) }
 

@@ -122,6 +122,12 @@ type run struct {
 	// pgbouncer_test.go).
 	viaPgBouncer bool
 	bouncer      *testenv.PgBouncer
+	// viaFormation: the ledger is a pg_auto_failover formation, reached by
+	// its multi-host URL (see failover_test.go); failovers are the times
+	// its postgres_failover faults took to recover.
+	viaFormation bool
+	formation    *testenv.Formation
+	failovers    []time.Duration
 
 	natsMu sync.Mutex
 	pgMu   sync.Mutex
@@ -226,8 +232,16 @@ func (r *run) setup() {
 
 	// Every commit that waits for the disk survives a crash (the machine
 	// does not crash: fsync stays off); a keyed write's claim does not wait.
-	r.cluster = testenv.OwnCluster(t, "synchronous_commit=on")
-	r.dbURL = r.cluster.Database(t)
+	var pgTarget string
+	if r.viaFormation {
+		r.formation = testenv.StartFormation(t)
+		r.dbURL = r.formation.URL()
+		pgTarget = r.formation.NodeAddr(0) // the proxy's; the consumers use both nodes
+	} else {
+		r.cluster = testenv.OwnCluster(t, "synchronous_commit=on")
+		r.dbURL = r.cluster.Database(t)
+		pgTarget = fmt.Sprintf("127.0.0.1:%d", r.cluster.Port)
+	}
 
 	r.nats = &natsProc{bin: filepath.Join(bin, "nats-server"), dir: filepath.Join(r.dir, "jetstream"), log: filepath.Join(r.dir, "nats-server.log"),
 		port: freePort(t), mport: freePort(t)}
@@ -246,7 +260,7 @@ func (r *run) setup() {
 
 	targets := map[string]string{
 		"nats":     fmt.Sprintf("127.0.0.1:%d", r.nats.port),
-		"postgres": fmt.Sprintf("127.0.0.1:%d", r.cluster.Port),
+		"postgres": pgTarget,
 		"sandbox":  strings.TrimPrefix(sbURL, "http://"),
 	}
 	consumerDB := r.dbURL
@@ -286,9 +300,13 @@ func (r *run) setup() {
 	}
 	u, _ := url.Parse(consumerDB)
 	u.Host = r.proxies["postgres"].Addr()
+	dbArg := u.String()
+	if r.viaFormation {
+		dbArg = r.dbURL // both nodes, not through the proxy
+	}
 	for i := range consumers {
 		c := &consumerProc{idx: i, bin: filepath.Join(bin, "consumer"), log: filepath.Join(r.dir, fmt.Sprintf("consumer-%d.log", i)),
-			args: []string{"run", "--nats-url", "nats://" + r.proxies["nats"].Addr(), "--database-url", u.String(), "--tools", registry,
+			args: []string{"run", "--nats-url", "nats://" + r.proxies["nats"].Addr(), "--database-url", dbArg, "--tools", registry,
 				"--health-addr", "127.0.0.1:0", "--ack-wait", ackWait.String(), "--shutdown-timeout", "5s", "--workers", "16", "--batch", "8"},
 			env: []string{"TOOLQ_SANDBOX_URL=http://" + r.proxies["sandbox"].Addr()}}
 		if err := c.startRetrying(time.Now().Add(30 * time.Second)); err != nil {
@@ -428,6 +446,12 @@ func (r *run) inject(ctx context.Context, f fault) {
 		}
 		ctxSleep(ctx, f.dur)
 		if err := r.cluster.Start(); err != nil {
+			fail(err)
+		}
+		r.pgMu.Unlock()
+	case f.kind == faultFailover:
+		r.pgMu.Lock()
+		if err := r.failover(ctx, f.dur); err != nil {
 			fail(err)
 		}
 		r.pgMu.Unlock()
