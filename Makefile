@@ -2,7 +2,7 @@
 STATICCHECK_VERSION := v0.8.2
 GO ?= go
 
-.PHONY: help build release test test-go test-deploy test-mcp-deps test-approvals-deps test-race test-ts test-py lint fuzz soak compose-check
+.PHONY: help build release test test-go test-deploy test-mcp-deps test-approvals-deps test-race test-ts test-py lint fuzz soak soak-ha compose-check
 
 # The build's stamp (see internal/version): make release VERSION=v0.1.0
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
@@ -26,7 +26,7 @@ release: ## static binaries for linux and darwin, amd64 and arm64, in dist/ with
 		tar -C dist -czf dist/$$name.tar.gz $$name; rm -r dist/$$name; done
 	cd dist && sha256sum *.tar.gz > SHA256SUMS && cat SHA256SUMS
 
-test: test-go test-deploy test-ts test-py ## run every test, as CI does: Go with the race detector, the Kubernetes manifests, then the TypeScript and Python clients
+test: test-go soak-ha test-deploy test-ts test-py ## run every test, as CI does: Go with the race detector, the soak on a highly available Postgres, the Kubernetes manifests, then the TypeScript and Python clients
 
 test-go: test-mcp-deps test-approvals-deps ## run the Go tests with the race detector (they start their own NATS and Postgres)
 	$(GO) test -race -count=1 ./...
@@ -63,6 +63,9 @@ fuzz: ## fuzz the canonicalizer for a minute
 
 soak: ## the full soak: 10,000 jobs, 50 faults of each kind, separate processes (SOAK_SEED=N to change the seed, SOAK_EXECUTOR=mcp to reach the tools over MCP)
 	$(GO) test ./test/soak -run TestSoak -count=1 -timeout 60m -v -soak.full -soak.seed=$${SOAK_SEED:-1} -soak.executor=$${SOAK_EXECUTOR:-http}
+
+soak-ha: ## the soak on a pg_auto_failover formation (a monitor, a primary, a synchronous secondary) with postgres_failover faults (needs postgresql-15-auto-failover; SOAK_SEED=N)
+	$(GO) test ./test/soak -run TestFailoverSoak -count=1 -timeout 10m -v -soak.ha -soak.seed=$${SOAK_SEED:-1}
 
 compose-check: ## validate docker-compose.yml (needs docker-compose: apt-get install -y docker-compose)
 	@if command -v docker-compose >/dev/null 2>&1; then docker-compose -f docker-compose.yml config -q; \
