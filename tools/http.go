@@ -327,7 +327,7 @@ type progressKey struct{}
 //	2xx                                                              → Success
 func (h *HTTP) Execute(ctx context.Context, req Request) (json.RawMessage, error) {
 	out, err := h.execute(ctx, req)
-	return out, h.secrets.redactError(err)
+	return h.secrets.redactJSON(out), h.secrets.redactError(err)
 }
 
 // execute is Execute, its errors not yet redacted.
@@ -399,7 +399,7 @@ func (h *HTTP) execute(ctx context.Context, req Request) (json.RawMessage, error
 	status := resp.StatusCode
 	success := status >= 200 && status < 300
 	if !success && (status == http.StatusSeeOther || p.processed.Load()) {
-		return nil, AmbiguousError("http_"+strconv.Itoa(status), "after 303 See Other (the call was processed): "+redirectNote(resp, data), retryAfter(resp, 0), nil)
+		return nil, AmbiguousError("http_"+strconv.Itoa(status), "after 303 See Other (the call was processed): "+h.redirectNote(resp, data), retryAfter(resp, 0), nil)
 	}
 	switch {
 	case success:
@@ -409,30 +409,30 @@ func (h *HTTP) execute(ctx context.Context, req Request) (json.RawMessage, error
 		}
 		return outputOf(status, data), nil
 	case status == http.StatusTooManyRequests:
-		return nil, NotSentError("http_429", snippet(data), retryAfter(resp, DefaultNotSentDelay), nil)
+		return nil, NotSentError("http_429", h.secrets.snippet(data), retryAfter(resp, DefaultNotSentDelay), nil)
 	case status == http.StatusServiceUnavailable && resp.Header.Get("Retry-After") != "":
-		return nil, NotSentError("http_503", snippet(data), retryAfter(resp, DefaultNotSentDelay), nil)
+		return nil, NotSentError("http_503", h.secrets.snippet(data), retryAfter(resp, DefaultNotSentDelay), nil)
 	case status == http.StatusConflict && keySent:
-		return nil, AmbiguousError("http_409", "the same key is still being processed downstream: "+snippet(data), retryAfter(resp, DefaultNotSentDelay), nil)
+		return nil, AmbiguousError("http_409", "the same key is still being processed downstream: "+h.secrets.snippet(data), retryAfter(resp, DefaultNotSentDelay), nil)
 	case status == http.StatusTemporaryRedirect || status == http.StatusPermanentRedirect || (status >= 300 && status < 400 && h.Method == http.MethodGet):
 		// 307 and 308 mean that the request was not processed here; a GET
 		// changes nothing wherever it was answered.
-		return nil, NotSentError("http_"+strconv.Itoa(status), "redirect not followed, the downstream did not act: "+redirectNote(resp, data), retryAfter(resp, 0), nil)
+		return nil, NotSentError("http_"+strconv.Itoa(status), "redirect not followed, the downstream did not act: "+h.redirectNote(resp, data), retryAfter(resp, 0), nil)
 	case status >= 300 && status < 400:
 		// A 301 or 302 to a write is often the answer of a write that was
 		// made (Post/Redirect/Get); nothing says it was not.
-		return nil, AmbiguousError("http_"+strconv.Itoa(status), "redirect not followed, the downstream may have acted: "+redirectNote(resp, data), retryAfter(resp, 0), nil)
+		return nil, AmbiguousError("http_"+strconv.Itoa(status), "redirect not followed, the downstream may have acted: "+h.redirectNote(resp, data), retryAfter(resp, 0), nil)
 	case status >= 400 && status < 500:
-		return nil, DefiniteError("http_"+strconv.Itoa(status), snippet(data))
+		return nil, DefiniteError("http_"+strconv.Itoa(status), h.secrets.snippet(data))
 	default:
-		return nil, AmbiguousError("http_"+strconv.Itoa(status), snippet(data), retryAfter(resp, 0), nil)
+		return nil, AmbiguousError("http_"+strconv.Itoa(status), h.secrets.snippet(data), retryAfter(resp, 0), nil)
 	}
 }
 
 // redirectNote says where a 3xx pointed, and what it said.
-func redirectNote(resp *http.Response, body []byte) string {
+func (h *HTTP) redirectNote(resp *http.Response, body []byte) string {
 	note := "Location " + strconv.Quote(resp.Header.Get("Location"))
-	if s := snippet(body); s != "" {
+	if s := h.secrets.snippet(body); s != "" {
 		note += ": " + s
 	}
 	return note
@@ -515,14 +515,6 @@ func validUTF8(b []byte) []byte {
 		b = b[n:]
 	}
 	return out
-}
-
-func snippet(body []byte) string {
-	s := oneLine(string(body))
-	if len(s) > 512 {
-		s = s[:512] + "…"
-	}
-	return s
 }
 
 // queryFromArgs turns the args object into a query string, members in

@@ -153,7 +153,7 @@ func MCPExecutor(m MCP) (*MCP, error) {
 func (m *MCP) Downstream() string {
 	if m.URL != "" {
 		u, _ := url.Parse(m.URL)
-		return "mcp:" + u.Scheme + "://" + u.Host + m.secrets.redact(u.Path)
+		return "mcp:" + u.Scheme + "://" + u.Host + m.secrets.redact(u.EscapedPath())
 	}
 	return "mcp:stdio:" + m.secrets.redact(strings.Join(m.Command, " "))
 }
@@ -247,7 +247,7 @@ func (m *MCP) Execute(ctx context.Context, req Request) (json.RawMessage, error)
 		if err != nil && try == 0 && errors.As(err, &te) && te.Code == codeSessionGone && ctx.Err() == nil {
 			continue
 		}
-		return out, m.secrets.redactError(err)
+		return m.secrets.redactJSON(out), m.secrets.redactError(err)
 	}
 }
 
@@ -331,7 +331,7 @@ func (m *MCP) classify(res *mcp.CallToolResult, err error, p *mcpProgress, reuse
 		return nil, m.classifyError(err, p, reused, ctx)
 	}
 	if res.IsError {
-		msg := snippet([]byte(contentText(res.Content)))
+		msg := m.secrets.snippet([]byte(contentText(res.Content)))
 		if m.IsError == "ambiguous" {
 			return nil, AmbiguousError(codeToolError, "the MCP tool reported an error, which may have come after it acted: "+msg, 0, nil)
 		}

@@ -1,6 +1,9 @@
 package tools
 
 import (
+	"bytes"
+	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/url"
@@ -31,19 +34,197 @@ func (s *secrets) add(v string) {
 	}
 }
 
-// redact is text with every secret replaced by Redacted, and the same in
-// its URL-escaped forms (a secret in a URL's path is shown escaped).
-func (s secrets) redact(text string) string {
-	for _, v := range s {
-		text = strings.ReplaceAll(text, v, Redacted)
-		if e := url.PathEscape(v); e != v {
-			text = strings.ReplaceAll(text, e, Redacted)
-		}
-		if e := url.QueryEscape(v); e != v {
-			text = strings.ReplaceAll(text, e, Redacted)
+// forms are the ways v may be written where toolq shows it: as it is;
+// URL-escaped as a path or a query writes it, and unescaped (a variable
+// may hold it escaped, as a URL needs it); JSON-escaped as encoders write
+// it in a string ("\/" for "/", "\u003c" or "\u003C" for "<", with or
+// without HTML escaping). Forms shorter than minSecret are left out.
+func forms(v string) []string {
+	var out []string
+	keep := func(f string) {
+		if len(f) >= minSecret && !slices.Contains(out, f) {
+			out = append(out, f)
 		}
 	}
-	return text
+	keep(v)
+	keep(url.PathEscape(v))
+	keep(url.QueryEscape(v))
+	keep(strings.ReplaceAll(url.QueryEscape(v), "+", "%20"))
+	if u, err := url.PathUnescape(v); err == nil {
+		keep(u)
+	}
+	if u, err := url.QueryUnescape(v); err == nil {
+		keep(u)
+	}
+	for _, html := range []bool{true, false} {
+		var b strings.Builder
+		enc := json.NewEncoder(&b)
+		enc.SetEscapeHTML(html)
+		enc.Encode(v)
+		j := strings.TrimSuffix(b.String(), "\n")
+		j = j[1 : len(j)-1] // the quotes
+		upper := unicodeEscape.ReplaceAllStringFunc(j, strings.ToUpper)
+		upper = strings.ReplaceAll(upper, `\U`, `\u`)
+		for _, f := range []string{j, upper} {
+			keep(f)
+			keep(strings.ReplaceAll(f, "/", `\/`))
+		}
+	}
+	return out
+}
+
+// unicodeEscape matches a JSON \uXXXX escape.
+var unicodeEscape = regexp.MustCompile(`\\u[0-9a-fA-F]{4}`)
+
+// forms are the forms of every secret (see forms), the longest first.
+func (s secrets) forms() []string {
+	var out []string
+	for _, v := range s {
+		for _, f := range forms(v) {
+			if !slices.Contains(out, f) {
+				out = append(out, f)
+			}
+		}
+	}
+	slices.SortStableFunc(out, func(a, b string) int { return len(b) - len(a) })
+	return out
+}
+
+// redact is text with every form of every secret (see forms) replaced by
+// Redacted. Where forms overlap (a secret that contains another, or two
+// that share bytes), the bytes of both are one Redacted: no part of either
+// is left.
+func (s secrets) redact(text string) string {
+	if len(s) == 0 {
+		return text
+	}
+	var hidden []bool
+	for _, f := range s.forms() {
+		for from := 0; ; {
+			i := strings.Index(text[from:], f)
+			if i < 0 {
+				break
+			}
+			if hidden == nil {
+				hidden = make([]bool, len(text))
+			}
+			for j := from + i; j < from+i+len(f); j++ {
+				hidden[j] = true
+			}
+			from += i + 1
+		}
+	}
+	if hidden == nil {
+		return text
+	}
+	var b strings.Builder
+	for i := 0; i < len(text); i++ {
+		switch {
+		case !hidden[i]:
+			b.WriteByte(text[i])
+		case i == 0 || !hidden[i-1]:
+			b.WriteString(Redacted)
+		}
+	}
+	return b.String()
+}
+
+// snippetBytes is how much of a downstream's answer an error quotes.
+const snippetBytes = 512
+
+// snippet is body on one line, its secrets redacted, cut at snippetBytes.
+// It is redacted before it is cut, so that no secret is cut in two and
+// missed; and what the cut leaves at its end that begins a secret (of a
+// body cut short before it came here) is dropped.
+func (s secrets) snippet(body []byte) string {
+	text := s.redact(oneLine(string(body)))
+	if len(text) <= snippetBytes {
+		return text
+	}
+	return s.dropSecretPrefix(text[:snippetBytes]) + "…"
+}
+
+// dropSecretPrefix is text without its longest end that is the beginning
+// of a form of a secret.
+func (s secrets) dropSecretPrefix(text string) string {
+	cut := 0
+	for _, f := range s.forms() {
+		for k := min(len(f)-1, len(text)); k > cut; k-- {
+			if strings.HasSuffix(text, f[:k]) {
+				cut = k
+				break
+			}
+		}
+	}
+	return text[:len(text)-cut]
+}
+
+// redactJSON is out, a successful call's output, with its secrets
+// redacted and still valid JSON: the forms of a secret in its text are
+// replaced (inside a string, a whole escaped form replaced by Redacted
+// leaves a valid string); if that did not leave valid JSON, or a string
+// still decodes to a secret (escaped in a way the forms do not list), the
+// output is decoded, its strings redacted, and encoded again.
+func (s secrets) redactJSON(out json.RawMessage) json.RawMessage {
+	if len(s) == 0 || len(out) == 0 {
+		return out
+	}
+	text := json.RawMessage(s.redact(string(out)))
+	if json.Valid(text) {
+		if v, changed := s.redactValue(decodeJSON(text)); changed {
+			return encodeJSON(v)
+		}
+		return text
+	}
+	v, _ := s.redactValue(decodeJSON(out))
+	return encodeJSON(v)
+}
+
+// redactValue is v, a decoded JSON value, with the secrets in its strings
+// and member names redacted, and whether any were.
+func (s secrets) redactValue(v any) (any, bool) {
+	switch v := v.(type) {
+	case string:
+		r := s.redact(v)
+		return r, r != v
+	case []any:
+		changed := false
+		for i, e := range v {
+			var c bool
+			v[i], c = s.redactValue(e)
+			changed = changed || c
+		}
+		return v, changed
+	case map[string]any:
+		out := make(map[string]any, len(v))
+		changed := false
+		for k, e := range v {
+			r, c := s.redactValue(e)
+			rk := s.redact(k)
+			out[rk] = r
+			changed = changed || c || rk != k
+		}
+		return out, changed
+	}
+	return v, false
+}
+
+func decodeJSON(data []byte) any {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.UseNumber()
+	var v any
+	if dec.Decode(&v) != nil {
+		return nil
+	}
+	return v
+}
+
+func encodeJSON(v any) json.RawMessage {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	enc.Encode(v)
+	return bytes.TrimSuffix(b.Bytes(), []byte("\n"))
 }
 
 // redactError is err with its message and its cause's redacted: an *Error
@@ -162,6 +343,9 @@ func expandURL(s string, getenv func(string) string, into *secrets) (string, err
 		}
 		rest := out[scheme:]
 		if at := strings.IndexByte(rest, '@'); at >= 0 && u.User != nil {
+			if fromReference(subs, scheme, scheme+at) {
+				addUserinfo(u.User, into)
+			}
 			scheme += at + 1
 			rest = out[scheme:]
 		}
@@ -185,4 +369,28 @@ func expandURL(s string, getenv func(string) string, into *secrets) (string, err
 		}
 	}
 	return out, nil
+}
+
+// fromReference says whether a reference's value lies in out[start:end].
+func fromReference(subs []substitution, start, end int) bool {
+	for _, sub := range subs {
+		if sub.start < end && start < sub.end {
+			return true
+		}
+	}
+	return false
+}
+
+// addUserinfo keeps a URL's userinfo as secrets: its user name and its
+// password, each alone and both as the URL writes them (escaped), as they
+// are decoded, and as the Basic Authorization net/http makes of them.
+func addUserinfo(user *url.Userinfo, into *secrets) {
+	name := user.Username()
+	into.add(name)
+	into.add(user.String())
+	if pass, ok := user.Password(); ok {
+		into.add(pass)
+		into.add(name + ":" + pass)
+		into.add(base64.StdEncoding.EncodeToString([]byte(name + ":" + pass)))
+	}
 }
