@@ -73,3 +73,21 @@ def test_fields_are_checked_as_the_consumer_checks_them(field: str, value: objec
     with pytest.raises(toolq.FieldError) as err:
         toolq.call_key(**call)
     assert err.value.vector_rule == f"field:{field}"
+
+
+def test_tenant_keys_default_unchanged_and_prefixed() -> None:
+    """The keys jobs/tenant_test.go pins: the default tenant's unchanged, a tenant's material after ``tenant|``."""
+    from toolq.key import FieldError as _FieldError, call_key as _call_key, call_material as _call_material
+
+    call = dict(conversation_id="conv-1", turn_index=3, tool="send_payment", args='{"currency":"EUR","amount":1}')
+    assert _call_key(**call) == "ab2f01b88ac510ba073855c5f886b155"
+    assert _call_key(**call, tenant="") == "ab2f01b88ac510ba073855c5f886b155"
+    assert _call_material(**call, tenant="acme") == 'acme|conv-1|3|send_payment|0|{"amount":1,"currency":"EUR"}'
+    assert _call_key(**call, tenant="acme") == "b838ba7140c66d071dd2e52a36af10b4"
+    for bad in ["jobs", "results", "dlq", "approvals", "decide", "ledger", "tools", "a.b", "*", ">", "x" * 65]:
+        try:
+            _call_key(**call, tenant=bad)
+        except _FieldError as e:
+            assert e.field == "tenant", bad
+        else:
+            raise AssertionError(f"tenant {bad!r} accepted")

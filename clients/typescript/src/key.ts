@@ -20,6 +20,15 @@ export const KEY_LEN = 32;
 
 export const CONVERSATION_ID_PATTERN = /^[A-Za-z0-9_:-]{1,128}$/;
 export const TOOL_NAME_PATTERN = /^[a-zA-Z0-9_-]{1,64}$/;
+/** A tenant's name (docs/tenants.md): one subject token, and none of RESERVED_TENANTS. */
+export const TENANT_PATTERN = /^[A-Za-z0-9_-]{1,64}$/;
+/** The second tokens of the default tenant's subjects, which no tenant may take. */
+export const RESERVED_TENANTS: readonly string[] = ["jobs", "results", "dlq", "approvals", "decide", "ledger", "tools"];
+
+/** Whether t may name a tenant: "" (the default tenant) or TENANT_PATTERN and not reserved. */
+export function validTenant(t: string): boolean {
+  return t === "" || (TENANT_PATTERN.test(t) && !RESERVED_TENANTS.includes(t));
+}
 export const TOOL_USE_ID_PATTERN = /^[A-Za-z0-9_-]{1,128}$/;
 
 /**
@@ -42,7 +51,7 @@ export type KeyRule =
 export class KeyError extends Error {
   /** The rule that was broken. */
   readonly rule: KeyRule;
-  /** The field: conversation_id, turn_index, tool, ordinal, tool_use_id or args. */
+  /** The field: tenant, conversation_id, turn_index, tool, ordinal, tool_use_id or args. */
   readonly field: string;
   /** For an args rule, the offset in the JSON text (UTF-16 code units) where it broke. */
   readonly offset?: number;
@@ -74,6 +83,8 @@ export type Args = string | Uint8Array | Record<string, unknown>;
 
 /** One tool call for the purpose of its key; the tool_use_id is not part of it. */
 export interface Call {
+  /** The tenant whose call it is (docs/tenants.md); absent or "": the default tenant, whose keys are unchanged. */
+  tenant?: string;
   conversationId: string;
   turnIndex: number;
   tool: string;
@@ -83,7 +94,7 @@ export interface Call {
 
 /** The exact text a key is hashed from, and the canonical arguments inside it. */
 export interface Material {
-  /** conversation_id|turn_index|tool|ordinal|canonical(args) */
+  /** [tenant|]conversation_id|turn_index|tool|ordinal|canonical(args) */
   text: string;
   /** canonical(args), RFC 8785 */
   canonical: string;
@@ -91,6 +102,9 @@ export interface Material {
 
 /** Checks the identifying fields of the call; throws a KeyError naming the first that is wrong. */
 export function validateCall(call: Omit<Call, "args">): void {
+  if (call.tenant !== undefined && (typeof call.tenant !== "string" || !validTenant(call.tenant))) {
+    throw new KeyError("field", "tenant", `must match ${TENANT_PATTERN.source} and not be ${RESERVED_TENANTS.join(", ")}`);
+  }
   if (typeof call.conversationId !== "string" || !CONVERSATION_ID_PATTERN.test(call.conversationId)) {
     throw new KeyError("field", "conversation_id", `must match ${CONVERSATION_ID_PATTERN.source}`);
   }
@@ -113,7 +127,8 @@ function isIndex(n: unknown): n is number {
 export function callMaterial(call: Call): Material {
   validateCall(call);
   const canonical = canonicalizeArgs(call.args);
-  const text = `${call.conversationId}|${call.turnIndex}|${call.tool}|${call.ordinal ?? 0}|${canonical}`;
+  const prefix = call.tenant ? `${call.tenant}|` : ""; // only a tenant's: the default tenant's material is unchanged
+  const text = `${prefix}${call.conversationId}|${call.turnIndex}|${call.tool}|${call.ordinal ?? 0}|${canonical}`;
   return { text, canonical };
 }
 

@@ -263,3 +263,16 @@ test("agrees with `publisher key` on random documents", { timeout: 300_000 }, (t
   t.diagnostic(`${valid} documents keyed alike, ${cases.length - valid} refused alike, ${pairs.length} respelled pairs`);
   assert.ok(valid >= 6000, `${valid} valid documents`);
 });
+
+test("tenants: the default tenant's keys are unchanged, a tenant's material starts with tenant|", () => {
+  const call = { conversationId: "conv-1", turnIndex: 3, tool: "send_payment", args: '{"currency":"EUR","amount":1}' };
+  // The keys jobs/tenant_test.go pins on the Go side.
+  assert.equal(callKey(call), "ab2f01b88ac510ba073855c5f886b155");
+  assert.equal(callKey({ ...call, tenant: "" }), "ab2f01b88ac510ba073855c5f886b155");
+  const m = callMaterial({ ...call, tenant: "acme" });
+  assert.equal(m.text, 'acme|conv-1|3|send_payment|0|{"amount":1,"currency":"EUR"}');
+  assert.equal(callKey({ ...call, tenant: "acme" }), "b838ba7140c66d071dd2e52a36af10b4");
+  for (const bad of ["jobs", "results", "dlq", "approvals", "decide", "ledger", "tools", "a.b", "*", ">", "x".repeat(65)]) {
+    assert.throws(() => callKey({ ...call, tenant: bad }), (e) => e instanceof KeyError && e.field === "tenant", bad);
+  }
+});

@@ -34,6 +34,7 @@ __all__ = [
     "JSONSyntaxError",
     "LoneSurrogateError",
     "NotObjectError",
+    "RESERVED_TENANTS",
     "NumberRangeError",
     "TooDeepError",
     "UnsafeIntegerError",
@@ -41,6 +42,7 @@ __all__ = [
     "call_material",
     "canonicalize",
     "key_of",
+    "valid_tenant",
 ]
 
 #: The arguments of a call: the JSON text as the model streamed it (``str``
@@ -55,6 +57,14 @@ KEY_LEN = 32
 
 _CONVERSATION_ID = re.compile(r"[A-Za-z0-9_:-]{1,128}")
 _TOOL = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+_TENANT = re.compile(r"[A-Za-z0-9_-]{1,64}")
+#: The second tokens of the default tenant's subjects, which no tenant may take (docs/tenants.md).
+RESERVED_TENANTS = frozenset({"jobs", "results", "dlq", "approvals", "decide", "ledger", "tools"})
+
+
+def valid_tenant(tenant: str) -> bool:
+    """Whether ``tenant`` may name a tenant: "" (the default tenant), or one subject token that is not reserved."""
+    return tenant == "" or (isinstance(tenant, str) and bool(_TENANT.fullmatch(tenant)) and tenant not in RESERVED_TENANTS)
 _MAX_SAFE = "9007199254740992"  # 2^53: the largest magnitude at which every integer has its own double
 _MAX_COUNTER = 10**16 - 1  # turn_index and ordinal: at most 16 digits
 
@@ -194,15 +204,23 @@ def _check_fields(conversation_id: str, turn_index: int, tool: str, ordinal: int
             raise FieldError(f"{name}: must be a non-negative integer of at most 16 digits", field=name)
 
 
-def call_material(*, conversation_id: str, turn_index: int, tool: str, ordinal: int = 0, args: Args) -> str:
-    """The exact text that is hashed: ``conversation_id|turn_index|tool|ordinal|canonical(args)``."""
+def call_material(*, conversation_id: str, turn_index: int, tool: str, ordinal: int = 0, args: Args, tenant: str = "") -> str:
+    """The exact text that is hashed: ``conversation_id|turn_index|tool|ordinal|canonical(args)``, after
+    ``tenant|`` for a tenant's call (docs/tenants.md); the default tenant's ("") is unchanged."""
+    if not isinstance(tenant, str) or not valid_tenant(tenant):
+        raise FieldError(
+            f"tenant: must match ^{_TENANT.pattern}$ and not be {', '.join(sorted(RESERVED_TENANTS))}", field="tenant"
+        )
     _check_fields(conversation_id, turn_index, tool, ordinal)
-    return f"{conversation_id}|{turn_index}|{tool}|{ordinal}|{canonicalize(args)}"
+    prefix = f"{tenant}|" if tenant else ""
+    return f"{prefix}{conversation_id}|{turn_index}|{tool}|{ordinal}|{canonicalize(args)}"
 
 
-def call_key(*, conversation_id: str, turn_index: int, tool: str, ordinal: int = 0, args: Args) -> str:
+def call_key(*, conversation_id: str, turn_index: int, tool: str, ordinal: int = 0, args: Args, tenant: str = "") -> str:
     """The idempotency key of a call: what ``publisher key`` prints for it."""
-    return key_of(call_material(conversation_id=conversation_id, turn_index=turn_index, tool=tool, ordinal=ordinal, args=args))
+    return key_of(
+        call_material(conversation_id=conversation_id, turn_index=turn_index, tool=tool, ordinal=ordinal, args=args, tenant=tenant)
+    )
 
 
 def key_of(material: str) -> str:
