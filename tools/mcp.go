@@ -66,7 +66,8 @@ type MCP struct {
 	Client *http.Client
 
 	pool    *sessionPool
-	secrets secrets // the values of the registry's ${…} references (see Load)
+	secrets secrets         // the values of the registry's ${…} references (see Load)
+	stderr  *sync.WaitGroup // the copies of stdio servers' standard error
 }
 
 // MCPExecutor checks m and returns a copy with its defaults filled and its
@@ -143,6 +144,7 @@ func MCPExecutor(m MCP) (*MCP, error) {
 		c.Transport = mcpTransport{m: &m, next: noReplay{next: next}}
 		m.Client = &c
 	}
+	m.stderr = new(sync.WaitGroup)
 	m.pool = newSessionPool(m.connect, m.URL == "")
 	return &m, nil
 }
@@ -168,8 +170,19 @@ func (m *MCP) server() string {
 		strconv.FormatBool(m.InheritEnv)}, "\x00")
 }
 
-// Close ends the executor's sessions (and stops a stdio server).
-func (m *MCP) Close() error { return m.pool.close() }
+// Close ends the executor's sessions (and stops a stdio server), and
+// waits a little for what the server wrote to its standard error to be
+// copied.
+func (m *MCP) Close() error {
+	err := m.pool.close()
+	copied := make(chan struct{})
+	go func() { m.stderr.Wait(); close(copied) }()
+	select {
+	case <-copied:
+	case <-time.After(time.Second): // a child of the server may hold it open
+	}
+	return err
+}
 
 // mcpResumes is how many times a cut response stream is resumed.
 const mcpResumes = 3
@@ -189,9 +202,23 @@ func (m *MCP) connect(ctx context.Context) (*mcp.ClientSession, error) {
 		return client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: m.URL, HTTPClient: m.Client, DisableStandaloneSSE: true, MaxRetries: mcpResumes}, nil)
 	}
 	cmd := exec.Command(m.Command[0], m.Command[1:]...)
-	cmd.Stderr = os.Stderr
 	cmd.Env = serverEnv(m.Env, m.InheritEnv)
+	// The server's standard error goes to the consumer's, line by line,
+	// the secrets of its environment redacted: a server that fails to log
+	// in often says with what.
+	stderr, w, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	cmd.Stderr = w
+	m.stderr.Add(1)
+	go func() {
+		defer m.stderr.Done()
+		m.secrets.copyLines(os.Stderr, stderr)
+		stderr.Close()
+	}()
 	s, err := client.Connect(ctx, trackedTransport{&mcp.CommandTransport{Command: cmd, TerminateDuration: time.Second}}, nil)
+	w.Close() // the server has its own; the copy ends when the server's closes
 	if err == nil {
 		m.pool.procs.Store(s, cmd)
 	}

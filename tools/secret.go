@@ -1,11 +1,13 @@
 package tools
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/url"
 	"os"
 	"regexp"
@@ -392,5 +394,20 @@ func addUserinfo(user *url.Userinfo, into *secrets) {
 		into.add(pass)
 		into.add(name + ":" + pass)
 		into.add(base64.StdEncoding.EncodeToString([]byte(name + ":" + pass)))
+	}
+}
+
+// copyLines copies r to w line by line, each line's secrets redacted, until
+// r ends. A line longer than its buffer is copied in parts, each redacted.
+func (s secrets) copyLines(w io.Writer, r io.Reader) {
+	br := bufio.NewReaderSize(r, 64<<10)
+	for {
+		line, err := br.ReadSlice('\n')
+		if len(line) > 0 {
+			io.WriteString(w, s.redact(string(line)))
+		}
+		if err != nil && err != bufio.ErrBufferFull {
+			return
+		}
 	}
 }
