@@ -5,7 +5,7 @@
 import { headers, type MsgHdrs, type NatsConnection } from "@nats-io/nats-core";
 import type * as OTel from "@opentelemetry/api";
 import { DeliverPolicy, jetstream, jetstreamManager, type JetStreamClient } from "@nats-io/jetstream";
-import { canonicalizeArgs, callMaterial, keyOf, KeyError, TOOL_USE_ID_PATTERN, type Args } from "./key.js";
+import { canonicalizeArgs, callMaterial, keyOf, KeyError, TOOL_USE_ID_PATTERN, validTenant, TENANT_PATTERN, RESERVED_TENANTS, type Args } from "./key.js";
 
 export const JOBS_STREAM = "TOOLQ_JOBS";
 export const RESULTS_STREAM = "TOOLQ_RESULTS";
@@ -82,6 +82,13 @@ export const VERSION = 1;
 
 export const jobSubject = (tool: string) => `toolq.jobs.${tool}`;
 export const resultSubject = (conversationId: string) => `toolq.results.${conversationId}`;
+/** The prefix of a tenant's subjects (docs/tenants.md): "toolq." for the default tenant "", "toolq.<tenant>." for another. */
+const tenantPrefix = (tenant: string) => (tenant === "" ? "toolq." : `toolq.${tenant}.`);
+export const tenantJobSubject = (tenant: string, tool: string) => `${tenantPrefix(tenant)}jobs.${tool}`;
+export const tenantResultSubject = (tenant: string, conversationId: string) => `${tenantPrefix(tenant)}results.${conversationId}`;
+export const tenantLookupSubject = (tenant: string) => `${tenantPrefix(tenant)}ledger.get`;
+/** A tenant's stream of a kind (RESULTS_STREAM, "TOOLQ_DLQ", "TOOLQ_APPROVALS"): TOOLQ_<tenant>_RESULTS…; the default tenant's is the stream itself. */
+export const tenantStream = (tenant: string, stream: string) => (tenant === "" || stream === JOBS_STREAM ? stream : `TOOLQ_${tenant}_${stream.slice("TOOLQ_".length)}`);
 export const jobMsgId = (key: string, toolUseId: string) => `job:${key}:${toolUseId}`;
 
 /** One completed tool call of an assistant turn. */
@@ -170,6 +177,8 @@ export interface Result {
   completed_at: string;
   /** Set on the results of a call that needed a person's approval. */
   approval?: ResultApproval;
+  /** The job's tenant; absent for the default tenant. */
+  tenant?: string;
 }
 
 /** A tool_use block of a completed assistant turn. */
@@ -209,12 +218,26 @@ export interface AwaitOptions {
 export class Client {
   readonly js: JetStreamClient;
 
-  constructor(readonly nc: NatsConnection) {
+  /**
+   * A tenant's client (docs/tenants.md) publishes on toolq.<tenant>.jobs.<tool>
+   * with the tenant in the key's material and the body, awaits results in
+   * TOOLQ_<tenant>_RESULTS, looks keys up on toolq.<tenant>.ledger.get, and
+   * drops any result that is not its tenant's; connect with the tenant's
+   * inbox prefix (inboxPrefix: "_INBOX_<tenant>"). Default "": the default
+   * tenant, today's subjects and keys.
+   */
+  readonly tenant: string;
+
+  constructor(readonly nc: NatsConnection, opts: { tenant?: string } = {}) {
     this.js = jetstream(nc);
+    this.tenant = opts.tenant ?? "";
+    if (!validTenant(this.tenant)) {
+      throw new KeyError("field", "tenant", `must match ${TENANT_PATTERN.source} and not be ${RESERVED_TENANTS.join(", ")}`);
+    }
   }
 
-  /** Starts a reader of the results published from now on (filter: toolq.results.> by default). */
-  results(filter = "toolq.results.>"): Promise<ResultsReader> {
+  /** Starts a reader of the results published from now on (filter: toolq.results.> by default; a tenant's: toolq.<tenant>.results.>). */
+  results(filter = `${tenantPrefix(this.tenant)}results.>`): Promise<ResultsReader> {
     return ResultsReader.start(this, filter);
   }
 
@@ -233,13 +256,14 @@ export class Client {
     if (typeof job.toolUseId !== "string" || !TOOL_USE_ID_PATTERN.test(job.toolUseId)) {
       throw new KeyError("field", "tool_use_id", `must match ${TOOL_USE_ID_PATTERN.source}`);
     }
-    const m = callMaterial(job);
+    const m = callMaterial({ ...job, tenant: this.tenant });
     const key = keyOf(m);
+    const tenant = this.tenant === "" ? "" : `"tenant":${JSON.stringify(this.tenant)},`;
     const body =
-      `{"version":${VERSION},"conversation_id":${JSON.stringify(job.conversationId)},"turn_index":${job.turnIndex},` +
+      `{"version":${VERSION},${tenant}"conversation_id":${JSON.stringify(job.conversationId)},"turn_index":${job.turnIndex},` +
       `"ordinal":${job.ordinal ?? 0},"tool":${JSON.stringify(job.tool)},"tool_use_id":${JSON.stringify(job.toolUseId)},` +
       `"args":${m.canonical},"created_at":${JSON.stringify(new Date().toISOString())}}`;
-    const subject = jobSubject(job.tool);
+    const subject = tenantJobSubject(this.tenant, job.tool);
     const h = headers();
     h.set(HEADER_KEY, key);
     const send = () =>
@@ -266,7 +290,7 @@ export class Client {
    * Throws a LookupError when the service refuses the request.
    */
   async lookup(key: string, opts: { timeoutMs?: number } = {}): Promise<Lookup> {
-    const msg = await this.nc.request(LOOKUP_SUBJECT, key, { timeout: opts.timeoutMs ?? 5000 });
+    const msg = await this.nc.request(tenantLookupSubject(this.tenant), key, { timeout: opts.timeoutMs ?? 5000 });
     const code = msg.headers?.get("Nats-Service-Error-Code");
     if (code) throw new LookupError(code, msg.headers?.get("Nats-Service-Error") ?? "");
     return msg.json<Lookup>();
@@ -290,7 +314,7 @@ export class Client {
   /** The sequence the next result will get: results of jobs published after this come at or after it. */
   async resultsCursor(): Promise<number> {
     const jsm = await jetstreamManager(this.nc);
-    const info = await jsm.streams.info(RESULTS_STREAM);
+    const info = await jsm.streams.info(tenantStream(this.tenant, RESULTS_STREAM));
     return info.state.last_seq + 1;
   }
 
@@ -333,8 +357,8 @@ export class Client {
     let done = 0; // ids whose result ends the wait
     opts.signal?.throwIfAborted();
     const from = opts.fromSeq ?? 0;
-    const consumer = await this.js.consumers.get(RESULTS_STREAM, {
-      filter_subjects: [resultSubject(conversationId)],
+    const consumer = await this.js.consumers.get(tenantStream(this.tenant, RESULTS_STREAM), {
+      filter_subjects: [tenantResultSubject(this.tenant, conversationId)],
       ...(from > 0 ? { deliver_policy: DeliverPolicy.StartSequence, opt_start_seq: from } : { deliver_policy: DeliverPolicy.All }),
     });
     const messages = await consumer.consume();
@@ -348,6 +372,7 @@ export class Client {
         } catch {
           continue;
         }
+        if ((r.tenant ?? "") !== this.tenant) continue; // another tenant's result is never this client's
         const prev = got.get(r.tool_use_id);
         if (want.has(r.tool_use_id) && supersedes(prev, r)) {
           if (!enough(prev) && enough(r)) done++;
@@ -379,12 +404,15 @@ export class ResultsReader {
   private readonly waiting = new Map<string, Slot>();
   private stopped?: Error;
 
-  private constructor(private readonly messages: { stop(): void } & AsyncIterable<{ json<T>(): T }>) {}
+  private constructor(
+    private readonly messages: { stop(): void } & AsyncIterable<{ json<T>(): T }>,
+    private readonly tenant: string,
+  ) {}
 
   /** @internal */
   static async start(client: Client, filter: string): Promise<ResultsReader> {
-    const consumer = await client.js.consumers.get(RESULTS_STREAM, { filter_subjects: [filter], deliver_policy: DeliverPolicy.New });
-    const reader = new ResultsReader(await consumer.consume());
+    const consumer = await client.js.consumers.get(tenantStream(client.tenant, RESULTS_STREAM), { filter_subjects: [filter], deliver_policy: DeliverPolicy.New });
+    const reader = new ResultsReader(await consumer.consume(), client.tenant);
     void reader.read();
     return reader;
   }
@@ -399,6 +427,7 @@ export class ResultsReader {
         } catch {
           continue;
         }
+        if ((r.tenant ?? "") !== this.tenant) continue; // another tenant's result is never this reader's
         const slot = this.waiting.get(r.tool_use_id);
         if (!slot) continue;
         if (supersedes(slot.result, r)) slot.result = r;

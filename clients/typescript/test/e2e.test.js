@@ -11,7 +11,7 @@ import { fileURLToPath } from "node:url";
 import path from "node:path";
 import { connect } from "@nats-io/transport-node";
 import { jetstreamManager } from "@nats-io/jetstream";
-import { Client, JOBS_STREAM, streamTurn, NOT_RUN, LookupError, ToolsError } from "../dist/index.js";
+import { Client, JOBS_STREAM, streamTurn, NOT_RUN, LookupError, ToolsError, callKey } from "../dist/index.js";
 
 const repo = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../../..");
 let dir, consumer, nc, client, sandboxURL, exited;
@@ -49,7 +49,7 @@ before(async () => {
   execFileSync("go", ["build", "-o", bin, "./cmd/consumer"], { cwd: repo, stdio: "inherit" });
   const [natsPort, sandboxPort] = [await freePort(), await freePort()];
   sandboxURL = `http://127.0.0.1:${sandboxPort}`;
-  consumer = spawn(bin, ["--data-dir", path.join(dir, "data"), "--nats-listen", `127.0.0.1:${natsPort}`, "--sandbox-listen", `127.0.0.1:${sandboxPort}`, "--log-level", "warn"], {
+  consumer = spawn(bin, ["--data-dir", path.join(dir, "data"), "--nats-listen", `127.0.0.1:${natsPort}`, "--sandbox-listen", `127.0.0.1:${sandboxPort}`, "--log-level", "warn", "--tenants", "acme"], {
     stdio: ["ignore", "ignore", "inherit"],
   });
   consumer.on("exit", (code, signal) => (exited = signal ?? code));
@@ -326,4 +326,31 @@ test("tools with no consumer answering fails with NATS's no responders", async (
     server.kill("SIGTERM");
     await done;
   }
+});
+
+test("a tenant's call: its own subject, key, results stream and lookup; the default tenant's same call runs apart", async () => {
+  // The consumer serves tenant acme (--tenants acme) beside the default tenant.
+  const acme = new Client(nc, { tenant: "acme" });
+  const job = { conversationId: "conv_ts_tenant", turnIndex: 1, tool: "send_payment", args: '{"invoice_id":"inv_ts_tenant","amount_cents":700,"currency":"EUR"}' };
+  const a = await acme.publish({ ...job, toolUseId: "toolu_ts_t1" });
+  const ra = await acme.awaitResult(job.conversationId, "toolu_ts_t1", { signal: withTimeout(30_000) });
+  const d = await client.publish({ ...job, toolUseId: "toolu_ts_t1" });
+  const rd = await client.awaitResult(job.conversationId, "toolu_ts_t1", { signal: withTimeout(30_000) });
+  assert.equal(a.key, callKey({ ...job, tenant: "acme" }));
+  assert.equal(d.key, callKey(job));
+  assert.notEqual(a.key, d.key);
+  assert.equal(ra.status, "ok");
+  assert.equal(ra.tenant, "acme");
+  assert.equal(ra.key, a.key);
+  assert.equal(rd.status, "ok");
+  assert.equal(rd.tenant, undefined);
+  assert.equal(rd.duplicate, false);
+  assert.equal((await payments("inv_ts_tenant")).length, 2, "two tenants' identical calls are two calls");
+  const jsm = await jetstreamManager(nc);
+  const stored = await jsm.streams.getMessage(JOBS_STREAM, { seq: a.seq });
+  assert.equal(stored.subject, "toolq.acme.jobs.send_payment");
+  assert.equal(stored.json().tenant, "acme");
+  assert.equal((await jsm.streams.info("TOOLQ_acme_RESULTS")).state.messages, 1);
+  assert.equal((await acme.lookup(a.key)).state, "completed");
+  assert.throws(() => new Client(nc, { tenant: "results" }), /tenant/);
 });
