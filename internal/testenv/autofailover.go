@@ -105,6 +105,7 @@ func startFormation() (*Formation, error) {
 	if err != nil {
 		return nil, err
 	}
+	reapFormations()
 	f := &Formation{bin: bin, autoctl: autoctl, Database: "toolq"}
 	if os.Geteuid() == 0 {
 		u, err := user.Lookup("postgres")
@@ -122,6 +123,12 @@ func startFormation() (*Formation, error) {
 		if err := os.Chown(f.dir, int(f.cred.Uid), int(f.cred.Gid)); err != nil {
 			return nil, err
 		}
+	}
+	// Who owns the formation, so that a later run can kill it if this test
+	// binary dies without cleaning up (the keepers die with it: Pdeathsig;
+	// their Postgres does not).
+	if err := os.WriteFile(filepath.Join(f.dir, "owner.pid"), []byte(strconv.Itoa(os.Getpid())), 0o644); err != nil {
+		return f, err
 	}
 	ports := make([]int, 3)
 	for i := range ports {
@@ -228,7 +235,7 @@ func (f *Formation) command(args ...string) *exec.Cmd {
 		"HOME="+f.dir)
 	// Each keeper and its Postgres in a process group of its own: Kill
 	// takes them all at once, as the loss of the machine would.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: f.cred, Setpgid: true}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: f.cred, Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	return cmd
 }
 
@@ -329,6 +336,28 @@ func (f *Formation) destroy() {
 	}
 	if os.Getenv("TOOLQ_KEEP_FORMATION") == "" {
 		os.RemoveAll(f.dir)
+	}
+}
+
+// reapFormations kills and removes the formations of test binaries that
+// died without doing so.
+func reapFormations() {
+	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), "toolq-formation-*"))
+	for _, dir := range dirs {
+		raw, err := os.ReadFile(filepath.Join(dir, "owner.pid"))
+		if err != nil {
+			continue
+		}
+		pid, err := strconv.Atoi(string(raw))
+		if err != nil || pid == os.Getpid() || syscall.Kill(pid, 0) == nil {
+			continue // the owner still runs
+		}
+		for _, name := range []string{"monitor", "node1", "node2"} {
+			if g := (&afNode{dir: filepath.Join(dir, name)}).pgid(); g > 0 {
+				syscall.Kill(-g, syscall.SIGKILL)
+			}
+		}
+		os.RemoveAll(dir)
 	}
 }
 
