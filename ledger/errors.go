@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net/url"
+	"regexp"
 	"strings"
 	"time"
 )
@@ -49,19 +51,41 @@ func withDefaultTimeout(ctx context.Context) (context.Context, context.CancelFun
 	return context.WithTimeout(ctx, DefaultTimeout)
 }
 
-// redact hides a password in a URL for error messages.
+// redact is u, a database URL or a message that quotes one, with its
+// passwords hidden: the userinfo's, and the values of password= and
+// sslpassword= (in a URL's query, as libpq and pgx take them, or in a
+// keyword/value string).
 func redact(u string) string {
-	at := strings.LastIndex(u, "@")
-	scheme := strings.Index(u, "://")
-	if at < 0 || scheme < 0 || at < scheme {
-		return u
+	if p, err := url.Parse(u); err == nil && p.Host != "" && !strings.ContainsAny(u, " \t\n") {
+		if _, ok := p.User.Password(); ok {
+			p.User = url.UserPassword(p.User.Username(), "xxxxx")
+		}
+		params := strings.Split(p.RawQuery, "&")
+		for i, kv := range params {
+			k, _, _ := strings.Cut(kv, "=")
+			if name, err := url.QueryUnescape(k); err == nil && isPasswordParam(name) {
+				params[i] = k + "=xxxxx"
+			}
+		}
+		p.RawQuery = strings.Join(params, "&")
+		u = p.String()
 	}
-	creds := u[scheme+3 : at]
-	if user, _, ok := strings.Cut(creds, ":"); ok {
-		return u[:scheme+3] + user + ":xxxxx" + u[at:]
-	}
-	return u
+	u = userinfoPassword.ReplaceAllString(u, "${1}:xxxxx@")
+	return passwordParam.ReplaceAllString(u, "${1}xxxxx")
 }
+
+// isPasswordParam says whether a connection parameter is a password.
+func isPasswordParam(name string) bool {
+	return strings.EqualFold(name, "password") || strings.EqualFold(name, "sslpassword")
+}
+
+var (
+	// userinfoPassword matches the user and password of a URL in a message
+	// (the password up to the last @ before the path).
+	userinfoPassword = regexp.MustCompile(`(\w+://[^:/@\s]*):[^\s/?#]*@`)
+	// passwordParam matches password= or sslpassword= and what follows it.
+	passwordParam = regexp.MustCompile(`(?i)((?:^|[?&\s;,'"(])(?:ssl)?password\s*=\s*)('(?:[^'\\]|\\.)*'|[^&#\s'"]*)`)
+)
 
 // translate turns a driver error into a ledger error, so that no driver type
 // leaves the package: one that wraps ErrUnavailable when the database could

@@ -75,14 +75,14 @@ type postgresDB struct {
 func OpenPostgres(ctx context.Context, url string) (*Store, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
-		return nil, fmt.Errorf("ledger: database URL %s: %s", redact(url), strings.ReplaceAll(err.Error(), url, redact(url)))
+		return nil, fmt.Errorf("ledger: database URL %s: %s", redact(url), redact(strings.ReplaceAll(err.Error(), url, redact(url))))
 	}
 	if cfg.ConnConfig.ConnectTimeout == 0 {
 		cfg.ConnConfig.ConnectTimeout = 5 * time.Second
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("ledger: open %s: %s", redact(url), err)
+		return nil, fmt.Errorf("ledger: open %s: %s", redact(url), redact(err.Error()))
 	}
 	return &Store{db: &postgresDB{pool: pool, genericPlan: genericPlanStatement, asyncCommit: asyncCommitStatement}, backend: "postgres"}, nil
 }
