@@ -9,7 +9,7 @@ import (
 )
 
 // TestFormationFailsOver: the formation starts as a primary and a
-// synchronous secondary; its multi-host URL reaches the primary; once the
+// synchronous secondary (the primary's synchronous_standby_names names it); its multi-host URL reaches the primary; once the
 // primary is killed the URL reaches the promoted secondary, which takes
 // writes, and the killed node rejoins as a secondary.
 func TestFormationFailsOver(t *testing.T) {
@@ -29,6 +29,18 @@ func TestFormationFailsOver(t *testing.T) {
 	if err := write(); err != nil {
 		t.Fatal(err)
 	}
+	// The secondary is synchronous: a commit that waits waits for it.
+	conn, err := pgx.Connect(ctx, f.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sync string
+	err = conn.QueryRow(ctx, "SHOW synchronous_standby_names").Scan(&sync)
+	conn.Close(context.Background())
+	if err != nil || sync == "" {
+		t.Fatalf("synchronous_standby_names %q (%v): the secondary is not synchronous", sync, err)
+	}
+	t.Logf("synchronous_standby_names = %s", sync)
 	killed, err := f.KillPrimary(ctx)
 	if err != nil {
 		t.Fatal(err)
