@@ -110,6 +110,9 @@ func runWorker(ctx context.Context, args []string, stdio cli.IO, getenv func(str
 	if err != nil {
 		return err
 	}
+	if mode, unverified := unverifiedTLS(sf.databaseURL, getenv); unverified {
+		logger.Warn("the database URL checks no server certificate: whoever answers for its host gets the ledger's password; use sslmode=verify-full with sslrootcert (docs/deploy.md)", "sslmode", mode)
+	}
 	banner := []string{"toolq consumer"}
 
 	natsOpts, err := nf.Options("toolq consumer")
