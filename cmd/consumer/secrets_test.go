@@ -36,8 +36,9 @@ const (
 )
 
 // secretDownstream is the API the tools call: it records what it was sent,
-// and answers by the call's mode: ok (200), refuse (422), hang (until the
-// call gives up).
+// and answers by the call's mode: ok (200), echo (200, what it was sent in
+// its answer, as an API that shows a request does), refuse (422), hang
+// (until the call gives up).
 type secretDownstream struct {
 	mu    sync.Mutex
 	auths []string
@@ -51,6 +52,9 @@ func (d *secretDownstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	d.auths, d.paths = append(d.auths, r.Header.Get("Authorization")), append(d.paths, r.URL.Path)
 	d.mu.Unlock()
 	switch args.Mode {
+	case "echo":
+		json.NewEncoder(w).Encode(map[string]any{"paid": true, "request": map[string]string{
+			"authorization": r.Header.Get("Authorization"), "path": r.URL.Path}})
 	case "refuse":
 		w.WriteHeader(http.StatusUnprocessableEntity)
 		fmt.Fprint(w, `{"error":"card declined"}`)
@@ -66,7 +70,8 @@ func (d *secretDownstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // TestPlantedSecretAppearsInNoSink runs a consumer whose tools send a token
 // read from a file (${file:…}) in a header and one from the environment in
-// their URL's path, through a success, a definite failure, a call left
+// their URL's path, through a success, a success whose answer echoes both
+// secrets, a definite failure, a call left
 // indeterminate (a timeout) and resolved by an operator, and a dead letter
 // (a downstream that refuses connections, whose error quotes the URL); then
 // the operator's commands (ledger ls, show, resolve; tools audit, export),
@@ -162,6 +167,7 @@ func TestPlantedSecretAppearsInNoSink(t *testing.T) {
 	shown := map[string]string{} // what each sink holds, by where it is
 	calls := []struct{ tool, id, mode string }{
 		{"pay", "toolu_ok", "ok"},
+		{"pay", "toolu_echo", "echo"},
 		{"pay", "toolu_refused", "refuse"},
 		{"notify", "toolu_timeout", "hang"},
 		{"pay_offline", "toolu_offline", "ok"},
@@ -173,7 +179,7 @@ func TestPlantedSecretAppearsInNoSink(t *testing.T) {
 		}
 	}
 	results := map[string]*jobs.Result{}
-	for _, c := range calls[:3] { // a dead letter has no result
+	for _, c := range calls[:len(calls)-1] { // a dead letter has no result
 		r, err := client.Await(ctx, "secrets", c.id)
 		if err != nil {
 			t.Fatalf("%s: %v\n%s", c.id, err, logs.String())
@@ -182,7 +188,8 @@ func TestPlantedSecretAppearsInNoSink(t *testing.T) {
 		b, _ := json.Marshal(r)
 		shown["result "+c.id] = string(b)
 	}
-	if results["toolu_ok"].Status != jobs.StatusOK || results["toolu_refused"].Status == jobs.StatusOK ||
+	if results["toolu_ok"].Status != jobs.StatusOK || results["toolu_echo"].Status != jobs.StatusOK ||
+		!strings.Contains(string(results["toolu_echo"].Output), "[redacted]") || results["toolu_refused"].Status == jobs.StatusOK ||
 		results["toolu_timeout"].Status == jobs.StatusOK {
 		t.Fatalf("results: %s", shown)
 	}
