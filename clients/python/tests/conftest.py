@@ -77,6 +77,8 @@ def consumer(tmp_path_factory: pytest.TempPathFactory, consumer_binary: Path) ->
             f"127.0.0.1:{mcp_port}",
             "--log-level",
             "warn",
+            "--tenants",
+            "acme",
         ],
         stdout=subprocess.DEVNULL,
         env={**os.environ, "OTEL_SDK_DISABLED": "true"},

@@ -190,3 +190,29 @@ async def test_lookup_answers_in_flight_and_indeterminate_calls(consumer: Consum
     finally:
         set_faults(consumer, {"latency_ms": 0, "drop_after_effect_rate": 0})
         await client.nc.close()
+
+
+async def test_a_tenants_call_runs_apart_from_the_default_tenants_same_call(consumer: Consumer) -> None:
+    """The consumer serves tenant acme (--tenants acme) beside the default tenant: acme's call is published on
+    toolq.acme.jobs.<tool> under a key with the tenant, answered in TOOLQ_acme_RESULTS, and the default tenant's
+    identical call is another call."""
+    default = await connect(consumer)
+    nc = await nats.connect(consumer.nats_url, inbox_prefix=b"_INBOX_acme")
+    acme = toolq.Client(nc, tenant="acme")
+    try:
+        job = dict(conversation_id="py-tenant", turn_index=1, tool="send_payment", args=PAYMENT % "inv_py_tenant")
+        a = await acme.publish(toolq.Job(**job, tool_use_id="toolu_py_t"))
+        ra = await acme.await_result("py-tenant", "toolu_py_t", timeout=30)
+        d = await default.publish_and_await(toolq.Job(**job, tool_use_id="toolu_py_t"), timeout=30)
+        assert a.key == toolq.call_key(**job, tenant="acme") != d.key == toolq.call_key(**job)
+        assert ra.status == d.status == "ok" and ra.tenant == "acme" and d.tenant == "" and not d.duplicate
+        assert len(consumer.payments("inv_py_tenant")) == 2
+        msg = await default.js.get_msg(toolq.JOBS_STREAM, a.seq)
+        assert msg.subject == "toolq.acme.jobs.send_payment" and json.loads(msg.data)["tenant"] == "acme"
+        assert (await acme.lookup(a.key)).state == "completed"
+        assert (await default.js.stream_info("TOOLQ_acme_RESULTS")).state.messages == 1
+        with pytest.raises(toolq.FieldError):
+            toolq.Client(nc, tenant="results")
+    finally:
+        await nc.close()
+        await default.nc.close()

@@ -77,7 +77,9 @@ def test_fields_are_checked_as_the_consumer_checks_them(field: str, value: objec
 
 def test_tenant_keys_default_unchanged_and_prefixed() -> None:
     """The keys jobs/tenant_test.go pins: the default tenant's unchanged, a tenant's material after ``tenant|``."""
-    from toolq.key import FieldError as _FieldError, call_key as _call_key, call_material as _call_material
+    from toolq.key import FieldError as _FieldError
+    from toolq.key import call_key as _call_key
+    from toolq.key import call_material as _call_material
 
     call = dict(conversation_id="conv-1", turn_index=3, tool="send_payment", args='{"currency":"EUR","amount":1}')
     assert _call_key(**call) == "ab2f01b88ac510ba073855c5f886b155"

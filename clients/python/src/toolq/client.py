@@ -19,7 +19,7 @@ from nats.aio.msg import Msg
 from nats.js import api
 from nats.js.errors import NoStreamResponseError
 
-from toolq.key import Args, FieldError, call_material, canonicalize, key_of
+from toolq.key import RESERVED_TENANTS, Args, FieldError, call_material, canonicalize, key_of, valid_tenant
 
 __all__ = [
     "HEADER_KEY",
@@ -83,6 +83,31 @@ def job_subject(tool: str) -> str:
 
 def result_subject(conversation_id: str) -> str:
     return f"toolq.results.{conversation_id}"
+
+
+def _tenant_prefix(tenant: str) -> str:
+    return "toolq." if tenant == "" else f"toolq.{tenant}."
+
+
+def tenant_job_subject(tenant: str, tool: str) -> str:
+    """A tenant's job subject (docs/tenants.md): toolq.jobs.<tool> for the default tenant "", toolq.<tenant>.jobs.<tool> for another."""
+    return f"{_tenant_prefix(tenant)}jobs.{tool}"
+
+
+def tenant_result_subject(tenant: str, conversation_id: str) -> str:
+    return f"{_tenant_prefix(tenant)}results.{conversation_id}"
+
+
+def tenant_lookup_subject(tenant: str) -> str:
+    return f"{_tenant_prefix(tenant)}ledger.get"
+
+
+def tenant_stream(tenant: str, stream: str) -> str:
+    """A tenant's stream of a kind (RESULTS_STREAM, TOOLQ_DLQ, TOOLQ_APPROVALS): TOOLQ_<tenant>_RESULTS…;
+    the default tenant's is the stream itself."""
+    if tenant == "" or stream == JOBS_STREAM:
+        return stream
+    return f"TOOLQ_{tenant}_{stream[len('TOOLQ_') :]}"
 
 
 def job_msg_id(key: str, tool_use_id: str) -> str:
@@ -192,6 +217,8 @@ class Result:
     original_tool_use_id: str = ""
     #: Set on the results of a call that needed a person's approval.
     approval: ResultApproval | None = None
+    #: The job's tenant; "" for the default tenant.
+    tenant: str = ""
 
     @classmethod
     def from_json(cls, data: bytes | str) -> Result:
@@ -215,6 +242,7 @@ class Result:
             error=ResultError(code=err["code"], message=err.get("message", "")) if err else None,
             original_tool_use_id=d.get("original_tool_use_id", ""),
             approval=ResultApproval.from_dict(d.get("approval")),
+            tenant=d.get("tenant", ""),
         )
 
     def tool_result(self) -> dict[str, Any]:
@@ -338,11 +366,21 @@ def _traceparent() -> dict[str, str]:
 
 
 class Client:
-    """The agent's client: give it a connected nats.aio.client.Client."""
+    """The agent's client: give it a connected nats.aio.client.Client.
 
-    def __init__(self, nc: NATS) -> None:
+    A tenant's client (docs/tenants.md; connect with inbox_prefix
+    "_INBOX_<tenant>") publishes on toolq.<tenant>.jobs.<tool> with the
+    tenant in the body and the key, awaits results in
+    TOOLQ_<tenant>_RESULTS, looks keys up on toolq.<tenant>.ledger.get and
+    drops any result that is not its tenant's. The default "" is the
+    default tenant: today's subjects and keys."""
+
+    def __init__(self, nc: NATS, *, tenant: str = "") -> None:
+        if not isinstance(tenant, str) or not valid_tenant(tenant):
+            raise FieldError(f"tenant: must be one subject token and not {', '.join(sorted(RESERVED_TENANTS))}", field="tenant")
         self.nc = nc
         self.js = nc.jetstream()
+        self.tenant = tenant
 
     async def publish(self, job: Job, *, traceparent: str | None = None) -> Published:
         """Validates the job, derives its key and publishes it on
@@ -353,24 +391,31 @@ class Client:
         if not isinstance(job.tool_use_id, str) or not _TOOL_USE_ID.fullmatch(job.tool_use_id):
             raise FieldError(f"tool_use_id: must match ^{_TOOL_USE_ID.pattern}$", field="tool_use_id")
         material = call_material(
-            conversation_id=job.conversation_id, turn_index=job.turn_index, tool=job.tool, ordinal=job.ordinal, args=job.args
+            conversation_id=job.conversation_id,
+            turn_index=job.turn_index,
+            tool=job.tool,
+            ordinal=job.ordinal,
+            args=job.args,
+            tenant=self.tenant,
         )
         key = key_of(material)
-        canonical = material.split("|", 4)[4]
+        canonical = material.split("|", 5 if self.tenant else 4)[-1]
+        tenant = f'"tenant":{json.dumps(self.tenant)},' if self.tenant else ""
         body = (
-            f'{{"version":{VERSION},"conversation_id":{json.dumps(job.conversation_id)},"turn_index":{job.turn_index},'
+            f'{{"version":{VERSION},{tenant}"conversation_id":{json.dumps(job.conversation_id)},"turn_index":{job.turn_index},'
             f'"ordinal":{job.ordinal},"tool":{json.dumps(job.tool)},"tool_use_id":{json.dumps(job.tool_use_id)},'
             f'"args":{canonical},"created_at":{json.dumps(datetime.now(timezone.utc).isoformat().replace("+00:00", "Z"))}}}'
         )
+        subject = tenant_job_subject(self.tenant, job.tool)
         headers = {HEADER_KEY: key, HEADER_MSG_ID: job_msg_id(key, job.tool_use_id)}
         headers.update(_traceparent())
         if "traceparent" not in headers and traceparent:
             headers["traceparent"] = traceparent
         try:
-            ack = await self.js.publish(job_subject(job.tool), body.encode("utf-8"), stream=JOBS_STREAM, headers=headers)
+            ack = await self.js.publish(subject, body.encode("utf-8"), stream=JOBS_STREAM, headers=headers)
         except NoStreamResponseError as e:
             raise RuntimeError(
-                f"no stream takes {job_subject(job.tool)}: the streams are created by the first consumer that starts: "
+                f"no stream takes {subject}: the streams are created by the first consumer that starts: "
                 "start one (`consumer`) against this NATS server, or check its URL"
             ) from e
         return Published(key=key, stream=ack.stream, seq=ack.seq, duplicate=bool(ack.duplicate))
@@ -380,7 +425,7 @@ class Client:
         toolq.ledger.get): did this call already happen, and how did it end?
         Does it still await a person's approval (state "awaiting_approval")?
         Raises LookupError when the service refuses the request."""
-        msg = await self.nc.request(LOOKUP_SUBJECT, key.encode(), timeout=timeout)
+        msg = await self.nc.request(tenant_lookup_subject(self.tenant), key.encode(), timeout=timeout)
         headers = msg.headers or {}
         if code := headers.get("Nats-Service-Error-Code"):
             raise LookupError(code, headers.get("Nats-Service-Error", ""))
@@ -415,7 +460,7 @@ class Client:
     async def results_cursor(self) -> int:
         """The sequence the next result will get: every result of a job
         published after this call comes at or after it."""
-        info = await self.js.stream_info(RESULTS_STREAM)
+        info = await self.js.stream_info(tenant_stream(self.tenant, RESULTS_STREAM))
         return int(info.state.last_seq) + 1
 
     async def await_result(
@@ -449,7 +494,12 @@ class Client:
         config = api.ConsumerConfig(deliver_policy=api.DeliverPolicy.ALL)
         if from_seq > 0:
             config = api.ConsumerConfig(deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=from_seq)
-        sub = await self.js.subscribe(result_subject(conversation_id), stream=RESULTS_STREAM, ordered_consumer=True, config=config)
+        sub = await self.js.subscribe(
+            tenant_result_subject(self.tenant, conversation_id),
+            stream=tenant_stream(self.tenant, RESULTS_STREAM),
+            ordered_consumer=True,
+            config=config,
+        )
 
         async def read() -> None:
             caught_up = False
@@ -461,6 +511,8 @@ class Client:
                     r = Result.from_json(msg.data)
                 except (ValueError, KeyError, TypeError):
                     continue
+                if r.tenant != self.tenant:
+                    continue  # another tenant's result is never this client's
                 prev = got.get(r.tool_use_id)
                 if r.tool_use_id in want and supersedes(prev, r):
                     if not enough(prev) and enough(r):
@@ -506,7 +558,7 @@ class Client:
         # that has no key raises with nothing run.
         identities = [f"{c.tool}|{canonicalize(c.args)}" for c in tool_calls]
         for c in tool_calls:
-            call_material(conversation_id=conversation_id, turn_index=turn_index, tool=c.tool, args=c.args)
+            call_material(conversation_id=conversation_id, turn_index=turn_index, tool=c.tool, args=c.args, tenant=self.tenant)
             if not isinstance(c.tool_use_id, str) or not _TOOL_USE_ID.fullmatch(c.tool_use_id):
                 raise FieldError(f"tool_use_id: must match ^{_TOOL_USE_ID.pattern}$", field="tool_use_id")
         from_seq = await self.results_cursor()
@@ -530,11 +582,12 @@ class Client:
         got = await self.await_results(conversation_id, ids, from_seq=from_seq, timeout=timeout, final=final)
         return [got[i].tool_result() for i in ids]
 
-    async def results(self, subject: str = "toolq.results.>") -> ResultsReader:
+    async def results(self, subject: str = "") -> ResultsReader:
         """A reader of the results published from now on: one ordered
         consumer serving every await, as an agent that plays many turns
-        wants."""
-        return await ResultsReader.start(self, subject)
+        wants (subject: toolq.results.> by default; a tenant's:
+        toolq.<tenant>.results.>)."""
+        return await ResultsReader.start(self, subject or f"{_tenant_prefix(self.tenant)}results.>")
 
 
 def _pending(msg: Msg) -> int:
@@ -589,12 +642,17 @@ class ResultsReader:
         self._task: asyncio.Task[None] | None = None
         self._sub: Any = None
         self._error: BaseException | None = None
+        self._tenant = ""
 
     @classmethod
     async def start(cls, client: Client, subject: str) -> ResultsReader:
         r = cls()
+        r._tenant = client.tenant
         r._sub = await client.js.subscribe(
-            subject, stream=RESULTS_STREAM, ordered_consumer=True, config=api.ConsumerConfig(deliver_policy=api.DeliverPolicy.NEW)
+            subject,
+            stream=tenant_stream(client.tenant, RESULTS_STREAM),
+            ordered_consumer=True,
+            config=api.ConsumerConfig(deliver_policy=api.DeliverPolicy.NEW),
         )
         r._task = asyncio.create_task(r._read())
         return r
@@ -607,6 +665,8 @@ class ResultsReader:
                     res = Result.from_json(msg.data)
                 except (ValueError, KeyError, TypeError):
                     continue
+                if res.tenant != self._tenant:
+                    continue  # another tenant's result is never this reader's
                 k = (res.conversation_id, res.tool_use_id)
                 if k not in self._waiting:
                     k = ("", res.tool_use_id)

@@ -26,6 +26,7 @@ import rfc8785
 
 __all__ = [
     "MAX_DEPTH",
+    "RESERVED_TENANTS",
     "Args",
     "CallKeyError",
     "DuplicateNameError",
@@ -34,7 +35,6 @@ __all__ = [
     "JSONSyntaxError",
     "LoneSurrogateError",
     "NotObjectError",
-    "RESERVED_TENANTS",
     "NumberRangeError",
     "TooDeepError",
     "UnsafeIntegerError",
@@ -65,6 +65,8 @@ RESERVED_TENANTS = frozenset({"jobs", "results", "dlq", "approvals", "decide", "
 def valid_tenant(tenant: str) -> bool:
     """Whether ``tenant`` may name a tenant: "" (the default tenant), or one subject token that is not reserved."""
     return tenant == "" or (isinstance(tenant, str) and bool(_TENANT.fullmatch(tenant)) and tenant not in RESERVED_TENANTS)
+
+
 _MAX_SAFE = "9007199254740992"  # 2^53: the largest magnitude at which every integer has its own double
 _MAX_COUNTER = 10**16 - 1  # turn_index and ordinal: at most 16 digits
 
@@ -208,9 +210,7 @@ def call_material(*, conversation_id: str, turn_index: int, tool: str, ordinal: 
     """The exact text that is hashed: ``conversation_id|turn_index|tool|ordinal|canonical(args)``, after
     ``tenant|`` for a tenant's call (docs/tenants.md); the default tenant's ("") is unchanged."""
     if not isinstance(tenant, str) or not valid_tenant(tenant):
-        raise FieldError(
-            f"tenant: must match ^{_TENANT.pattern}$ and not be {', '.join(sorted(RESERVED_TENANTS))}", field="tenant"
-        )
+        raise FieldError(f"tenant: must match ^{_TENANT.pattern}$ and not be {', '.join(sorted(RESERVED_TENANTS))}", field="tenant")
     _check_fields(conversation_id, turn_index, tool, ordinal)
     prefix = f"{tenant}|" if tenant else ""
     return f"{prefix}{conversation_id}|{turn_index}|{tool}|{ordinal}|{canonicalize(args)}"
