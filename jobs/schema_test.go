@@ -65,6 +65,10 @@ func TestJobSchemaIsTheDecoder(t *testing.T) {
 		"args an array":     strings.Replace(valid, `{"invoice_id":"inv_9"}`, `[1]`, 1),
 		"no tool_use_id":    strings.Replace(valid, `"tool_use_id":"toolu_01A",`, "", 1),
 		"a bad created_at":  strings.Replace(valid, `2026-12-02T10:00:00Z`, `yesterday`, 1),
+		"a tenant":          strings.Replace(valid, `"version":1`, `"version":1,"tenant":"acme"`, 1),
+		"an empty tenant":   strings.Replace(valid, `"version":1`, `"version":1,"tenant":""`, 1),
+		"a reserved tenant": strings.Replace(valid, `"version":1`, `"version":1,"tenant":"results"`, 1),
+		"a tenant with a .": strings.Replace(valid, `"version":1`, `"version":1,"tenant":"a.b"`, 1),
 	} {
 		_, decErr := jobs.DecodeJob([]byte(body))
 		schemaErr := validates(s, []byte(body))
@@ -101,7 +105,11 @@ func TestResultSchemaTakesEveryResult(t *testing.T) {
 	denied.Approval, denied.Error = &decided, &jobs.ResultError{Code: "approval_denied", Message: "denied by alice: over budget"}
 	expired := jobs.NewResult(j, key, jobs.StatusExpired)
 	expired.Approval, expired.Error = asked, &jobs.ResultError{Code: "approval_expired", Message: "no decision before the approval expired"}
-	for _, r := range []*jobs.Result{ok, dup, failed, rejected, unknown, pending, denied, expired} {
+	tj := *j
+	tj.Tenant = "acme"
+	tenants := jobs.NewResult(&tj, key, jobs.StatusOK)
+	tenants.Output, tenants.Attempts = json.RawMessage(`{"id":"pay_2"}`), 1
+	for _, r := range []*jobs.Result{ok, dup, failed, rejected, unknown, pending, denied, expired, tenants} {
 		body, err := json.Marshal(r)
 		if err != nil {
 			t.Fatal(err)
