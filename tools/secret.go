@@ -13,6 +13,8 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"unicode/utf16"
+	"unicode/utf8"
 )
 
 // Redacted is what a secret of the registry is shown as.
@@ -40,7 +42,8 @@ func (s *secrets) add(v string) {
 // URL-escaped as a path or a query writes it, and unescaped (a variable
 // may hold it escaped, as a URL needs it); JSON-escaped as encoders write
 // it in a string ("\/" for "/", "\u003c" or "\u003C" for "<", with or
-// without HTML escaping). Forms shorter than minSecret are left out.
+// without HTML escaping, with or without what is not ASCII escaped).
+// Forms shorter than minSecret are left out.
 func forms(v string) []string {
 	var out []string
 	keep := func(f string) {
@@ -65,14 +68,34 @@ func forms(v string) []string {
 		enc.Encode(v)
 		j := strings.TrimSuffix(b.String(), "\n")
 		j = j[1 : len(j)-1] // the quotes
-		upper := unicodeEscape.ReplaceAllStringFunc(j, strings.ToUpper)
-		upper = strings.ReplaceAll(upper, `\U`, `\u`)
-		for _, f := range []string{j, upper} {
-			keep(f)
-			keep(strings.ReplaceAll(f, "/", `\/`))
+		for _, a := range []string{j, asciiJSON(j)} {
+			upper := unicodeEscape.ReplaceAllStringFunc(a, strings.ToUpper)
+			upper = strings.ReplaceAll(upper, `\U`, `\u`)
+			for _, f := range []string{a, upper} {
+				keep(f)
+				keep(strings.ReplaceAll(f, "/", `\/`))
+			}
 		}
 	}
 	return out
+}
+
+// asciiJSON is j, the inside of a JSON string, with its characters beyond
+// ASCII escaped as \uXXXX (UTF-16), as encoders that write only ASCII do.
+func asciiJSON(j string) string {
+	var b strings.Builder
+	for _, r := range j {
+		switch {
+		case r < utf8.RuneSelf:
+			b.WriteRune(r)
+		case r > 0xFFFF:
+			r1, r2 := utf16.EncodeRune(r)
+			fmt.Fprintf(&b, `\u%04x\u%04x`, r1, r2)
+		default:
+			fmt.Fprintf(&b, `\u%04x`, r)
+		}
+	}
+	return b.String()
 }
 
 // unicodeEscape matches a JSON \uXXXX escape.
