@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"maps"
 	"net/http"
 	"net/url"
@@ -212,11 +213,11 @@ func (m *MCP) connect(ctx context.Context) (*mcp.ClientSession, error) {
 	}
 	cmd.Stderr = w
 	m.stderr.Add(1)
-	go func() {
+	go func(out io.Writer) {
 		defer m.stderr.Done()
-		m.secrets.copyLines(os.Stderr, stderr)
+		m.secrets.copyLines(out, stderr)
 		stderr.Close()
-	}()
+	}(os.Stderr)
 	s, err := client.Connect(ctx, trackedTransport{&mcp.CommandTransport{Command: cmd, TerminateDuration: time.Second}}, nil)
 	w.Close() // the server has its own; the copy ends when the server's closes
 	if err == nil {

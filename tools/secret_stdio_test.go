@@ -11,13 +11,13 @@ import (
 	"github.com/toolq/toolq/tools"
 )
 
-// A stdio server's standard error is the consumer's own (cmd.Stderr =
-// os.Stderr), where the consumer's logs go: what the server writes there,
-// as a server that cannot log in often does, reaches the logs unredacted,
-// though the token came from the registry's ${…}.
+// A stdio server's standard error is copied to the consumer's, where the
+// consumer's logs go, line by line: what the server writes there, as a
+// server that cannot log in often does, is shown with the token that came
+// from the registry's ${…} redacted.
 //
 // Not parallel: it swaps os.Stderr.
-func TestSecretAStdioServerWritesToItsStderrIsNotInTheConsumersLogs(t *testing.T) {
+func TestSecretAStdioServerWritesToItsStderrIsRedactedInTheConsumersLogs(t *testing.T) {
 	r, w, err := os.Pipe()
 	if err != nil {
 		t.Fatal(err)
@@ -50,5 +50,8 @@ func TestSecretAStdioServerWritesToItsStderrIsNotInTheConsumersLogs(t *testing.T
 	}
 	if strings.Contains(string(logged), "stdio-5ecret-token") {
 		t.Errorf("the consumer's stderr has %q", strings.TrimSpace(string(logged)))
+	}
+	if !strings.Contains(string(logged), "login failed with token "+tools.Redacted+"\n") {
+		t.Errorf("the consumer's stderr has %q, not the server's line, redacted", logged)
 	}
 }
