@@ -54,7 +54,9 @@ import (
 // a file's content, one trailing newline trimmed (unreadable: an error
 // naming the path). They work in url and headers (an mcp tool's url,
 // command, env and headers), and what they give is a secret: shown
-// nowhere, redacted from errors and spans (see expand and secrets).
+// nowhere, redacted from results, errors, spans and a stdio server's
+// standard error (see expand and secrets). A default is not a secret: it is
+// written in the file.
 type fileSpec struct {
 	Retention string     `yaml:"retention"` // the default of every tool's (see Retention)
 	Tools     []toolSpec `yaml:"tools"`

@@ -27,8 +27,9 @@ const minSecret = 4
 
 // secrets are the values a registry file's ${…} references gave a tool's
 // executor: downstream credentials, which toolq never shows. Whatever an
-// executor hands back to be shown (an error's message, a span's url.full,
-// its Downstream) goes through redact.
+// executor hands back to be shown (a result, through redactJSON; an error's
+// message; a span's url.full; its Downstream; a stdio server's standard
+// error) goes through redact.
 type secrets []string
 
 // add keeps v as a secret, unless it is too short to look for.
