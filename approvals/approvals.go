@@ -319,9 +319,11 @@ func (s *Service) publishJob(ctx context.Context, row ledger.Row) error {
 // TenantOf returns the tenant of a row that holds an approval: the one,
 // of the default tenant and Config.Tenants, whose key of the row's call
 // (its conversation, turn, tool, ordinal and approval's args) is the
-// row's key (or its legacy key). Without tenants configured it is the
-// default tenant. Rows without an approval, and rows of no tenant
-// configured, are an error.
+// row's key (or its legacy key); without tenants configured, a
+// single-tenant deployment, the default tenant. Rows without an approval,
+// and rows of no tenant configured, are an error: their events and job
+// are then not published, and the sweep of a consumer that serves the
+// tenant publishes them.
 func (s *Service) TenantOf(row ledger.Row) (string, error) {
 	if row.Approval == nil {
 		return "", fmt.Errorf("approvals: %s holds no approval", row.Key)
@@ -342,7 +344,9 @@ func (s *Service) TenantOf(row ledger.Row) (string, error) {
 			return t, nil
 		}
 	}
-	return "", fmt.Errorf("approvals: %s is the key of no configured tenant's call", row.Key)
+	// Never announced on another tenant's subjects: a running consumer
+	// that serves the call's tenant announces it (its sweep).
+	return "", fmt.Errorf("approvals: %s is the key of no configured tenant's call (a consumer run with --tenants serves the tenants)", row.Key)
 }
 
 // Event is the approvals stream's event of row.

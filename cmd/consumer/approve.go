@@ -41,6 +41,7 @@ func decide(ctx context.Context, args []string, stdio cli.IO, getenv func(string
 	reason := fs.String("reason", "", "why (required; recorded with the decision)")
 	by := fs.String("by", osUser(getenv), "who decided (default: the OS user)")
 	digest := fs.String("digest", "", "the args digest you reviewed ('ledger show'): refused if the call's differs")
+	tenantsFlag := fs.String("tenants", "", "the tenants the consumers serve (consumer run --tenants; docs/tenants.md), so that a tenant's call is announced on its tenant's subjects (give a tenant's call by its KEY)")
 	var cf callFlags
 	cf.register(fs)
 	pos, help, err := cli.Parse(fs, args)
@@ -65,7 +66,11 @@ func decide(ctx context.Context, args []string, stdio cli.IO, getenv func(string
 		return err
 	}
 	defer st.Close()
-	cfg := approvals.Config{Ledger: st}
+	tenants, err := parseTenants(*tenantsFlag)
+	if err != nil {
+		return err
+	}
+	cfg := approvals.Config{Ledger: st, Tenants: tenants}
 	nc, js, nerr := nf.JetStream("toolq-consumer-" + verb)
 	if nerr == nil {
 		defer nc.Close()

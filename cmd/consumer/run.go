@@ -180,15 +180,9 @@ func runWorker(ctx context.Context, args []string, stdio cli.IO, getenv func(str
 
 	// Calls awaiting a person's approval are decided through one service:
 	// the worker's sweep, the decisions on toolq.decide.<group>.
-	var tenants []string
-	for _, t := range strings.Split(*tenantsFlag, ",") {
-		if t = strings.TrimSpace(t); t == "" {
-			continue
-		}
-		if !jobs.ValidTenant(t) {
-			return fmt.Errorf("--tenants: %q: a tenant must match ^[A-Za-z0-9_-]{1,64}$ and not be jobs, results, dlq, approvals, decide, ledger or tools", t)
-		}
-		tenants = append(tenants, t)
+	tenants, err := parseTenants(*tenantsFlag)
+	if err != nil {
+		return err
 	}
 	appr, err := approvals.New(approvals.Config{Ledger: st.Store, JS: st.JS, Logger: logger, MeterProvider: meters, Tenants: tenants})
 	if err != nil {
@@ -445,4 +439,19 @@ func parseDurations(list string) ([]time.Duration, error) {
 		out = append(out, d)
 	}
 	return out, nil
+}
+
+// parseTenants reads --tenants: comma-separated tenant names.
+func parseTenants(flag string) ([]string, error) {
+	var tenants []string
+	for _, t := range strings.Split(flag, ",") {
+		if t = strings.TrimSpace(t); t == "" {
+			continue
+		}
+		if !jobs.ValidTenant(t) {
+			return nil, cli.Usagef("--tenants: %q: a tenant must match ^[A-Za-z0-9_-]{1,64}$ and not be jobs, results, dlq, approvals, decide, ledger or tools", t)
+		}
+		tenants = append(tenants, t)
+	}
+	return tenants, nil
 }
