@@ -7,8 +7,11 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/toolq/toolq/approvals"
 	"github.com/toolq/toolq/internal/cli"
+	"github.com/toolq/toolq/jobs"
 	"github.com/toolq/toolq/ledger"
 )
 
@@ -41,7 +44,7 @@ func decide(ctx context.Context, args []string, stdio cli.IO, getenv func(string
 	reason := fs.String("reason", "", "why (required; recorded with the decision)")
 	by := fs.String("by", osUser(getenv), "who decided (default: the OS user)")
 	digest := fs.String("digest", "", "the args digest you reviewed ('ledger show'): refused if the call's differs")
-	tenantsFlag := fs.String("tenants", "", "the tenants the consumers serve (consumer run --tenants; docs/tenants.md), so that a tenant's call is announced on its tenant's subjects (give a tenant's call by its KEY)")
+	tenantsFlag := fs.String("tenants", "", "the tenants the consumers serve (consumer run --tenants; docs/tenants.md), so that a tenant's call is announced on its tenant's subjects (give a tenant's call by its KEY); default: those whose results streams NATS has")
 	var cf callFlags
 	cf.register(fs)
 	pos, help, err := cli.Parse(fs, args)
@@ -75,6 +78,9 @@ func decide(ctx context.Context, args []string, stdio cli.IO, getenv func(string
 	if nerr == nil {
 		defer nc.Close()
 		cfg.JS = js
+		if len(cfg.Tenants) == 0 {
+			cfg.Tenants = tenantsOf(ctx, js)
+		}
 	}
 	svc, err := approvals.New(cfg)
 	if err != nil {
@@ -92,4 +98,19 @@ func decide(ctx context.Context, args []string, stdio cli.IO, getenv func(string
 		fmt.Fprintf(stdio.Err, "NATS did not answer (%v): a running consumer announces the decision within a minute\n", nerr)
 	}
 	return nil
+}
+
+// tenantsOf returns the tenants whose results streams (TOOLQ_<tenant>_RESULTS)
+// the server has: those the consumers serve, when --tenants is not given.
+func tenantsOf(ctx context.Context, js jetstream.JetStream) []string {
+	var tenants []string
+	names := js.StreamNames(ctx)
+	for name := range names.Name() {
+		if t, ok := strings.CutPrefix(name, "TOOLQ_"); ok {
+			if t, ok = strings.CutSuffix(t, "_RESULTS"); ok && t != "" && jobs.ValidTenant(t) {
+				tenants = append(tenants, t)
+			}
+		}
+	}
+	return tenants
 }
