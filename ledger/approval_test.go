@@ -383,3 +383,27 @@ func TestUnansweredApprovalsFindsADecisionBehindAHundredApprovedCallsHandedBack(
 		t.Fatalf("the denied call is not among the %d unanswered approvals: its waiters are never told", len(rows))
 	})
 }
+
+// A claim records its call's tenant, and the row keeps it through a
+// release and the claim after.
+func TestARowKeepsItsCallsTenant(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, s *ledger.Store) {
+		c := newClaim(time.Minute)
+		c.Tenant, c.Token = "acme", newToken()
+		row := mustClaim(t, s, c)
+		if row.Tenant != "acme" || mustGet(t, s, c.Key).Tenant != "acme" {
+			t.Fatalf("claimed row's tenant %q", row.Tenant)
+		}
+		if err := s.Release(context.Background(), row.Fence()); err != nil {
+			t.Fatal(err)
+		}
+		c.Token = newToken()
+		if again := mustClaim(t, s, c); again.Tenant != "acme" {
+			t.Fatalf("after a release: %q", again.Tenant)
+		}
+		if plain := mustClaim(t, s, newClaim(time.Minute)); plain.Tenant != "" {
+			t.Fatalf("the default tenant's row: %q", plain.Tenant)
+		}
+	})
+}

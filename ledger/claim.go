@@ -19,6 +19,7 @@ type Claim struct {
 	Ordinal        int64
 	ArgsDigest     string // SHA-256 of the canonical args, hex
 	ToolUseID      string // recorded as first_tool_use_id when the claim is new
+	Tenant         string // the tenant whose call it is ("" the default)
 	Owner          string // the consumer instance, for operators
 	Lease          time.Duration
 	TraceID        string // the claiming span, so duplicates can link to it

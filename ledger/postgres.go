@@ -31,8 +31,8 @@ import (
 // attempt by the upsert.
 var claimPostgres = `WITH input AS (
 	SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::bigint[], $6::text[],
-		$7::text[], $8::text[], $9::text[], $10::text[], $11::bigint[], $12::text[])
-		AS t(key, conversation_id, turn_index, tool, ordinal, args_digest, first_tool_use_id, owner, trace_id, span_id, lease_ms, claim_token)
+		$7::text[], $8::text[], $9::text[], $10::text[], $11::bigint[], $12::text[], $13::text[])
+		AS t(key, conversation_id, turn_index, tool, ordinal, args_digest, first_tool_use_id, owner, trace_id, span_id, lease_ms, claim_token, tenant)
 ), existing AS (
 	SELECT e.* FROM input CROSS JOIN LATERAL (SELECT ` + pgCols + ` FROM toolq_ledger
 		WHERE key = input.key AND state <> 'released' OFFSET 0) AS e
@@ -42,9 +42,9 @@ var claimPostgres = `WITH input AS (
 		AND t.answered_at < now() - interval '1 hour'
 ), ins AS (
 	INSERT INTO toolq_ledger (key, conversation_id, turn_index, tool, ordinal, args_digest, state, attempt, owner,
-		lease_until, first_tool_use_id, trace_id, span_id, claim_token)
+		lease_until, first_tool_use_id, trace_id, span_id, claim_token, tenant)
 	SELECT key, conversation_id, turn_index, tool, ordinal, args_digest, 'in_flight', 1, owner,
-		now() + lease_ms * interval '1 millisecond', first_tool_use_id, trace_id, span_id, claim_token FROM input
+		now() + lease_ms * interval '1 millisecond', first_tool_use_id, trace_id, span_id, claim_token, tenant FROM input
 		WHERE key NOT IN (SELECT key FROM existing) ORDER BY key COLLATE "C"
 	` + claimConflict + `
 	RETURNING ` + pgCols + `
@@ -140,18 +140,19 @@ func (p *postgresDB) claim(ctx context.Context, claims []Claim) ([]claimed, erro
 			return nil, errors.New("claim did not settle after 10 rounds of concurrent inserts and deletes")
 		}
 		n := len(pending)
-		keys, convs, tools, digests, tuids, owners, traces, spans, tokens := make([]string, n), make([]string, n), make([]string, n),
-			make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+		keys, convs, tools, digests, tuids, owners, traces, spans, tokens, tenants := make([]string, n), make([]string, n), make([]string, n),
+			make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 		turns, ordinals, leases := make([]int64, n), make([]int64, n), make([]int64, n)
 		at := make(map[string]int, n)
 		for j, i := range pending {
 			c := &claims[i]
 			keys[j], convs[j], turns[j], tools[j], ordinals[j], digests[j] = c.Key, c.ConversationID, c.TurnIndex, c.Tool, c.Ordinal, c.ArgsDigest
 			tuids[j], owners[j], traces[j], spans[j], leases[j], tokens[j] = c.ToolUseID, c.Owner, c.TraceID, c.SpanID, c.Lease.Milliseconds(), c.Token
+			tenants[j] = c.Tenant
 			at[c.Key] = i
 		}
 		answered := make(map[int]bool, n)
-		err := p.claimRound(ctx, async, []any{keys, convs, turns, tools, ordinals, digests, tuids, owners, traces, spans, leases, tokens},
+		err := p.claimRound(ctx, async, []any{keys, convs, turns, tools, ordinals, digests, tuids, owners, traces, spans, leases, tokens, tenants},
 			func(sc scanner) error {
 				var c claimed
 				var r Row

@@ -12,7 +12,7 @@ const pgCols = `key, conversation_id, turn_index, tool, ordinal, args_digest, st
 	first_tool_use_id, trace_id, span_id, result, error,
 	(extract(epoch from created_at) * 1000)::bigint, (extract(epoch from updated_at) * 1000)::bigint,
 	history, failures, claim_token, (extract(epoch from answered_at) * 1000)::bigint,
-	approval_status, (extract(epoch from approval_expires_at) * 1000)::bigint, approval, waiters, approval_attempt`
+	approval_status, (extract(epoch from approval_expires_at) * 1000)::bigint, approval, waiters, approval_attempt, tenant`
 
 // pgFenced is the WHERE of a write by the holder of one claim. The attempt
 // alone does not name a claim: a claim that Postgres lost in a crash before

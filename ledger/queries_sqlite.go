@@ -11,7 +11,7 @@ const sqliteNow = "CAST(unixepoch('subsec') * 1000 AS INTEGER)"
 const sqliteCols = `key, conversation_id, turn_index, tool, ordinal, args_digest, state, attempt, owner,
 	lease_until, max(0, lease_until - ` + sqliteNow + `), first_tool_use_id, trace_id, span_id, result, error,
 	created_at, updated_at, history, failures, claim_token, answered_at,
-	approval_status, approval_expires_at, approval, waiters, approval_attempt`
+	approval_status, approval_expires_at, approval, waiters, approval_attempt, tenant`
 
 // sqliteFenced is the WHERE of a write by the holder of one claim (see
 // pgFenced).

@@ -85,6 +85,8 @@ type Row struct {
 	// ApprovalAttempt is the row's attempt when the call was approved: a
 	// claim to run it since has a later one.
 	ApprovalAttempt int64 `json:"approval_attempt,omitempty"`
+	// Tenant is the tenant whose call it is ("" the default).
+	Tenant string `json:"tenant,omitempty"`
 }
 
 // answeredEvery is how stale Row.AnsweredAt may be. A claim that answers a
@@ -156,7 +158,7 @@ func scanRow(sc scanner, r *Row, leading ...any) error {
 	dest := append(leading, &r.Key, &r.ConversationID, &r.TurnIndex, &r.Tool, &r.Ordinal, &r.ArgsDigest, &state,
 		&r.Attempt, &r.Owner, &leaseMS, &remainingMS, &r.FirstToolUseID, &r.TraceID, &r.SpanID, &result,
 		&errText, &createdMS, &updatedMS, &history, &r.Failures, &r.ClaimToken, &answeredMS,
-		&approvalStatus, &expiresMS, &approval, &waiters, &r.ApprovalAttempt)
+		&approvalStatus, &expiresMS, &approval, &waiters, &r.ApprovalAttempt, &r.Tenant)
 	if err := sc.Scan(dest...); err != nil {
 		return err
 	}

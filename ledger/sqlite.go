@@ -15,8 +15,8 @@ import (
 )
 
 var claimSQLite = `INSERT INTO toolq_ledger (key, conversation_id, turn_index, tool, ordinal, args_digest, state, attempt, owner,
-	lease_until, first_tool_use_id, trace_id, span_id, claim_token, created_at, updated_at)
-	VALUES ($1, $2, $3, $4, $5, $6, 'in_flight', 1, $7, ((` + sqliteNow + `) + $8), $9, $10, $11, $12, (` + sqliteNow + `), (` + sqliteNow + `))
+	lease_until, first_tool_use_id, trace_id, span_id, claim_token, created_at, updated_at, tenant)
+	VALUES ($1, $2, $3, $4, $5, $6, 'in_flight', 1, $7, ((` + sqliteNow + `) + $8), $9, $10, $11, $12, (` + sqliteNow + `), (` + sqliteNow + `), $13)
 	` + claimConflict + ` RETURNING ` + sqliteCols
 
 type sqliteDB struct {
@@ -134,7 +134,7 @@ func (s *sqliteDB) claim(ctx context.Context, claims []Claim) ([]claimed, error)
 	for i := range claims {
 		c := &claims[i]
 		err := scanRow(ins.QueryRowContext(ctx, c.Key, c.ConversationID, c.TurnIndex, c.Tool, c.Ordinal, c.ArgsDigest,
-			c.Owner, c.Lease.Milliseconds(), c.ToolUseID, c.TraceID, c.SpanID, c.Token), &out[i].row)
+			c.Owner, c.Lease.Milliseconds(), c.ToolUseID, c.TraceID, c.SpanID, c.Token, c.Tenant), &out[i].row)
 		switch {
 		case err == nil:
 			out[i].inserted = true

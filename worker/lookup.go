@@ -38,7 +38,14 @@ func ServeLookup(nc *nats.Conn, store *ledger.Store, log *slog.Logger, tenants .
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		l, err := lookup(ctx, store, key)
+		// A tenant asks on toolq.<tenant>.ledger.get, the default on
+		// jobs.LookupSubject: each is answered of its own calls only, a
+		// key of another tenant's as unknown.
+		tenant := ""
+		if subj := req.Subject(); subj != jobs.LookupSubject {
+			tenant = strings.TrimSuffix(strings.TrimPrefix(subj, "toolq."), ".ledger.get")
+		}
+		l, err := lookup(ctx, store, key, tenant)
 		if err != nil {
 			log.Warn("ledger lookup failed", "key", key, "error", err)
 			req.Error("503", "the ledger did not answer: "+err.Error(), nil)
@@ -64,10 +71,16 @@ func ServeLookup(nc *nats.Conn, store *ledger.Store, log *slog.Logger, tenants .
 	return svc, nil
 }
 
-func lookup(ctx context.Context, store *ledger.Store, key string) (*jobs.Lookup, error) {
+func lookup(ctx context.Context, store *ledger.Store, key, tenant string) (*jobs.Lookup, error) {
 	row, err := store.Get(ctx, key)
+	if err == nil && row.Tenant != tenant {
+		err = ledger.ErrNotFound
+	}
 	if errors.Is(err, ledger.ErrNotFound) {
 		approved, aerr := store.ApprovedNotRun(ctx, key)
+		if aerr == nil && approved.Tenant != tenant {
+			aerr = ledger.ErrNotFound
+		}
 		switch {
 		case errors.Is(aerr, ledger.ErrNotFound):
 			return &jobs.Lookup{Key: key, State: jobs.LookupUnknown}, nil

@@ -501,6 +501,7 @@ func (w *Worker) claimOf(d *delivery) ledger.Claim {
 		Ordinal:        d.job.Ordinal,
 		ArgsDigest:     d.material.ArgsDigest(),
 		ToolUseID:      d.job.ToolUseID,
+		Tenant:         d.job.Tenant,
 		Owner:          w.cfg.Owner,
 		Lease:          d.tool.Lease,
 		TraceID:        d.span.SpanContext().TraceID().String(),

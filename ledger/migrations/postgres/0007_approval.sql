@@ -17,4 +17,7 @@ ALTER TABLE toolq_ledger ADD COLUMN approval_expires_at timestamptz NOT NULL DEF
 ALTER TABLE toolq_ledger ADD COLUMN approval text NOT NULL DEFAULT '';
 ALTER TABLE toolq_ledger ADD COLUMN waiters text NOT NULL DEFAULT '[]';
 ALTER TABLE toolq_ledger ADD COLUMN approval_attempt bigint NOT NULL DEFAULT 0;
+-- tenant is the tenant whose call the row is ('' the default), so that a
+-- tenant's lookup answers its own keys only. Existing rows are the default's.
+ALTER TABLE toolq_ledger ADD COLUMN tenant text NOT NULL DEFAULT '';
 CREATE INDEX toolq_ledger_approvals ON toolq_ledger (approval_expires_at) WHERE waiters <> '[]';

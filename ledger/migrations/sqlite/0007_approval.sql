@@ -28,7 +28,8 @@ CREATE TABLE toolq_ledger_0007 (
     approval_expires_at INTEGER NOT NULL DEFAULT 0,
     approval            TEXT    NOT NULL DEFAULT '',
     waiters             TEXT    NOT NULL DEFAULT '[]',
-    approval_attempt    INTEGER NOT NULL DEFAULT 0
+    approval_attempt    INTEGER NOT NULL DEFAULT 0,
+    tenant              TEXT    NOT NULL DEFAULT ''
 ) WITHOUT ROWID;
 
 INSERT INTO toolq_ledger_0007 (key, conversation_id, turn_index, tool, ordinal, args_digest, state, attempt, owner,
