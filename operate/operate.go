@@ -132,6 +132,10 @@ func GetDeadLetter(ctx context.Context, js jetstream.JetStream, seq uint64) (Dea
 // deleted): nothing is left to requeue.
 var ErrOriginalGone = errors.New("operate: the original job is no longer in " + jobs.JobsStream)
 
+// ErrRequeueDuplicate: TOOLQ_JOBS dropped a requeue's publish as a
+// duplicate of a message with its id; the dead letter was left in the DLQ.
+var ErrRequeueDuplicate = errors.New("operate: requeue dropped as a duplicate")
+
 // Original returns the job a dead letter was made of, read from TOOLQ_JOBS
 // at d.JobSeq. Errors: ErrOriginalGone when that sequence holds no message,
 // or one of another subject than the dead letter's; JetStream's, wrapped.
@@ -168,7 +172,8 @@ func Original(ctx context.Context, js jetstream.JetStream, d DeadLetter) (*jetst
 // under toolq.jobs., ErrOriginalGone (for an omitted body), the publish
 // error; when the job was published but the dead letter could not be
 // deleted, the new sequence comes back with the error; ErrRowMayBePurged
-// with PurgedBefore. A dead letter that was not requeued stays in the DLQ.
+// with PurgedBefore; ErrRequeueDuplicate when TOOLQ_JOBS dropped the
+// publish as a duplicate. A dead letter that was not requeued stays in the DLQ.
 func Requeue(ctx context.Context, js jetstream.JetStream, seq uint64, opts ...RequeueOption) (uint64, error) {
 	var o requeueOptions
 	for _, opt := range opts {
@@ -205,9 +210,16 @@ func Requeue(ctx context.Context, js jetstream.JetStream, seq uint64, opts ...Re
 		}
 	}
 	msg.Header.Set(jobs.HeaderReplayOf, fmt.Sprintf("dlq:%d", seq))
-	ack, err := js.PublishMsg(ctx, msg, jetstream.WithMsgID(fmt.Sprintf("requeue:dlq:%d", seq)), jetstream.WithExpectStream(jobs.JobsStream))
+	// The id dedupes two requeues of this dead letter (two operators at
+	// once). Its time, in nanoseconds, is the server's: tenants share
+	// TOOLQ_JOBS's duplicate window, and an id they could guess
+	// (requeue:dlq:<seq>) they could take first.
+	ack, err := js.PublishMsg(ctx, msg, jetstream.WithMsgID(fmt.Sprintf("requeue:dlq:%d:%d", seq, d.Time.UnixNano())), jetstream.WithExpectStream(jobs.JobsStream))
 	if err != nil {
 		return 0, fmt.Errorf("operate: requeue dead letter %d: %w", seq, err)
+	}
+	if ack.Duplicate {
+		return 0, fmt.Errorf("%w: dead letter %d: TOOLQ_JOBS took its requeue as a duplicate (requeued by another at the same time?); it stays in the DLQ", ErrRequeueDuplicate, seq)
 	}
 	s, err := js.Stream(ctx, jobs.DLQStream)
 	if err == nil {

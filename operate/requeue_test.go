@@ -62,3 +62,53 @@ func TestRequeueOfOmittedHeadersRestoresThem(t *testing.T) {
 		t.Fatalf("requeued from the dead letter: %v", m.Header)
 	}
 }
+
+// TestATenantCannotMakeARequeueLoseADeadLetter: tenants share TOOLQ_JOBS
+// and its duplicate window, and a requeue's Nats-Msg-Id is
+// requeue:dlq:<seq>, a sequence anyone can guess. A tenant that published
+// on its own subject with those ids must not make an operator's requeue of
+// the default tenant's dead letter a dropped duplicate that still removes
+// the dead letter: the job is either back in TOOLQ_JOBS or still a dead
+// letter.
+func TestATenantCannotMakeARequeueLoseADeadLetter(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	n := testenv.StartNATS(t)
+	js, _ := jetstream.New(n.Connect())
+	if err := jobs.ProvisionStreams(ctx, js, jobs.Streams{Tenants: []string{"acme"}}); err != nil {
+		t.Fatal(err)
+	}
+	// Acme, on its own subject, takes the ids of the next requeues.
+	for seq := 1; seq <= 5; seq++ {
+		m := nats.NewMsg(jobs.TenantJobSubject("acme", "pay"))
+		m.Data = []byte(`{}`)
+		m.Header.Set("Nats-Msg-Id", "requeue:dlq:"+strconv.Itoa(seq))
+		if _, err := js.PublishMsg(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	body := `{"version":1,"conversation_id":"c","turn_index":0,"tool":"send_payment","tool_use_id":"toolu_d","args":{}}`
+	job := nats.NewMsg("toolq.jobs.send_payment")
+	job.Data = []byte(body)
+	ack, err := js.PublishMsg(ctx, job)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dl := publishDeadLetter(t, js, jobs.DLQInvalid, ack.Sequence, body)
+	newSeq, err := operate.Requeue(ctx, js, dl)
+	if err != nil {
+		t.Logf("requeue: %v", err) // refusing is fine; losing is not
+	}
+	jobsStream, _ := js.Stream(ctx, jobs.JobsStream)
+	requeued, gerr := jobsStream.GetMsg(ctx, newSeq)
+	back := err == nil && gerr == nil && requeued.Subject == "toolq.jobs.send_payment" && string(requeued.Data) == body
+	dlq, _ := js.Stream(ctx, jobs.DLQStream)
+	_, derr := dlq.GetMsg(ctx, dl)
+	if !back && derr != nil {
+		got := "nothing"
+		if gerr == nil {
+			got = requeued.Subject + " " + string(requeued.Data)
+		}
+		t.Fatalf("dead letter %d removed, and the job was not requeued: Requeue returned seq %d, which is %s", dl, newSeq, got)
+	}
+}
