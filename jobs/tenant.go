@@ -1,6 +1,9 @@
 package jobs
 
-import "regexp"
+import (
+	"regexp"
+	"strings"
+)
 
 // A tenant is one of several parties sharing a deployment, kept apart by
 // NATS's own permissions (docs/tenants.md). The default tenant, the empty
@@ -86,34 +89,23 @@ func TenantStream(t, stream string) string {
 	return "TOOLQ_" + t + "_" + stream[len("TOOLQ_"):]
 }
 
-// SubjectTenant returns the tenant of a job subject and true: "" for
-// toolq.jobs.<tool>, t for toolq.<t>.jobs.<tool>; false for a subject of
-// neither form.
+// SubjectTenant returns the tenant whose job subjects a subject is under,
+// and true: "" for toolq.jobs.>, t for toolq.<t>.jobs.>, whatever the
+// number of tokens after jobs. (a subject there that is not
+// toolq.<t>.jobs.<tool> is still t's: its permissions let t publish it);
+// false for a subject under neither.
 func SubjectTenant(subject string) (string, bool) {
-	const p = "toolq."
-	if len(subject) <= len(p) || subject[:len(p)] != p {
+	rest, ok := strings.CutPrefix(subject, "toolq.")
+	if !ok {
 		return "", false
 	}
-	rest := subject[len(p):]
-	tokens := 0
-	for i := 0; i < len(rest); i++ {
-		if rest[i] == '.' {
-			tokens++
-		}
+	if tool, ok := strings.CutPrefix(rest, "jobs."); ok {
+		return "", tool != ""
 	}
-	switch {
-	case tokens == 1 && len(rest) > 5 && rest[:5] == "jobs.":
-		return "", true
-	case tokens == 2:
-		for i := 0; i < len(rest); i++ {
-			if rest[i] == '.' {
-				t := rest[:i]
-				if t != "" && ValidTenant(t) && len(rest) > i+6 && rest[i+1:i+6] == "jobs." {
-					return t, true
-				}
-				return "", false
-			}
-		}
+	t, tool, ok := strings.Cut(rest, ".")
+	if !ok || t == "" || !ValidTenant(t) {
+		return "", false
 	}
-	return "", false
+	tool, ok = strings.CutPrefix(tool, "jobs.")
+	return t, ok && tool != ""
 }

@@ -121,12 +121,13 @@ func TestTenantNamesThatWouldOverlapAreRefused(t *testing.T) {
 			t.Errorf("tenant %q refused", good)
 		}
 	}
-	for subject, want := range map[string]string{"toolq.jobs.send": "", "toolq.acme.jobs.send": "acme", "toolq.jobs.jobs": ""} {
+	for subject, want := range map[string]string{"toolq.jobs.send": "", "toolq.acme.jobs.send": "acme", "toolq.jobs.jobs": "",
+		"toolq.jobs.a.b": "", "toolq.acme.jobs.pay.extra": "acme", "toolq.jobs.acme.jobs.x": ""} {
 		if got, ok := jobs.SubjectTenant(subject); !ok || got != want {
 			t.Errorf("SubjectTenant(%s) = %q, %v", subject, got, ok)
 		}
 	}
-	for _, subject := range []string{"toolq.results.c", "toolq.jobs.a.b", "toolq.dlq.acme.jobs", "other.jobs.x", "toolq.acme.results.x", "toolq.jobs.acme.jobs.x"} {
+	for _, subject := range []string{"toolq.results.c", "toolq.dlq.acme.jobs", "other.jobs.x", "toolq.acme.results.x", "toolq.jobs.", "toolq.acme.jobs.", "toolq.a.b.jobs.x", "toolq.results.jobs.x"} {
 		if got, ok := jobs.SubjectTenant(subject); ok {
 			t.Errorf("SubjectTenant(%s) = %q, true", subject, got)
 		}
