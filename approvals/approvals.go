@@ -12,6 +12,8 @@ package approvals
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -304,23 +306,66 @@ func (s *Service) publishJob(ctx context.Context, row ledger.Row) error {
 	}
 	msg := nats.NewMsg(jobs.TenantJobSubject(tenant, row.Tool))
 	msg.Data = body
-	msg.Header.Set(jetstream.MsgIDHeader, "decided:"+row.Key+":"+string(row.ApprovalStatus)+":"+strconv.FormatInt(row.Attempt, 10))
+	id := decidedMsgID(row)
+	msg.Header.Set(jetstream.MsgIDHeader, id)
 	msg.Header.Set(jobs.HeaderKey, row.Key)
 	msg.Header.Set(jobs.HeaderApproval, string(row.ApprovalStatus))
 	s.cfg.Propagator.Inject(ctx, jobs.HeaderCarrier(msg.Header))
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if _, err := s.cfg.JS.PublishMsg(pctx, msg); err != nil {
+	ack, err := s.cfg.JS.PublishMsg(pctx, msg)
+	if err != nil {
 		return fmt.Errorf("approvals: publish the job of %s again: %w", row.Key, err)
 	}
+	if ack.Duplicate && len(s.cfg.Tenants) > 0 && !s.ownJob(pctx, ack.Sequence, msg) {
+		// Tenants share TOOLQ_JOBS's duplicate window: the message that
+		// took the id is not this job's (a tenant published it, on its own
+		// subject). Publish it under an id no one can have taken; a second
+		// delivery of a decided call is answered from its row.
+		nonce := make([]byte, 12)
+		if _, err := rand.Read(nonce); err != nil {
+			return fmt.Errorf("approvals: publish the job of %s again: %w", row.Key, err)
+		}
+		msg.Header.Set(jetstream.MsgIDHeader, id+":"+hex.EncodeToString(nonce))
+		if _, err := s.cfg.JS.PublishMsg(pctx, msg); err != nil {
+			return fmt.Errorf("approvals: publish the job of %s again: %w", row.Key, err)
+		}
+	}
 	return nil
+}
+
+// decidedMsgID is the Nats-Msg-Id of a decided call's job:
+// decided:<key>:<status>:<attempt>:<the decision's time in Unix ns>. The
+// same for every publication of one decision (the sweep's repeats, by any
+// consumer), so that JetStream drops them inside its duplicate window; the
+// decision's time is in it so that another tenant, sharing that window,
+// cannot easily take it first.
+func decidedMsgID(row ledger.Row) string {
+	var at int64
+	if d := row.LastDecision(); d != nil {
+		at = d.At.UnixNano()
+	}
+	return "decided:" + row.Key + ":" + string(row.ApprovalStatus) + ":" + strconv.FormatInt(row.Attempt, 10) + ":" + strconv.FormatInt(at, 10)
+}
+
+// ownJob reports whether the message at seq in TOOLQ_JOBS, the one a
+// publication of msg was dropped as a duplicate of, is msg's job: on its
+// subject, a tenant's own, under its key. Unreadable, it is taken as not.
+func (s *Service) ownJob(ctx context.Context, seq uint64, msg *nats.Msg) bool {
+	stream, err := s.cfg.JS.Stream(ctx, jobs.JobsStream)
+	if err != nil {
+		return false
+	}
+	m, err := stream.GetMsg(ctx, seq)
+	return err == nil && m.Subject == msg.Subject && m.Header.Get(jobs.HeaderKey) == msg.Header.Get(jobs.HeaderKey) &&
+		m.Header.Get(jetstream.MsgIDHeader) == msg.Header.Get(jetstream.MsgIDHeader)
 }
 
 // TenantOf returns the tenant of a row that holds an approval: the one,
 // of the default tenant and Config.Tenants, whose key of the row's call
 // (its conversation, turn, tool, ordinal and approval's args) is the
-// row's key (or its legacy key); without tenants configured, a
-// single-tenant deployment, the default tenant. Rows without an approval,
+// row's key (or its legacy key); without tenants configured, the default
+// tenant's call's only. Rows without an approval,
 // and rows of no tenant configured, are an error: their events and job
 // are then not published, and the sweep of a consumer that serves the
 // tenant publishes them.
@@ -328,9 +373,10 @@ func (s *Service) TenantOf(row ledger.Row) (string, error) {
 	if row.Approval == nil {
 		return "", fmt.Errorf("approvals: %s holds no approval", row.Key)
 	}
-	if len(s.cfg.Tenants) == 0 {
-		return "", nil // a single-tenant deployment: every call is the default tenant's
-	}
+	// Without tenants configured too: a process that does not know the
+	// tenants (`consumer approve` that found no tenants' streams, a consumer
+	// run without --tenants on a shared ledger) must not announce a
+	// tenant's call as the default tenant's.
 	for _, t := range append([]string{""}, s.cfg.Tenants...) {
 		c := jobs.Call{Tenant: t, ConversationID: row.ConversationID, TurnIndex: row.TurnIndex, Tool: row.Tool, Ordinal: row.Ordinal, Args: row.Approval.Args}
 		m, err := c.Material()

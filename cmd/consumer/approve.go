@@ -79,7 +79,9 @@ func decide(ctx context.Context, args []string, stdio cli.IO, getenv func(string
 		defer nc.Close()
 		cfg.JS = js
 		if len(cfg.Tenants) == 0 {
-			cfg.Tenants = tenantsOf(ctx, js)
+			if cfg.Tenants, err = tenantsOf(ctx, js); err != nil {
+				return err
+			}
 		}
 	}
 	svc, err := approvals.New(cfg)
@@ -102,7 +104,9 @@ func decide(ctx context.Context, args []string, stdio cli.IO, getenv func(string
 
 // tenantsOf returns the tenants whose results streams (TOOLQ_<tenant>_RESULTS)
 // the server has: those the consumers serve, when --tenants is not given.
-func tenantsOf(ctx context.Context, js jetstream.JetStream) []string {
+// When the streams cannot be listed, the error: without the tenants, a
+// tenant's call could not be announced on its subjects.
+func tenantsOf(ctx context.Context, js jetstream.JetStream) ([]string, error) {
 	var tenants []string
 	names := js.StreamNames(ctx)
 	for name := range names.Name() {
@@ -112,5 +116,8 @@ func tenantsOf(ctx context.Context, js jetstream.JetStream) []string {
 			}
 		}
 	}
-	return tenants
+	if err := names.Err(); err != nil {
+		return nil, fmt.Errorf("cannot list the streams to find the tenants (%w): give --tenants", err)
+	}
+	return tenants, nil
 }

@@ -35,48 +35,53 @@ func TestApproveAndDenyCommands(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	await := func(key string) ledger.Row {
-		res, err := st.Claim(ctx, []ledger.Claim{{Key: key, ConversationID: "c", Tool: "send_payment", ArgsDigest: "d-" + key,
-			ToolUseID: "toolu_" + key, Owner: "o", Lease: time.Hour, Token: "t-" + key}})
-		if err != nil || !res[0].Claimed {
-			t.Fatalf("claim %s: %v", key, err)
-		}
-		row, err := st.AwaitApproval(ctx, res[0].Row.Fence(), ledger.ApprovalInfo{Args: json.RawMessage(`{"amount_cents":90000}`), Group: "finance", TTL: time.Hour}, "toolu_"+key)
+	// Real calls' keys: a decision is announced as the call's tenant's,
+	// the default tenant's here, only when the row's key is that call's.
+	await := func(name, args string) string {
+		key, err := jobs.Call{ConversationID: "c", Tool: "send_payment", Args: json.RawMessage(args)}.Key()
 		if err != nil {
 			t.Fatal(err)
 		}
-		return row
+		res, err := st.Claim(ctx, []ledger.Claim{{Key: key, ConversationID: "c", Tool: "send_payment", ArgsDigest: "d-" + name,
+			ToolUseID: "toolu_" + name, Owner: "o", Lease: time.Hour, Token: "t-" + name}})
+		if err != nil || !res[0].Claimed {
+			t.Fatalf("claim %s: %v", name, err)
+		}
+		if _, err := st.AwaitApproval(ctx, res[0].Row.Fence(), ledger.ApprovalInfo{Args: json.RawMessage(args), Group: "finance", TTL: time.Hour}, "toolu_"+name); err != nil {
+			t.Fatal(err)
+		}
+		return key
 	}
-	await("k-yes")
-	await("k-no")
+	yes := await("k-yes", `{"amount_cents":90000}`)
+	no := await("k-no", `{"amount_cents":90001}`)
 	for _, bad := range [][]string{
-		{"approve", "k-yes"},
-		{"approve", "k-yes", "--reason", " "},
-		{"approve", "k-yes", "--reason", "r", "--by", ""},
+		{"approve", yes},
+		{"approve", yes, "--reason", " "},
+		{"approve", yes, "--reason", "r", "--by", ""},
 		{"approve", "--reason", "r"},
 	} {
 		if _, err := runConsumer(t, env, bad...); err == nil {
 			t.Errorf("%v was taken", bad)
 		}
 	}
-	if _, err := runConsumer(t, env, "approve", "k-yes", "--reason", "invoice 42", "--by", "alice", "--digest", "other"); err == nil ||
+	if _, err := runConsumer(t, env, "approve", yes, "--reason", "invoice 42", "--by", "alice", "--digest", "other"); err == nil ||
 		!strings.Contains(err.Error(), "not the call that was decided on") {
 		t.Fatalf("approve with another digest: %v", err)
 	}
-	out, err := runConsumer(t, env, "approve", "k-yes", "--reason", "invoice 42", "--by", "alice", "--digest", "d-k-yes")
-	if err != nil || !strings.Contains(out, "k-yes approved by alice") {
+	out, err := runConsumer(t, env, "approve", yes, "--reason", "invoice 42", "--by", "alice", "--digest", "d-k-yes")
+	if err != nil || !strings.Contains(out, yes+" approved by alice") {
 		t.Fatalf("approve: %q %v", out, err)
 	}
-	if out, err := runConsumer(t, env, "deny", "k-no", "--reason", "unknown payee", "--by", "bob"); err != nil || !strings.Contains(out, "denied") {
+	if out, err := runConsumer(t, env, "deny", no, "--reason", "unknown payee", "--by", "bob"); err != nil || !strings.Contains(out, "denied") {
 		t.Fatalf("deny: %q %v", out, err)
 	}
-	if _, err := runConsumer(t, env, "deny", "k-yes", "--reason", "second thoughts", "--by", "carol"); err == nil ||
+	if _, err := runConsumer(t, env, "deny", yes, "--reason", "second thoughts", "--by", "carol"); err == nil ||
 		!strings.Contains(err.Error(), "approved by alice") {
 		t.Fatalf("a second decision: %v", err)
 	}
-	out, err = runConsumer(t, env, "ledger", "show", "k-no")
+	out, err = runConsumer(t, env, "ledger", "show", no)
 	if err != nil || !strings.Contains(out, "approval:") || !strings.Contains(out, "bob: deny denied (unknown payee)") ||
-		!strings.Contains(out, "args digest d-k-no") || !strings.Contains(out, `{"amount_cents":90000}`) {
+		!strings.Contains(out, "args digest d-k-no") || !strings.Contains(out, `{"amount_cents":90001}`) {
 		t.Fatalf("ledger show of the denied call:\n%s %v", out, err)
 	}
 	// Announced: the events are on the approvals stream, and the jobs of
