@@ -79,6 +79,8 @@ func TestATenantCannotActAsAnother(t *testing.T) {
 	acme.refusedPublish(t, jobs.TenantJobSubject("globex", "pay"))
 	acme.publish(t, jobs.JobSubject("pay"), []byte(`{}`)) // nor as the default tenant
 	acme.refusedPublish(t, jobs.JobSubject("pay"))
+	acme.publish(t, jobs.TenantJobSubject("acme", "pay.extra"), []byte(`{}`)) // nor on a subject that is not a tool's
+	acme.refusedPublish(t, jobs.TenantJobSubject("acme", "pay.extra"))
 	// Nor read globex's results or dead letters: not on their subjects,
 	// not through globex's streams, not through the default tenant's.
 	for _, subject := range []string{jobs.TenantResultSubject("globex", ">"), jobs.TenantDLQSubject("globex", ">"), jobs.TenantApprovalSubject("globex", ">")} {
