@@ -45,13 +45,10 @@ func decideOverNATS(t *testing.T, nc *nats.Conn, req jobs.DecisionRequest) (jobs
 	return reply, msg.Header.Get("Nats-Service-Error-Code")
 }
 
-// TestARefusedDecisionsReplySaysWhatStands: a decision for a call that is
-// no longer waiting is refused (409), and its reply's status is the
-// approval as it stands ("approved", "denied", "expired"): after an
-// approval whose call has not run yet, "approved"; for a call whose ttl
-// ran out before the sweep expired it, not "awaiting".
-func TestARefusedDecisionsReplySaysWhatStands(t *testing.T) {
-	t.Parallel()
+// serving is a broker and a SQLite ledger with the decision service
+// answering on them.
+func serving(t *testing.T) (*nats.Conn, *ledger.Store) {
+	t.Helper()
 	ctx := context.Background()
 	n := testenv.StartNATS(t)
 	nc := n.Connect()
@@ -79,6 +76,17 @@ func TestARefusedDecisionsReplySaysWhatStands(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ms.Stop() })
+	return nc, store
+}
+
+// TestARefusedDecisionsReplySaysWhatStands: a decision for a call that is
+// no longer waiting is refused (409), and its reply's status is the
+// approval as it stands ("approved", "denied", "expired"): after an
+// approval whose call has not run yet, "approved"; for a call whose ttl
+// ran out before the sweep expired it, not "awaiting".
+func TestARefusedDecisionsReplySaysWhatStands(t *testing.T) {
+	t.Parallel()
+	nc, store := serving(t)
 
 	approved := "0123456789abcdef0123456789abcdef"
 	awaiting(t, store, approved, time.Hour)
@@ -105,32 +113,7 @@ func TestARefusedDecisionsReplySaysWhatStands(t *testing.T) {
 func TestAMalformedDecisionIsRefusedAndDecidesNothing(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	n := testenv.StartNATS(t)
-	nc := n.Connect()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := jobs.ProvisionStreams(ctx, js, jobs.Streams{}); err != nil {
-		t.Fatal(err)
-	}
-	store, err := ledger.OpenSQLite(ctx, filepath.Join(t.TempDir(), "ledger.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(store.Close)
-	if err := store.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	svc, err := approvals.New(approvals.Config{Ledger: store, JS: js})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ms, err := svc.Serve(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ms.Stop() })
+	nc, store := serving(t)
 	key := "0123456789abcdef0123456789abcdef"
 	awaiting(t, store, key, time.Hour)
 	for _, body := range []string{
