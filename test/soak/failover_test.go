@@ -5,9 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -32,11 +30,7 @@ const (
 	haSettle = 60 * time.Second
 )
 
-var haFaults = []struct {
-	kind string
-	at   float64
-	dur  time.Duration
-}{
+var haFaults = []placedFault{
 	{faultFailover, 0.15, time.Second},
 	{faultKill, 0.4, time.Second},
 	{faultFailover, 0.6, time.Second},
@@ -54,88 +48,21 @@ func TestFailoverSoak(t *testing.T) {
 		t.Skip("the HA soak runs with -soak.ha or TOOLQ_SOAK_HA=1 (make soak-ha)")
 	}
 	seed := *flagSeed
-	dir, err := os.MkdirTemp("", "toolq-soak-ha-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if t.Failed() || *flagKeep {
-			t.Logf("soak: the run is kept in %s (seed %d)", dir, seed)
-			return
-		}
-		os.RemoveAll(dir)
-	})
-	r := &run{t: t, executor: "http", dir: dir, published: map[string]*Published{}, routes: map[string]int{}, faults: map[string]int{},
-		proxies: map[string]*Proxy{}, linkMu: map[string]*sync.Mutex{}, viaFormation: true}
-	r.setup()
+	r := placedRun(t, "toolq-soak-ha-", seed, func(r *run) { r.viaFormation = true })
 	t.Logf("soak: the consumers reach the ledger on a pg_auto_failover formation at %s", r.dbURL)
-
 	sz := size{jobs: haJobs, window: haWindow, settle: haSettle}
-	ctx, cancel := context.WithTimeout(context.Background(), sz.window+sz.settle+2*time.Minute)
-	defer cancel()
-	evs := plan(seed, sz.jobs)
-	t.Logf("soak: seed %d, %d calls, %d publish events, %d faults over %v", seed, sz.jobs, len(evs), len(haFaults), sz.window)
-
-	watchCtx, stopWatch := context.WithCancel(ctx)
-	var watch sync.WaitGroup
-	watch.Add(1)
-	go func() { defer watch.Done(); r.watchdog(watchCtx) }()
-
-	start := time.Now()
-	var faults sync.WaitGroup
-	for i, hf := range haFaults {
-		faults.Add(1)
-		go func() {
-			defer faults.Done()
-			ctxSleep(ctx, time.Until(start.Add(time.Duration(hf.at*float64(sz.window)))))
-			r.inject(ctx, fault{kind: hf.kind, dur: hf.dur, target: i % consumers})
-		}()
-	}
-	r.drive(ctx, evs, start, sz.window*9/10)
-	faults.Wait()
-	t.Logf("soak: load and faults done after %v; waiting for every job to settle", time.Since(start).Round(time.Millisecond))
-
-	pending := r.awaitSettled(ctx, time.Now().Add(sz.settle))
-	t.Logf("soak: settled after %v (%d tool_use_id(s) unsettled)", time.Since(start).Round(time.Millisecond), len(pending))
-	stopWatch()
-	watch.Wait()
-	outcomes := r.stopConsumers()
-
-	obs := r.observe(ctx)
-	fig, vs := Check(obs)
-	report := r.report(seed, sz, fig, vs, outcomes)
-	var injected, recovered []string
-	for _, hf := range haFaults {
-		injected = append(injected, hf.kind)
-	}
-	for _, d := range r.failovers {
-		recovered = append(recovered, d.Round(100*time.Millisecond).String())
-	}
-	report += fmt.Sprintf("\non a pg_auto_failover formation; faults injected in order: %s; %s %d (recovered in %s), %s %d\n",
-		strings.Join(injected, ", "), faultFailover, r.faults[faultFailover], strings.Join(recovered, ", "), faultKill, r.faults[faultKill])
-	os.WriteFile(filepath.Join(dir, "report.txt"), []byte(report), 0o644)
-	t.Log("\n" + report)
-	if len(r.faultErrs) > 0 {
-		t.Errorf("soak: %d fault(s) could not be injected or undone: %s", len(r.faultErrs), strings.Join(r.faultErrs, "; "))
-	}
-	want := map[string]int{}
-	for _, hf := range haFaults {
-		want[hf.kind]++
-	}
-	for kind, n := range want {
-		if r.faults[kind] != n {
-			t.Errorf("soak: %d of %d %s faults injected", r.faults[kind], n, kind)
-		}
-	}
-	if len(pending) > 0 {
-		t.Errorf("soak: %d tool_use_id(s) neither answered nor dead-lettered: %v", len(pending), pending[:min(10, len(pending))])
-	}
-	if fig.Lost > 0 {
-		t.Errorf("soak: %d job(s) lost", fig.Lost)
-	}
-	if len(vs) > 0 {
-		t.Errorf("soak: %d VIOLATION(S) of toolq's promise on the formation with seed %d; the run is kept in %s", len(vs), seed, dir)
-	}
+	r.soakPlaced(seed, sz, sz.window+sz.settle+2*time.Minute, haFaults,
+		func(ctx context.Context, i int, f placedFault) {
+			r.inject(ctx, fault{kind: f.kind, dur: f.dur, target: i % consumers})
+		},
+		func(injected []string) string {
+			var recovered []string
+			for _, d := range r.failovers {
+				recovered = append(recovered, d.Round(100*time.Millisecond).String())
+			}
+			return summaryOf("on a pg_auto_failover formation", injected, fmt.Sprintf("%s %d (recovered in %s), %s %d",
+				faultFailover, r.faults[faultFailover], strings.Join(recovered, ", "), faultKill, r.faults[faultKill]))
+		}, "on the formation")
 }
 
 // failover is the postgres_failover fault: the formation's primary killed

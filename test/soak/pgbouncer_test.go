@@ -3,10 +3,6 @@ package soak
 import (
 	"context"
 	"fmt"
-	"os"
-	"path/filepath"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -27,11 +23,7 @@ const (
 	bouncerSettle = 45 * time.Second
 )
 
-var bouncerFaults = []struct {
-	kind string
-	at   float64
-	dur  time.Duration
-}{
+var bouncerFaults = []placedFault{
 	{faultPgBouncer, 0.15, 800 * time.Millisecond},
 	{faultPostgres, 0.35, time.Second},
 	{faultPgBouncer, 0.55, 300 * time.Millisecond},
@@ -46,100 +38,30 @@ var bouncerFaults = []struct {
 // Its seed is -soak.seed's; its size is its own.
 func TestPgBouncerSoak(t *testing.T) {
 	seed := *flagSeed
-	dir, err := os.MkdirTemp("", "toolq-soak-pgbouncer-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if t.Failed() || *flagKeep {
-			t.Logf("soak: the run is kept in %s (seed %d)", dir, seed)
-			return
-		}
-		os.RemoveAll(dir)
-	})
-	r := &run{t: t, executor: "http", dir: dir, published: map[string]*Published{}, routes: map[string]int{}, faults: map[string]int{},
-		proxies: map[string]*Proxy{}, linkMu: map[string]*sync.Mutex{}, viaPgBouncer: true}
-	r.setup()
+	r := placedRun(t, "toolq-soak-pgbouncer-", seed, func(r *run) { r.viaPgBouncer = true })
 	if v, err := testenv.PgBouncerVersion(); err == nil {
 		t.Logf("soak: the consumers reach Postgres through %s in transaction mode at %s", v, r.bouncer.Addr())
 	}
-
 	sz := size{jobs: bouncerJobs, window: bouncerWindow, settle: bouncerSettle}
-	ctx, cancel := context.WithTimeout(context.Background(), sz.window+sz.settle+time.Minute)
-	defer cancel()
-	evs := plan(seed, sz.jobs)
-	t.Logf("soak: seed %d, %d calls, %d publish events, %d faults over %v", seed, sz.jobs, len(evs), len(bouncerFaults), sz.window)
-
-	watchCtx, stopWatch := context.WithCancel(ctx)
-	var watch sync.WaitGroup
-	watch.Add(1)
-	go func() { defer watch.Done(); r.watchdog(watchCtx) }()
-
-	start := time.Now()
-	var faults sync.WaitGroup
-	for _, bf := range bouncerFaults {
-		faults.Add(1)
-		go func() {
-			defer faults.Done()
-			ctxSleep(ctx, time.Until(start.Add(time.Duration(bf.at*float64(sz.window)))))
-			if bf.kind != faultPgBouncer {
-				r.inject(ctx, fault{kind: bf.kind, dur: bf.dur})
+	r.soakPlaced(seed, sz, sz.window+sz.settle+time.Minute, bouncerFaults,
+		func(ctx context.Context, _ int, f placedFault) {
+			if f.kind != faultPgBouncer {
+				r.inject(ctx, fault{kind: f.kind, dur: f.dur})
 				return
 			}
 			r.pgMu.Lock()
 			defer r.pgMu.Unlock()
-			if err := r.bouncer.Restart(bf.dur); err != nil {
+			if err := r.bouncer.Restart(f.dur); err != nil {
 				r.mu.Lock()
-				r.faultErrs = append(r.faultErrs, fmt.Sprintf("%s: %v", bf.kind, err))
+				r.faultErrs = append(r.faultErrs, fmt.Sprintf("%s: %v", f.kind, err))
 				r.mu.Unlock()
 			}
 			r.mu.Lock()
-			r.faults[bf.kind]++
+			r.faults[f.kind]++
 			r.mu.Unlock()
-		}()
-	}
-	r.drive(ctx, evs, start, sz.window*9/10)
-	faults.Wait()
-	t.Logf("soak: load and faults done after %v; waiting for every job to settle", time.Since(start).Round(time.Millisecond))
-
-	pending := r.awaitSettled(ctx, time.Now().Add(sz.settle))
-	t.Logf("soak: settled after %v (%d tool_use_id(s) unsettled)", time.Since(start).Round(time.Millisecond), len(pending))
-	stopWatch()
-	watch.Wait()
-	outcomes := r.stopConsumers()
-
-	obs := r.observe(ctx)
-	fig, vs := Check(obs)
-	// The report's fault counts are the soak's schedule's kinds; this run's
-	// own are on its last line.
-	report := r.report(seed, sz, fig, vs, outcomes)
-	var injected []string
-	for _, bf := range bouncerFaults {
-		injected = append(injected, bf.kind)
-	}
-	report += fmt.Sprintf("\nthrough pgbouncer (transaction mode); faults injected in order: %s; %s %d, %s %d, %s %d\n",
-		strings.Join(injected, ", "), faultPgBouncer, r.faults[faultPgBouncer], faultPostgres, r.faults[faultPostgres], faultCrash, r.faults[faultCrash])
-	os.WriteFile(filepath.Join(dir, "report.txt"), []byte(report), 0o644)
-	t.Log("\n" + report)
-	if len(r.faultErrs) > 0 {
-		t.Errorf("soak: %d fault(s) could not be injected or undone: %s", len(r.faultErrs), strings.Join(r.faultErrs, "; "))
-	}
-	want := map[string]int{}
-	for _, bf := range bouncerFaults {
-		want[bf.kind]++
-	}
-	for kind, n := range want {
-		if r.faults[kind] != n {
-			t.Errorf("soak: %d of %d %s faults injected", r.faults[kind], n, kind)
-		}
-	}
-	if len(pending) > 0 {
-		t.Errorf("soak: %d tool_use_id(s) neither answered nor dead-lettered: %v", len(pending), pending[:min(10, len(pending))])
-	}
-	if fig.Lost > 0 {
-		t.Errorf("soak: %d job(s) lost", fig.Lost)
-	}
-	if len(vs) > 0 {
-		t.Errorf("soak: %d VIOLATION(S) of toolq's promise through PgBouncer with seed %d; the run is kept in %s", len(vs), seed, dir)
-	}
+		},
+		func(injected []string) string {
+			return summaryOf("through pgbouncer (transaction mode)", injected, fmt.Sprintf("%s %d, %s %d, %s %d",
+				faultPgBouncer, r.faults[faultPgBouncer], faultPostgres, r.faults[faultPostgres], faultCrash, r.faults[faultCrash]))
+		}, "through PgBouncer")
 }
