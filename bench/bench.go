@@ -20,11 +20,9 @@ import (
 	"os"
 	"runtime/pprof"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -34,7 +32,6 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/toolq/toolq/demo/sandbox"
-	"github.com/toolq/toolq/internal/pull"
 	"github.com/toolq/toolq/jobs"
 	"github.com/toolq/toolq/ledger"
 	"github.com/toolq/toolq/tools"
@@ -58,7 +55,21 @@ type Config struct {
 	ConsumerBin string
 	Processes   []int         // consumer process counts of the scaling runs (default 1, 2, 4)
 	MemoryFor   time.Duration // how long the memory run lasts at the fixed rate (0: no memory run)
-	Logger      *slog.Logger  // progress lines (nil: none)
+	// NaiveCmd is the command line that runs the naive dispatcher as a
+	// process (RunNaive's flags are appended); nil, or InProcess: it runs
+	// in this process.
+	NaiveCmd []string
+	// InProcess runs toolq's workers and the naive dispatcher in this
+	// process, sharing its scheduler and memory (for a CPU profile of
+	// everything); otherwise each runs as a process of its own, toolq as
+	// ConsumerBin (in this process when there is none).
+	InProcess bool
+	// CompareBin is a second consumer binary: the fresh, duplicate and
+	// latency runs are made with both builds, interleaved, and the ratios
+	// reported (Report.Compare).
+	CompareBin string
+	NATSPID    int          // the nats-server's process, for its CPU figure (0: unknown)
+	Logger     *slog.Logger // progress lines (nil: none)
 }
 
 func (c *Config) fill() {
@@ -85,11 +96,17 @@ func (c *Config) fill() {
 	}
 }
 
-// Throughput is one scenario's figures, the median of its runs.
+// Throughput is one scenario's figures, the median of its runs. CPU
+// figures are seconds per 1,000 jobs.
 type Throughput struct {
-	JobsPerS      float64   `json:"jobs_per_s"`
-	CPUPer1000    float64   `json:"cpu_s_per_1000"`             // CPU seconds of this process (consumer, driver, sandbox) per 1,000 jobs
-	MachineCPU    float64   `json:"machine_cpu_s_per_1000"`     // CPU seconds of the whole machine (with nats-server and Postgres) per 1,000 jobs
+	JobsPerS float64 `json:"jobs_per_s"`
+	// CPUPer1000 is the consumer's: the consumer processes (or the naive
+	// dispatcher's), or this whole process when they run in it.
+	CPUPer1000    float64   `json:"cpu_s_per_1000"`
+	DriverCPU     float64   `json:"driver_cpu_s_per_1000"`      // this process: publishing, the result watch, the sandbox (0 in process)
+	NATSCPU       float64   `json:"nats_cpu_s_per_1000"`        // the nats-server process (0: not known)
+	PostgresCPU   float64   `json:"postgres_cpu_s_per_1000"`    // the ledger's Postgres server, every process of it (0: not known)
+	MachineCPU    float64   `json:"machine_cpu_s_per_1000"`     // the whole machine
 	CommitsPerJob float64   `json:"ledger_commits_per_job"`     // Postgres transactions per job (pg_stat_database)
 	FlushesPerJob float64   `json:"ledger_wal_flushes_per_job"` // WAL flushes to disk per job (pg_stat_wal)
 	PeakRSSMiB    float64   `json:"peak_rss_mib"`
@@ -130,6 +147,20 @@ type Report struct {
 	// Memory the long run at the fixed rate; both need Config.ConsumerBin.
 	Processes []Processes `json:"processes,omitempty"`
 	Memory    *Memory     `json:"memory,omitempty"`
+	// InProcess says the consumer and the naive dispatcher ran in the
+	// bench's own process.
+	InProcess bool        `json:"in_process"`
+	Compare   *Comparison `json:"compare,omitempty"`
+}
+
+// Comparison is the second build's figures (Config.CompareBin), from runs
+// interleaved with the first's in the same bench.
+type Comparison struct {
+	Bin       string     `json:"bin"`
+	Fresh     Throughput `json:"fresh"`
+	Duplicate Throughput `json:"duplicate"`
+	Lat       Latency    `json:"latency"`
+	Lat100    Latency    `json:"latency_100"`
 }
 
 // bench is one run's shared parts.
@@ -139,6 +170,7 @@ type bench struct {
 	js      jetstream.JetStream
 	store   *ledger.Store
 	pg      *pgx.Conn
+	pgPID   int // the ledger's postmaster (0: not on this machine)
 	sandbox *sandbox.Server
 	url     string // the sandbox's base URL
 	client  *http.Client
@@ -146,12 +178,22 @@ type bench struct {
 	seq     atomic.Int64
 	quiet   *slog.Logger // the worker's: warnings and errors only
 
+	dir                 string  // the run's files
 	toolsFile           string  // the consumer processes' registry
-	childCPU, childPeak float64 // the last run's consumer processes: CPU seconds, peak RSS MiB
+	childCPU, childPeak float64 // the last run's processes under test: CPU seconds, peak RSS MiB
 }
 
-// Run measures every scenario once (throughput ones Reps times) and
-// returns the figures.
+// build is one consumer build under test: its binary ("" in process) and
+// the tools its jobs go to. The second build of a comparison has tools of
+// its own, so that neither takes the other's jobs nor finds its calls in
+// the ledger.
+type build struct {
+	bin       string
+	pay, slow string
+}
+
+// Run measures every scenario (the throughput ones Reps times, their runs
+// interleaved) and returns the figures.
 func Run(ctx context.Context, cfg Config) (*Report, error) {
 	cfg.fill()
 	b := &bench{cfg: cfg, quiet: slog.New(levelFilter{cfg.Logger.Handler()})}
@@ -174,6 +216,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		return nil, err
 	}
 	defer b.pg.Close(context.Background())
+	b.pgPID = b.postmasterPID(ctx)
 	if b.sandbox, err = sandbox.New(sandbox.Config{}); err != nil {
 		return nil, err
 	}
@@ -185,9 +228,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	go srv.Serve(ln)
 	defer srv.Close()
 	b.url = "http://" + ln.Addr().String()
-	transport := http.DefaultTransport.(*http.Transport).Clone()
-	transport.MaxIdleConnsPerHost = cfg.Concurrency
-	b.client = &http.Client{Transport: transport}
+	b.client = toolClient(cfg.Concurrency)
 	if err := jobs.ProvisionStreams(ctx, b.js, jobs.Streams{}); err != nil {
 		return nil, err
 	}
@@ -195,38 +236,57 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		return nil, err
 	}
 	defer b.results.stop()
+	if b.dir, err = os.MkdirTemp("", "toolq-bench-"); err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(b.dir)
+	if b.toolsFile, err = b.writeTools(b.dir); err != nil {
+		return nil, err
+	}
 
 	// A machine that stops running this process for a while (a shared VM
 	// descheduled, paused or snapshotted) makes a run slow for reasons of
 	// its own: say so, so that such a run is not read as toolq's figure.
 	stopWatch := watchStalls(cfg.Logger)
 	defer stopWatch()
-	r := &Report{Jobs: cfg.Jobs, Concurrency: cfg.Concurrency}
-	for _, s := range []struct {
-		name string
-		into *Throughput
-		run  func(ctx context.Context, rep int) (time.Duration, error)
-	}{
+	r := &Report{Jobs: cfg.Jobs, Concurrency: cfg.Concurrency, InProcess: cfg.InProcess || cfg.ConsumerBin == ""}
+	a := build{bin: cfg.ConsumerBin, pay: "pay", slow: "slow"}
+	if r.InProcess {
+		a.bin = ""
+	}
+	scenarios := []scenario{
 		{"naive", &r.Naive, b.naiveRun},
-		{"fresh", &r.Fresh, b.freshRun},
-		{"duplicate", &r.Duplicate, b.duplicateRun},
-		{"slow", &r.Slow, b.slowRun},
-	} {
-		if err := b.measure(ctx, s.name, s.into, s.run); err != nil {
-			return nil, fmt.Errorf("bench: %s: %w", s.name, err)
-		}
+		{"fresh", &r.Fresh, b.freshRun(a, 0)},
+		{"duplicate", &r.Duplicate, b.duplicateRun(a, 0)},
+		{"slow", &r.Slow, b.slowRun(a)},
+	}
+	var other build
+	if cfg.CompareBin != "" {
+		other = build{bin: cfg.CompareBin, pay: "pay_b"}
+		r.Compare = &Comparison{Bin: cfg.CompareBin}
+		scenarios = append(scenarios,
+			scenario{"fresh (compared)", &r.Compare.Fresh, b.freshRun(other, 500)},
+			scenario{"duplicate (compared)", &r.Compare.Duplicate, b.duplicateRun(other, 500)})
+	}
+	if err := b.measure(ctx, scenarios); err != nil {
+		return nil, err
 	}
 	r.SlowBound = float64(cfg.Concurrency) / cfg.SlowLatency.Seconds()
 	rate := cfg.Rate
 	if rate <= 0 {
 		rate = max(int(r.Fresh.JobsPerS/2), 1)
 	}
-	for _, l := range []struct {
-		into  *Latency
-		rate  int
-		toolq bool
-	}{{&r.NaiveLat, rate, false}, {&r.ToolqLat, rate, true}, {&r.NaiveLat100, 100, false}, {&r.ToolqLat100, 100, true}} {
-		lat, err := b.latency(ctx, l.rate, l.toolq)
+	type latencyRun struct {
+		into *Latency
+		rate int
+		of   *build // nil: the naive dispatcher
+	}
+	runs := []latencyRun{{&r.NaiveLat, rate, nil}, {&r.ToolqLat, rate, &a}, {&r.NaiveLat100, 100, nil}, {&r.ToolqLat100, 100, &a}}
+	if r.Compare != nil {
+		runs = append(runs, latencyRun{&r.Compare.Lat, rate, &other}, latencyRun{&r.Compare.Lat100, 100, &other})
+	}
+	for _, l := range runs {
+		lat, _, err := b.latencyTraced(ctx, l.rate, l.of, nil)
 		if err != nil {
 			return nil, fmt.Errorf("bench: latency at %d/s: %w", l.rate, err)
 		}
@@ -238,18 +298,10 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if cfg.ConsumerBin == "" {
 		return r, nil
 	}
-	dir, err := os.MkdirTemp("", "toolq-bench-")
-	if err != nil {
-		return nil, err
-	}
-	defer os.RemoveAll(dir)
-	if b.toolsFile, err = b.writeScaleTools(dir); err != nil {
-		return nil, err
-	}
 	for _, n := range cfg.Processes {
 		p := Processes{N: n}
-		if err := b.measureCounted(ctx, fmt.Sprintf("processes-%d", n), &p.Throughput, b.processesRun(n)); err != nil {
-			return nil, fmt.Errorf("bench: %d consumer processes: %w", n, err)
+		if err := b.measure(ctx, []scenario{{fmt.Sprintf("processes-%d", n), &p.Throughput, b.processesRun(n)}}); err != nil {
+			return nil, err
 		}
 		r.Processes = append(r.Processes, p)
 	}
@@ -264,92 +316,112 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	return r, nil
 }
 
-// measure runs one throughput scenario Reps times and keeps the median.
-func (b *bench) measure(ctx context.Context, name string, into *Throughput, run func(context.Context, int) (time.Duration, error)) error {
-	return b.measureCounted(ctx, name, into, func(ctx context.Context, rep int) (time.Duration, int, error) {
-		d, err := run(ctx, rep)
-		return d, 0, err
-	})
+// scenario is one throughput scenario: its run for rep returns how long it
+// took and how many of its jobs that time covers (0: all of them).
+type scenario struct {
+	name string
+	into *Throughput
+	run  func(ctx context.Context, rep int) (time.Duration, int, error)
 }
 
-// measureCounted is measure for a run that says how many jobs its elapsed
-// time covers (0: all of them); the per-job figures are over all the jobs.
-func (b *bench) measureCounted(ctx context.Context, name string, into *Throughput, run func(context.Context, int) (time.Duration, int, error)) error {
+// measure runs each scenario Reps times, the scenarios of one rep one after
+// the other (so that the runs compared were made as close in time as the
+// machine allows), and keeps each scenario's median.
+func (b *bench) measure(ctx context.Context, scenarios []scenario) error {
 	type sample struct {
-		perS, cpu, machine, commits, flushes, peak float64
-		payments                                   int
+		perS, cpu, driver, nats, postgres, machine, commits, flushes, peak float64
+		payments                                                           int
 	}
-	var samples []sample
-	n := b.cfg.Jobs
-	if name == "slow" {
-		n = min(n, b.cfg.Concurrency*40)
-	}
+	samples := make([][]sample, len(scenarios))
 	for rep := range b.cfg.Reps {
-		cpu0, machine0, commits0, flushes0, payments0 := cpuSeconds(), machineCPUSeconds(), b.commits(ctx), b.walFlushes(ctx), len(b.sandbox.Payments())
-		var elapsed time.Duration
-		var counted int
-		var err error
-		b.childCPU, b.childPeak = 0, 0
-		// The scenario labels its samples in a CPU profile (go tool pprof
-		// -tagfocus scenario=duplicate).
-		pprof.Do(ctx, pprof.Labels("scenario", name), func(ctx context.Context) { elapsed, counted, err = run(ctx, rep) })
-		if err != nil {
-			return err
+		for i, s := range scenarios {
+			n := b.cfg.Jobs
+			if s.name == "slow" {
+				n = min(n, b.cfg.Concurrency*40)
+			}
+			cpu0, commits0, flushes0, payments0 := sampleCPU(b.cfg.NATSPID, b.pgPID), b.commits(ctx), b.walFlushes(ctx), len(b.sandbox.Payments())
+			var elapsed time.Duration
+			var counted int
+			var err error
+			b.childCPU, b.childPeak = 0, 0
+			// The scenario labels its samples in a CPU profile (go tool pprof
+			// -tagfocus scenario=duplicate).
+			pprof.Do(ctx, pprof.Labels("scenario", s.name), func(ctx context.Context) { elapsed, counted, err = s.run(ctx, rep) })
+			if err != nil {
+				return fmt.Errorf("bench: %s: %w", s.name, err)
+			}
+			if counted == 0 {
+				counted = n
+			}
+			time.Sleep(300 * time.Millisecond) // the closed connections' statistics reach pg_stat_database
+			cpu1 := sampleCPU(b.cfg.NATSPID, b.pgPID)
+			per := func(d float64) float64 { return d / float64(n) * 1000 }
+			m := sample{perS: float64(counted) / elapsed.Seconds(), driver: per(cpu1.driver - cpu0.driver), nats: per(cpu1.nats - cpu0.nats),
+				postgres: per(cpu1.postgres - cpu0.postgres), machine: per(cpu1.machine - cpu0.machine),
+				commits: float64(b.commits(ctx)-commits0) / float64(n), flushes: float64(b.walFlushes(ctx)-flushes0) / float64(n),
+				payments: len(b.sandbox.Payments()) - payments0, peak: b.childPeak}
+			if b.childCPU > 0 { // processes of their own
+				m.cpu = per(b.childCPU)
+			} else { // in this process: everything it did
+				m.cpu, m.driver, m.peak = m.driver, 0, peakRSSMiB()
+			}
+			samples[i] = append(samples[i], m)
+			s.into.Runs = append(s.into.Runs, m.perS)
+			b.cfg.Logger.Info("bench run", "scenario", s.name, "rep", rep+1, "jobs_per_s", int(m.perS), "cpu_s_per_1000", fmt.Sprintf("%.3f", m.cpu))
 		}
-		if counted == 0 {
-			counted = n
-		}
-		time.Sleep(300 * time.Millisecond) // the closed connections' statistics reach pg_stat_database
-		per := func(d float64) float64 { return d / float64(n) }
-		s := sample{perS: float64(counted) / elapsed.Seconds(), cpu: per(cpuSeconds()-cpu0+b.childCPU) * 1000, machine: per(machineCPUSeconds()-machine0) * 1000,
-			commits: per(float64(b.commits(ctx) - commits0)), flushes: per(float64(b.walFlushes(ctx) - flushes0)),
-			payments: len(b.sandbox.Payments()) - payments0, peak: b.childPeak}
-		samples = append(samples, s)
-		into.Runs = append(into.Runs, s.perS)
-		b.cfg.Logger.Info("bench run", "scenario", name, "rep", rep+1, "jobs_per_s", int(s.perS), "cpu_s_per_1000", fmt.Sprintf("%.3f", s.cpu))
 	}
-	slices.SortFunc(samples, func(a, b sample) int { return cmp.Compare(a.perS, b.perS) })
-	m := samples[len(samples)/2]
-	into.JobsPerS, into.CPUPer1000, into.MachineCPU, into.CommitsPerJob, into.FlushesPerJob, into.PeakRSSMiB = m.perS, m.cpu, m.machine, m.commits, m.flushes, cmp.Or(m.peak, peakRSSMiB())
-	into.Payments = m.payments
+	for i, s := range scenarios {
+		ss := samples[i]
+		slices.SortFunc(ss, func(a, b sample) int { return cmp.Compare(a.perS, b.perS) })
+		m := ss[len(ss)/2]
+		*s.into = Throughput{JobsPerS: m.perS, CPUPer1000: m.cpu, DriverCPU: m.driver, NATSCPU: m.nats, PostgresCPU: m.postgres, MachineCPU: m.machine,
+			CommitsPerJob: m.commits, FlushesPerJob: m.flushes, PeakRSSMiB: m.peak, Payments: m.payments, Runs: s.into.Runs}
+	}
 	return nil
 }
 
 // The scenarios. Each publishes its jobs first (a backlog), then starts
 // its consumer and times until every job has its result.
 
-func (b *bench) naiveRun(ctx context.Context, rep int) (time.Duration, error) {
+func (b *bench) naiveRun(ctx context.Context, rep int) (time.Duration, int, error) {
 	batch := b.jobsFor("naive_pay", rep, b.cfg.Jobs, false)
 	if err := b.publishAll(ctx, batch); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
-	return b.timed(ctx, batch, func(ctx context.Context) (func(), error) { return b.startNaive(ctx, "naive_pay") })
+	return b.timed(ctx, batch, b.naiveStarter("naive_pay"))
 }
 
-func (b *bench) freshRun(ctx context.Context, rep int) (time.Duration, error) {
-	batch := b.jobsFor("pay", rep, b.cfg.Jobs, false)
-	if err := b.publishAll(ctx, batch); err != nil {
-		return 0, err
+// freshRun runs the calls of rep+offset, new to the ledger.
+func (b *bench) freshRun(of build, offset int) func(context.Context, int) (time.Duration, int, error) {
+	return func(ctx context.Context, rep int) (time.Duration, int, error) {
+		batch := b.jobsFor(of.pay, rep+offset, b.cfg.Jobs, false)
+		if err := b.publishAll(ctx, batch); err != nil {
+			return 0, 0, err
+		}
+		return b.timed(ctx, batch, b.toolqStarter(of, of.pay, 1, nil))
 	}
-	return b.timed(ctx, batch, func(ctx context.Context) (func(), error) { return b.startToolq(ctx, "pay") })
 }
 
-func (b *bench) duplicateRun(ctx context.Context, rep int) (time.Duration, error) {
-	// The fresh run of the same rep completed these calls: a retried turn
-	// sends each again with a new tool_use_id.
-	batch := b.jobsFor("pay", rep, b.cfg.Jobs, true)
-	if err := b.publishAll(ctx, batch); err != nil {
-		return 0, err
+// duplicateRun sends again the calls the fresh run of the same rep
+// completed: a retried turn sends each again with a new tool_use_id.
+func (b *bench) duplicateRun(of build, offset int) func(context.Context, int) (time.Duration, int, error) {
+	return func(ctx context.Context, rep int) (time.Duration, int, error) {
+		batch := b.jobsFor(of.pay, rep+offset, b.cfg.Jobs, true)
+		if err := b.publishAll(ctx, batch); err != nil {
+			return 0, 0, err
+		}
+		return b.timed(ctx, batch, b.toolqStarter(of, of.pay, 1, nil))
 	}
-	return b.timed(ctx, batch, func(ctx context.Context) (func(), error) { return b.startToolq(ctx, "pay") })
 }
 
-func (b *bench) slowRun(ctx context.Context, rep int) (time.Duration, error) {
-	batch := b.jobsFor("slow", rep, min(b.cfg.Jobs, b.cfg.Concurrency*40), false)
-	if err := b.publishAll(ctx, batch); err != nil {
-		return 0, err
+func (b *bench) slowRun(of build) func(context.Context, int) (time.Duration, int, error) {
+	return func(ctx context.Context, rep int) (time.Duration, int, error) {
+		batch := b.jobsFor(of.slow, rep, min(b.cfg.Jobs, b.cfg.Concurrency*40), false)
+		if err := b.publishAll(ctx, batch); err != nil {
+			return 0, 0, err
+		}
+		return b.timed(ctx, batch, b.toolqStarter(of, of.slow, 1, nil))
 	}
-	return b.timed(ctx, batch, func(ctx context.Context) (func(), error) { return b.startToolq(ctx, "slow") })
 }
 
 // jobsFor makes n jobs for tool: the calls of run rep, with tool_use_ids
@@ -387,43 +459,129 @@ func (b *bench) publishAll(ctx context.Context, batch []*jobs.Job) error {
 	return first
 }
 
-// timed starts a consumer and returns how long it took to answer every job
-// of the batch.
-func (b *bench) timed(ctx context.Context, batch []*jobs.Job, start func(context.Context) (func(), error)) (time.Duration, error) {
+// running is what takes a scenario's jobs: consumer processes, a worker in
+// this process, or the naive dispatcher.
+type running struct {
+	ready  time.Time       // when it took jobs
+	exited <-chan struct{} // closed if it stops on its own
+	// stop stops it and returns its processes' CPU seconds and largest
+	// peak RSS (zeros in this process).
+	stop func() (cpu, peakMiB float64, err error)
+}
+
+// starter starts what takes a scenario's jobs, and returns once it takes
+// them.
+type starter func(ctx context.Context) (*running, error)
+
+// timed starts what takes the jobs of a published batch, and returns the
+// time from its being ready to the last result, and how many results came
+// in that time: a process's start-up is not its throughput. When most
+// jobs were answered while it started (a small batch), the whole run is
+// timed, start-up included.
+func (b *bench) timed(ctx context.Context, batch []*jobs.Job, start starter) (time.Duration, int, error) {
 	want := make(map[string]bool, len(batch))
 	for _, j := range batch {
 		want[j.ToolUseID] = true
 	}
 	done := b.results.expect(want)
-	t0 := time.Now()
-	stop, err := start(ctx)
+	started := time.Now()
+	r, err := start(ctx)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
-	defer stop()
+	stopped := false
+	defer func() {
+		if !stopped {
+			r.stop()
+		}
+	}()
 	select {
 	case <-done:
-		return time.Since(t0), nil
+	case <-r.exited:
+		return 0, 0, errors.New("what took the jobs stopped on its own")
 	case <-b.results.failed:
-		return 0, b.results.err
+		return 0, 0, b.results.err
 	case <-time.After(10 * time.Minute):
-		return 0, fmt.Errorf("%d of %d results after 10 minutes", len(batch)-b.results.missing(), len(batch))
+		return 0, 0, fmt.Errorf("%d of %d results after 10 minutes", len(batch)-b.results.missing(), len(batch))
 	case <-ctx.Done():
-		return 0, ctx.Err()
+		return 0, 0, ctx.Err()
+	}
+	var last time.Time
+	counted := 0
+	for _, at := range b.results.arrivals(want) {
+		if at.After(r.ready) {
+			counted++
+		}
+		if at.After(last) {
+			last = at
+		}
+	}
+	stopped = true
+	cpu, peak, err := r.stop()
+	if err != nil {
+		return 0, 0, err
+	}
+	b.childCPU, b.childPeak = cpu, peak
+	if counted < len(batch)/2 {
+		return last.Sub(started), len(batch), nil
+	}
+	return last.Sub(r.ready), counted, nil
+}
+
+// toolqStarter starts toolq on one tool's jobs: n consumer processes of
+// the build, or (no binary, or tp set: spans recorded here) a worker in
+// this process.
+func (b *bench) toolqStarter(of build, tool string, n int, tp trace.TracerProvider) starter {
+	if of.bin == "" || tp != nil {
+		return func(ctx context.Context) (*running, error) {
+			ready := time.Now()
+			stop, err := b.startToolqTraced(ctx, tool, tp)
+			if err != nil {
+				return nil, err
+			}
+			return &running{ready: ready, stop: func() (float64, float64, error) { stop(); return 0, 0, nil }}, nil
+		}
+	}
+	return func(ctx context.Context) (*running, error) {
+		procs, err := b.startProcs(ctx, of.bin, "bench-toolq-"+tool, tool, n)
+		if err != nil {
+			stopProcs(procs)
+			return nil, err
+		}
+		return &running{ready: time.Now(), exited: exited(procs), stop: func() (float64, float64, error) { return stopProcs(procs) }}, nil
 	}
 }
 
-// startToolq starts a worker on the Postgres ledger with the bench tools,
-// taking the jobs of one tool. The tools run Concurrency calls at once, as
-// the naive dispatcher does; the worker holds four times as many
-// deliveries, since most of them wait on the ledger's group commit, not on
-// a tool.
-func (b *bench) startToolq(ctx context.Context, tool string) (func(), error) {
-	return b.startToolqTraced(ctx, tool, nil)
+// naiveStarter starts the naive dispatcher on one tool's jobs: a process
+// of its own (Config.NaiveCmd), or in this process.
+func (b *bench) naiveStarter(tool string) starter {
+	cfg := NaiveConfig{NATSURL: b.cfg.NATSURL, ToolURL: b.url + "/v1/payments", Tool: tool, Durable: "bench-naive-" + tool,
+		Workers: 4 * b.cfg.Concurrency, Concurrency: b.cfg.Concurrency}
+	if b.cfg.InProcess || len(b.cfg.NaiveCmd) == 0 {
+		return func(ctx context.Context) (*running, error) {
+			ready := time.Now()
+			n, err := startNaive(ctx, b.js, b.client, cfg, b.cfg.Logger)
+			if err != nil {
+				return nil, err
+			}
+			return &running{ready: ready, stop: func() (float64, float64, error) { n.stop(); return 0, 0, nil }}, nil
+		}
+	}
+	return func(ctx context.Context) (*running, error) {
+		p, err := b.startNaiveProc(ctx, cfg)
+		if err != nil {
+			return nil, err
+		}
+		return &running{ready: time.Now(), exited: exited([]*consumerProc{p}), stop: func() (float64, float64, error) { return stopProcs([]*consumerProc{p}) }}, nil
+	}
 }
 
-// startToolqTraced is startToolq with the worker's spans going to tp (nil:
-// the global provider, which records nothing here).
+// startToolqTraced starts a worker in this process on the Postgres ledger
+// with the bench tools, taking the jobs of one tool, its spans going to tp
+// (nil: the global provider, which records nothing here). It has the
+// settings the consumer processes are given: the tools run Concurrency
+// calls at once, and the worker holds four times as many deliveries, since
+// most of them wait on the ledger's group commit, not on a tool.
 func (b *bench) startToolqTraced(ctx context.Context, tool string, tp trace.TracerProvider) (func(), error) {
 	slow := tools.ExecutorFunc(func(ctx context.Context, r tools.Request) (json.RawMessage, error) {
 		time.Sleep(b.cfg.SlowLatency)
@@ -467,86 +625,20 @@ func (b *bench) startToolqTraced(ctx context.Context, tool string, tp trace.Trac
 	return func() { cancel(); <-done; store.Close() }, nil
 }
 
-// startNaive starts the dispatcher with no memory on toolq.jobs.<tool>: pull,
-// POST the sandbox, publish the result, wait for its PubAck, ack.
-func (b *bench) startNaive(ctx context.Context, tool string) (func(), error) {
-	cons, err := b.js.CreateOrUpdateConsumer(ctx, jobs.JobsStream, jetstream.ConsumerConfig{Durable: "bench-naive",
-		FilterSubject: jobs.JobSubject(tool), AckPolicy: jetstream.AckExplicitPolicy, MaxAckPending: 4 * b.cfg.Concurrency})
-	if err != nil {
-		return nil, err
-	}
-	iter, err := cons.Messages(jetstream.PullMaxMessages(32), jetstream.PullExpiry(5*time.Second)) // as toolq pulls
-	if err != nil {
-		return nil, err
-	}
-	it := pull.New(iter, b.nc)
-	sem := make(chan struct{}, b.cfg.Concurrency)
-	var wg sync.WaitGroup
-	go func() {
-		for {
-			msg, err := it.Next()
-			if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
-				return // stopped
-			}
-			if err != nil { // a missed heartbeat, say: the pull goes on
-				b.cfg.Logger.Warn("naive dispatcher: pull", "error", err)
-				continue
-			}
-			sem <- struct{}{}
-			wg.Add(1)
-			go func() {
-				defer func() { <-sem; wg.Done() }()
-				b.naiveOne(ctx, msg)
-			}()
-		}
-	}()
-	return func() { it.Stop(); wg.Wait() }, nil
-}
-
-func (b *bench) naiveOne(ctx context.Context, msg jetstream.Msg) {
-	j, err := jobs.DecodeJob(msg.Data())
-	if err != nil {
-		msg.Term()
-		return
-	}
-	req, _ := http.NewRequestWithContext(ctx, "POST", b.url+"/v1/payments", bytesReader(j.Args))
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := b.client.Do(req)
-	if err != nil {
-		msg.Nak()
-		return
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	r := jobs.NewResult(j, "", jobs.StatusOK)
-	r.Output = body
-	out, _ := json.Marshal(r)
-	if _, err := b.js.Publish(ctx, jobs.ResultSubject(j.ConversationID), out); err != nil {
-		msg.Nak()
-		return
-	}
-	msg.Ack()
-}
-
-// latency publishes fresh jobs at rate for LatencyFor and returns the
-// publish-to-result percentiles.
-func (b *bench) latency(ctx context.Context, rate int, toolq bool) (Latency, error) {
-	lat, _, err := b.latencyTraced(ctx, rate, toolq, nil)
-	return lat, err
-}
-
-// latencyTraced is latency, toolq's spans going to tp; it also returns when
+// latencyTraced publishes fresh jobs at rate for LatencyFor, to the naive
+// dispatcher (of nil) or to toolq, its spans going to tp (set: a worker in
+// this process), and returns the publish-to-result percentiles and when
 // each job was sent, by tool_use_id.
-func (b *bench) latencyTraced(ctx context.Context, rate int, toolq bool, tp trace.TracerProvider) (Latency, map[string]time.Time, error) {
-	tool, start := "naive_pay", func(ctx context.Context) (func(), error) { return b.startNaive(ctx, "naive_pay") }
-	if toolq {
-		tool, start = "pay", func(ctx context.Context) (func(), error) { return b.startToolqTraced(ctx, "pay", tp) }
+func (b *bench) latencyTraced(ctx context.Context, rate int, of *build, tp trace.TracerProvider) (Latency, map[string]time.Time, error) {
+	tool, start := "naive_pay", b.naiveStarter("naive_pay")
+	if of != nil {
+		tool, start = of.pay, b.toolqStarter(*of, of.pay, 1, tp)
 	}
-	stop, err := start(ctx)
+	r, err := start(ctx)
 	if err != nil {
 		return Latency{}, nil, err
 	}
-	defer stop()
+	defer r.stop()
 	n := max(int(float64(rate)*b.cfg.LatencyFor.Seconds()), 1)
 	batch := b.jobsFor(tool, 1000+int(b.seq.Load()), n, false)
 	want := make(map[string]bool, n)
@@ -567,6 +659,8 @@ func (b *bench) latencyTraced(ctx context.Context, rate int, toolq bool, tp trac
 	}
 	select {
 	case <-done:
+	case <-r.exited:
+		return Latency{}, nil, errors.New("what took the jobs stopped on its own")
 	case <-b.results.failed:
 		return Latency{}, nil, b.results.err
 	case <-time.After(2 * time.Minute):
@@ -596,39 +690,6 @@ func (b *bench) walFlushes(ctx context.Context) int64 {
 	var n int64
 	b.pg.QueryRow(ctx, `SELECT wal_sync FROM pg_stat_wal`).Scan(&n)
 	return n
-}
-
-// machineCPUSeconds is the CPU time every process of the machine has used
-// (user, nice, system, irq, softirq from /proc/stat), 0 where there is no
-// /proc.
-func machineCPUSeconds() float64 {
-	b, err := os.ReadFile("/proc/stat")
-	if err != nil {
-		return 0
-	}
-	line, _, _ := strings.Cut(string(b), "\n")
-	f := strings.Fields(line)
-	var ticks int64
-	for i := 1; i < len(f) && i <= 7; i++ {
-		if i == 4 || i == 5 { // idle, iowait
-			continue
-		}
-		n, _ := strconv.ParseInt(f[i], 10, 64)
-		ticks += n
-	}
-	return float64(ticks) / 100 // USER_HZ
-}
-
-func cpuSeconds() float64 {
-	var ru syscall.Rusage
-	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
-}
-
-func peakRSSMiB() float64 {
-	var ru syscall.Rusage
-	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-	return float64(ru.Maxrss) / 1024 // KiB on Linux
 }
 
 // resultWatch records when each result arrives, by tool_use_id, from a
@@ -762,7 +823,7 @@ func (b *bench) phases(ctx context.Context, rate int) ([]Phase, error) {
 	rec := &phaseRecorder{}
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
 	defer tp.Shutdown(context.WithoutCancel(ctx))
-	_, sent, err := b.latencyTraced(ctx, rate, true, tp)
+	_, sent, err := b.latencyTraced(ctx, rate, &build{pay: "pay"}, tp)
 	if err != nil {
 		return nil, err
 	}

@@ -1,9 +1,11 @@
 package bench
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -55,26 +57,37 @@ type consumerProc struct {
 	waitErr error         // how it exited, once gone is closed
 }
 
-// writeScaleTools writes the registry the consumer processes load: "scale",
-// the sandbox payments API over HTTP as a keyed write, as "pay" is in
-// process.
-func (b *bench) writeScaleTools(dir string) (string, error) {
+// writeTools writes the registry the consumer processes load: the sandbox
+// payments API over HTTP as a keyed write that forwards its key, as "pay"
+// (the fresh, duplicate and latency runs), "pay_b" (the same, for the
+// second build of a comparison), "scale" (the scaling and memory runs) and
+// "slow" (every payment takes SlowLatency in the sandbox), each with
+// Concurrency calls at once, the naive dispatcher's.
+func (b *bench) writeTools(dir string) (string, error) {
 	path := filepath.Join(dir, "bench-tools.yaml")
-	spec := fmt.Sprintf(`tools:
-  - name: scale
+	var spec strings.Builder
+	spec.WriteString("tools:\n")
+	for _, name := range []string{"pay", "pay_b", "scale", "slow"} {
+		fmt.Fprintf(&spec, `  - name: %s
     class: keyed_write
     concurrency: %d
     schema: {type: object}
     http:
       method: POST
       url: %s/v1/payments
-`, b.cfg.Concurrency, b.url)
-	return path, os.WriteFile(path, []byte(spec), 0o600)
+`, name, b.cfg.Concurrency, b.url)
+		if name == "slow" {
+			fmt.Fprintf(&spec, "      headers: {Sandbox-Latency-Ms: \"%d\"}\n", b.cfg.SlowLatency.Milliseconds())
+		}
+	}
+	return path, os.WriteFile(path, []byte(spec.String()), 0o600)
 }
 
-// startProcs starts n consumer processes on the durable "bench-scale" and
-// returns once every one is ready (its /readyz answers).
-func (b *bench) startProcs(ctx context.Context, n int) ([]*consumerProc, error) {
+// startProcs starts n processes of the consumer binary bin on one durable
+// taking one tool's jobs, with the settings the naive dispatcher has (4 ×
+// Concurrency jobs in flight, each process), and returns once every one is
+// ready (its /readyz answers).
+func (b *bench) startProcs(ctx context.Context, bin, durable, tool string, n int) ([]*consumerProc, error) {
 	var procs []*consumerProc
 	for range n {
 		port, err := testenv.FreePort()
@@ -82,17 +95,13 @@ func (b *bench) startProcs(ctx context.Context, n int) ([]*consumerProc, error) 
 			return procs, err
 		}
 		p := &consumerProc{health: fmt.Sprintf("127.0.0.1:%d", port), stderr: &strings.Builder{}}
-		p.cmd = exec.CommandContext(ctx, b.cfg.ConsumerBin, "run", "--nats-url", b.cfg.NATSURL, "--database-url", b.cfg.DatabaseURL,
-			"--tools", b.toolsFile, "--durable", "bench-scale", "--filter-subject", jobs.JobSubject("scale"),
+		p.cmd = exec.CommandContext(ctx, bin, "run", "--nats-url", b.cfg.NATSURL, "--database-url", b.cfg.DatabaseURL,
+			"--tools", b.toolsFile, "--durable", durable, "--filter-subject", jobs.JobSubject(tool),
 			"--workers", strconv.Itoa(4*b.cfg.Concurrency), "--max-ack-pending", strconv.Itoa(4*b.cfg.Concurrency*n),
 			"--health-addr", p.health, "--debug-pprof", "--log-level", "warn")
-		p.cmd.Stderr = limitedWriter{p.stderr, 64 << 10}
-		p.cmd.Cancel = func() error { return p.cmd.Process.Signal(syscall.SIGTERM) }
-		if err := p.cmd.Start(); err != nil {
-			return procs, fmt.Errorf("start %s: %w", b.cfg.ConsumerBin, err)
+		if err := p.start(); err != nil {
+			return procs, err
 		}
-		p.gone = make(chan struct{})
-		go func() { p.waitErr = p.cmd.Wait(); close(p.gone) }()
 		procs = append(procs, p)
 	}
 	for _, p := range procs {
@@ -101,6 +110,50 @@ func (b *bench) startProcs(ctx context.Context, n int) ([]*consumerProc, error) 
 		}
 	}
 	return procs, nil
+}
+
+// start starts the process and watches for its exit.
+func (p *consumerProc) start() error {
+	p.cmd.Stderr = limitedWriter{p.stderr, 64 << 10}
+	p.cmd.Cancel = func() error { return p.cmd.Process.Signal(syscall.SIGTERM) }
+	if err := p.cmd.Start(); err != nil {
+		return fmt.Errorf("start %s: %w", p.cmd.Path, err)
+	}
+	p.gone = make(chan struct{})
+	go func() { p.waitErr = p.cmd.Wait(); close(p.gone) }()
+	return nil
+}
+
+// startNaiveProc starts the naive dispatcher as a process of its own
+// (Config.NaiveCmd) and returns once it is pulling.
+func (b *bench) startNaiveProc(ctx context.Context, cfg NaiveConfig) (*consumerProc, error) {
+	args := append(slices.Clone(b.cfg.NaiveCmd[1:]), "--nats-url", cfg.NATSURL, "--tool-url", cfg.ToolURL, "--tool", cfg.Tool,
+		"--durable", cfg.Durable, "--workers", strconv.Itoa(cfg.Workers), "--concurrency", strconv.Itoa(cfg.Concurrency))
+	p := &consumerProc{stderr: &strings.Builder{}}
+	p.cmd = exec.CommandContext(ctx, b.cfg.NaiveCmd[0], args...)
+	out, err := p.cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := p.start(); err != nil {
+		return nil, err
+	}
+	ready := make(chan bool, 1)
+	go func() {
+		line, err := bufio.NewReader(out).ReadString('\n')
+		ready <- err == nil && strings.TrimSpace(line) == "ready"
+		io.Copy(io.Discard, out)
+	}()
+	select {
+	case ok := <-ready:
+		if ok {
+			return p, nil
+		}
+	case <-time.After(30 * time.Second):
+	case <-ctx.Done():
+	}
+	stopProcs([]*consumerProc{p})
+	return nil, fmt.Errorf("the naive dispatcher process was not ready:\n%s", p.stderr)
 }
 
 // stopProcs drains and stops the processes, and returns their CPU seconds
@@ -177,63 +230,13 @@ func (b *bench) processesRun(n int) func(context.Context, int) (time.Duration, i
 		if err := b.publishAll(ctx, batch); err != nil {
 			return 0, 0, err
 		}
-		want := make(map[string]bool, len(batch))
-		for _, j := range batch {
-			want[j.ToolUseID] = true
-		}
-		done := b.results.expect(want)
-		started := time.Now()
-		procs, err := b.startProcs(ctx, n)
-		ready := time.Now()
-		stopped := false
-		stop := func() (float64, float64, error) {
-			stopped = true
-			return stopProcs(procs)
-		}
-		defer func() {
-			if !stopped {
-				stop()
-			}
-		}()
-		if err != nil {
-			return 0, 0, err
-		}
-		select {
-		case <-done:
-		case <-exited(procs):
-			return 0, 0, fmt.Errorf("a consumer process stopped on its own")
-		case <-time.After(10 * time.Minute):
-			return 0, 0, fmt.Errorf("%d of %d results after 10 minutes", len(batch)-b.results.missing(), len(batch))
-		case <-ctx.Done():
-			return 0, 0, ctx.Err()
-		}
-		var last time.Time
-		counted := 0
-		for _, at := range b.results.arrivals(want) {
-			if at.After(ready) {
-				counted++
-			}
-			if at.After(last) {
-				last = at
-			}
-		}
-		cpu, peak, err := stop()
-		if err != nil {
-			return 0, 0, err
-		}
-		b.childCPU, b.childPeak = cpu, peak
-		if counted < len(batch)/2 {
-			// Most jobs were answered while the processes started (a small
-			// --jobs): time the whole run, start-up included.
-			return last.Sub(started), len(batch), nil
-		}
-		return last.Sub(ready), counted, nil
+		return b.timed(ctx, batch, b.toolqStarter(build{bin: b.cfg.ConsumerBin}, "scale", n, nil))
 	}
 }
 
 // memory runs one consumer process at rate for d, sampling its RSS.
 func (b *bench) memory(ctx context.Context, rate int, d time.Duration) (Memory, error) {
-	procs, err := b.startProcs(ctx, 1)
+	procs, err := b.startProcs(ctx, b.cfg.ConsumerBin, "bench-toolq-scale", "scale", 1)
 	if err != nil {
 		stopProcs(procs)
 		return Memory{}, err

@@ -24,10 +24,12 @@ import (
 	"github.com/toolq/toolq/internal/testenv"
 )
 
-const benchSynopsis = `publisher bench [--quick] [--jobs N] [--reps N] [--concurrency N] [--rate R] [--json]
+const benchSynopsis = `publisher bench [--quick] [--jobs N] [--reps N] [--concurrency N] [--rate R] [--compare CONSUMER] [--json]
 
 Measures, in one run on this machine, what toolq's exactly-once effects cost next to a
-naive dispatcher with no memory (pull, POST the sandbox, publish the result, ack):
+naive dispatcher with no memory (pull, POST the sandbox, publish the result, ack). Each
+runs as a process of its own with the same settings: the consumer binary beside this one
+(or --consumer), and the naive dispatcher (this binary again). Scenarios:
   naive      the naive dispatcher
   fresh      toolq, every job new: the sandbox payments API over HTTP, Postgres ledger
   duplicate  toolq, every job's call already completed (a retried turn: new tool_use_id)
@@ -35,7 +37,9 @@ naive dispatcher with no memory (pull, POST the sandbox, publish the result, ack
   latency    publish-to-result percentiles of naive and toolq at one fixed rate, and at 100/s
 With no --nats-url it starts a nats-server process of its own; with no --database-url a
 throwaway Postgres cluster with fsync and synchronous commit on (initdb and pg_ctl must
-be installed). The JSON line (--json) is printed last.`
+be installed). --compare runs the fresh, duplicate and latency scenarios with a second
+consumer build too, interleaved with the first's, and prints the ratios. The JSON line
+(--json) is printed last.`
 
 func runBench(ctx context.Context, args []string, stdio cli.IO, getenv func(string) string) error {
 	fs := cli.NewFlagSet("bench", benchSynopsis, stdio)
@@ -49,7 +53,9 @@ func runBench(ctx context.Context, args []string, stdio cli.IO, getenv func(stri
 	fs.DurationVar(&cfg.LatencyFor, "latency-for", 10*time.Second, "how long each latency run publishes")
 	quick := fs.Bool("quick", false, "a short run (about a minute): 2,000 jobs, one run each, 3s latency runs")
 	asJSON := fs.Bool("json", false, "print the figures as one JSON object, on the last line")
-	consumer := fs.String("consumer", "", "the consumer binary the scaling and memory runs start as processes (empty: ./consumer beside this binary, if there is one)")
+	consumer := fs.String("consumer", "", "the consumer binary under test, run as processes (empty: ./consumer beside this binary, if there is one)")
+	fs.StringVar(&cfg.CompareBin, "compare", "", "a second consumer binary: its fresh, duplicate and latency runs are interleaved with the first's, and the ratios printed")
+	fs.BoolVar(&cfg.InProcess, "in-process", false, "run toolq's worker and the naive dispatcher inside this process (with --cpuprofile: a profile of everything)")
 	processes := fs.String("processes", "1,2,4", "consumer process counts of the scaling runs, comma-separated (empty: none)")
 	fs.DurationVar(&cfg.MemoryFor, "memory-for", 0, "also run one consumer process at the fixed rate this long, sampling its RSS (e.g. 10m)")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file (go tool pprof; -tagfocus scenario=NAME keeps one scenario)")
@@ -68,18 +74,24 @@ func runBench(ctx context.Context, args []string, stdio cli.IO, getenv func(stri
 	if cfg.ConsumerBin == "" {
 		cfg.ConsumerBin = besideSelf("consumer")
 	}
-	if cfg.ConsumerBin == "" && (len(cfg.Processes) > 0 || cfg.MemoryFor > 0) {
-		cfg.Logger.Warn("bench: no consumer binary beside this one: the scaling and memory runs are not made " +
+	if cfg.ConsumerBin == "" {
+		cfg.Logger.Warn("bench: no consumer binary beside this one: toolq runs inside this process, and the scaling and memory runs are not made " +
 			"(go build -o bin/ ./cmd/consumer ./cmd/publisher && bin/publisher bench, or --consumer PATH)")
+	}
+	if cfg.CompareBin != "" && (cfg.InProcess || cfg.ConsumerBin == "") {
+		return cli.Usagef("--compare needs the consumer as a process: a --consumer binary (or one beside this one), without --in-process")
+	}
+	if self, err := os.Executable(); err == nil {
+		cfg.NaiveCmd = []string{self, naiveCommand}
 	}
 	cfg.NATSURL, cfg.DatabaseURL = *natsURL, *dbURL
 	if cfg.NATSURL == "" {
-		url, stop, err := startNATSProcess()
+		url, pid, stop, err := startNATSProcess()
 		if err != nil {
 			return fmt.Errorf("bench: start nats-server: %w", err)
 		}
 		defer stop()
-		cfg.NATSURL = url
+		cfg.NATSURL, cfg.NATSPID = url, pid
 	}
 	if cfg.DatabaseURL == "" {
 		c, err := testenv.StartDurableCluster()
@@ -117,16 +129,25 @@ func runBench(ctx context.Context, args []string, stdio cli.IO, getenv func(stri
 }
 
 func printBench(stdio cli.IO, r *bench.Report) {
+	where := "each a process of its own"
+	if r.InProcess {
+		where = "toolq and the naive dispatcher inside the bench's process"
+	}
+	fmt.Fprintf(stdio.Out, "%d jobs a run, %d in flight, median of %d runs; %s\n", r.Jobs, r.Concurrency, len(r.Naive.Runs), where)
 	w := cli.NewTable(stdio.Out)
-	fmt.Fprintf(w, "scenario\tjobs/s\t× naive\tCPU s/1000 jobs\tmachine CPU s/1000\tledger commits/job\tWAL flushes/job\tpeak RSS MiB\n")
+	fmt.Fprintf(w, "scenario\tjobs/s\t× naive\tCPU s/1000 jobs: consumer\tdriver\tnats\tpostgres\tmachine\tledger commits/job\tWAL flushes/job\tpeak RSS MiB\n")
 	for _, row := range []struct {
 		name string
 		t    bench.Throughput
 	}{{"naive", r.Naive}, {"fresh", r.Fresh}, {"duplicate", r.Duplicate}, {"slow (50ms tool)", r.Slow}} {
-		fmt.Fprintf(w, "%s\t%.0f\t%.2f\t%.3f\t%.3f\t%.2f\t%.3f\t%.0f\n", row.name, row.t.JobsPerS, row.t.JobsPerS/r.Naive.JobsPerS,
-			row.t.CPUPer1000, row.t.MachineCPU, row.t.CommitsPerJob, row.t.FlushesPerJob, row.t.PeakRSSMiB)
+		fmt.Fprintf(w, "%s\t%.0f\t%.2f\t%.3f\t%s\t%s\t%s\t%.3f\t%.2f\t%.3f\t%.0f\n", row.name, row.t.JobsPerS, row.t.JobsPerS/r.Naive.JobsPerS,
+			row.t.CPUPer1000, known(row.t.DriverCPU), known(row.t.NATSCPU), known(row.t.PostgresCPU), row.t.MachineCPU,
+			row.t.CommitsPerJob, row.t.FlushesPerJob, row.t.PeakRSSMiB)
 	}
 	w.Flush()
+	if len(r.Naive.Runs) > 1 {
+		fmt.Fprintf(stdio.Out, "each run × the naive run before it: fresh %s, duplicate %s\n", perRun(r.Fresh.Runs, r.Naive.Runs), perRun(r.Duplicate.Runs, r.Naive.Runs))
+	}
 	fmt.Fprintf(stdio.Out, "slow tool: %.0f jobs/s of a bound of %.0f (concurrency %d / 50ms): %.0f%%\n\n",
 		r.Slow.JobsPerS, r.SlowBound, r.Concurrency, 100*r.Slow.JobsPerS/r.SlowBound)
 	w = cli.NewTable(stdio.Out)
@@ -138,6 +159,24 @@ func printBench(stdio cli.IO, r *bench.Report) {
 		fmt.Fprintf(w, "%s\t%d/s\t%.2f\t%.2f\t%.2f\t%.2f\n", row.name, row.l.Rate, row.l.P50ms, row.l.P90ms, row.l.P99ms, row.l.MaxMs)
 	}
 	w.Flush()
+	if c := r.Compare; c != nil {
+		fmt.Fprintf(stdio.Out, "\ncompared: %s (runs interleaved with the consumer's)\n", c.Bin)
+		w = cli.NewTable(stdio.Out)
+		fmt.Fprintf(w, "figure\tconsumer\tcompared\tcompared ÷ consumer\tper run\n")
+		for _, row := range []struct {
+			name   string
+			a, b   float64
+			ra, rb []float64
+		}{{"fresh jobs/s", r.Fresh.JobsPerS, c.Fresh.JobsPerS, r.Fresh.Runs, c.Fresh.Runs},
+			{"duplicate jobs/s", r.Duplicate.JobsPerS, c.Duplicate.JobsPerS, r.Duplicate.Runs, c.Duplicate.Runs},
+			{"fresh CPU s/1000 (consumer)", r.Fresh.CPUPer1000, c.Fresh.CPUPer1000, nil, nil},
+			{"duplicate CPU s/1000 (consumer)", r.Duplicate.CPUPer1000, c.Duplicate.CPUPer1000, nil, nil},
+			{fmt.Sprintf("p99 ms at %d/s", r.ToolqLat.Rate), r.ToolqLat.P99ms, c.Lat.P99ms, nil, nil},
+			{"p99 ms at 100/s", r.ToolqLat100.P99ms, c.Lat100.P99ms, nil, nil}} {
+			fmt.Fprintf(w, "%s\t%.3f\t%.3f\t%.2f\t%s\n", row.name, row.a, row.b, row.b/row.a, perRun(row.rb, row.ra))
+		}
+		w.Flush()
+	}
 	if len(r.Phases) > 0 {
 		fmt.Fprintf(stdio.Out, "\nwhere toolq's latency goes at %d/s (from its spans, in a run of its own):\n", r.ToolqLat.Rate)
 		w = cli.NewTable(stdio.Out)
@@ -183,31 +222,71 @@ func benchJSON(r *bench.Report) map[string]any {
 	return out
 }
 
+// known prints a CPU figure, or "-" when it was not measured.
+func known(v float64) string {
+	if v == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.3f", v)
+}
+
+// perRun is each of a's runs divided by b's run of the same rep.
+func perRun(a, b []float64) string {
+	var out []string
+	for i := range min(len(a), len(b)) {
+		out = append(out, fmt.Sprintf("%.2f", a[i]/b[i]))
+	}
+	return strings.Join(out, " ")
+}
+
+// naiveCommand is the hidden command the bench re-executes this binary
+// with, so that the naive dispatcher runs in a process of its own, as
+// toolq's consumer does.
+const naiveCommand = "__bench-naive"
+
+// runNaive is that process: the naive dispatcher until SIGTERM.
+func runNaive(ctx context.Context, args []string, stdio cli.IO) error {
+	fs := cli.NewFlagSet(naiveCommand, "the bench's naive dispatcher", stdio)
+	var cfg bench.NaiveConfig
+	fs.StringVar(&cfg.NATSURL, "nats-url", "", "")
+	fs.StringVar(&cfg.ToolURL, "tool-url", "", "")
+	fs.StringVar(&cfg.Tool, "tool", "", "")
+	fs.StringVar(&cfg.Durable, "durable", "", "")
+	fs.IntVar(&cfg.Workers, "workers", 256, "")
+	fs.IntVar(&cfg.Concurrency, "concurrency", 64, "")
+	if err := cli.ParseNone(fs, args); err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	return bench.RunNaive(ctx, cfg, stdio.Out)
+}
+
 // natsServerCommand is the hidden command the bench re-executes this binary
 // with, so that the server under test runs in a process of its own.
 const natsServerCommand = "__bench-nats-server"
 
 // startNATSProcess starts a nats-server with JetStream in a child process
 // and returns its URL.
-func startNATSProcess() (string, func(), error) {
+func startNATSProcess() (string, int, func(), error) {
 	self, err := os.Executable()
 	if err != nil {
-		return "", nil, err
+		return "", 0, nil, err
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		return "", nil, err
+		return "", 0, nil, err
 	}
 	port := ln.Addr().(*net.TCPAddr).Port
 	ln.Close()
 	dir, err := os.MkdirTemp("", "toolq-bench-nats-")
 	if err != nil {
-		return "", nil, err
+		return "", 0, nil, err
 	}
 	cmd := exec.Command(self, natsServerCommand, strconv.Itoa(port), dir)
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
-		return "", nil, err
+		return "", 0, nil, err
 	}
 	stop := func() {
 		cmd.Process.Signal(syscall.SIGTERM)
@@ -218,11 +297,11 @@ func startNATSProcess() (string, func(), error) {
 	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
 		if c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", port)); err == nil {
 			c.Close()
-			return url, stop, nil
+			return url, cmd.Process.Pid, stop, nil
 		}
 	}
 	stop()
-	return "", nil, errors.New("the nats-server process did not listen within 20s")
+	return "", 0, nil, errors.New("the nats-server process did not listen within 20s")
 }
 
 // runNATSServer is the child: a nats-server with JetStream on port, its

@@ -9,8 +9,19 @@ import (
 	"testing"
 
 	"github.com/toolq/toolq/bench"
+	"github.com/toolq/toolq/internal/cli"
 	"github.com/toolq/toolq/internal/testenv"
 )
+
+// TestMain runs this test binary as the bench's naive dispatcher process
+// when the bench re-executes itself for one, as the publisher binary does.
+func TestMain(m *testing.M) {
+	if len(os.Args) > 1 && os.Args[1] == naiveCommand {
+		cli.Main("publisher", run)
+		return
+	}
+	os.Exit(m.Run())
+}
 
 // TestBenchMeasuresWhatItSays runs a tiny `publisher bench --json` against
 // a test server and a test Postgres. It asserts what the figures mean, not
@@ -26,7 +37,8 @@ func TestBenchMeasuresWhatItSays(t *testing.T) {
 	}
 	out, err := runPublisher(t, "", "bench", "--json", "--nats-url", nats.URL, "--database-url", testenv.Postgres(t),
 		"--jobs", "300", "--reps", "1", "--concurrency", "8", "--latency-for", "500ms", "--rate", "200",
-		"--consumer", filepath.Join(dir, "consumer"), "--processes", "1,2", "--memory-for", "3s")
+		"--consumer", filepath.Join(dir, "consumer"), "--processes", "1,2", "--memory-for", "3s",
+		"--compare", filepath.Join(dir, "consumer"))
 	if err != nil {
 		t.Fatalf("bench: %v\n%s", err, out)
 	}
@@ -49,13 +61,35 @@ func TestBenchMeasuresWhatItSays(t *testing.T) {
 		t.Fatalf("a scenario did not run: %s", lines[len(lines)-1])
 	}
 	for name, want := range map[string][2]int{"naive": {r.Naive.Payments, 300}, "fresh": {r.Fresh.Payments, 300},
-		"duplicate": {r.Duplicate.Payments, 0}, "slow": {r.Slow.Payments, 0}} {
+		"duplicate": {r.Duplicate.Payments, 0}, "slow": {r.Slow.Payments, 300}} {
 		if want[0] != want[1] {
 			t.Errorf("%s: %d payments, want %d", name, want[0], want[1])
 		}
 	}
 	if r.Fresh.CommitsPerJob <= 0 {
 		t.Errorf("fresh: %v ledger commits per job, want some", r.Fresh.CommitsPerJob)
+	}
+	// The consumer and the naive dispatcher ran as processes of their own:
+	// their CPU is theirs, the driver's and Postgres's are apart.
+	if r.InProcess {
+		t.Errorf("the consumer ran inside the bench's process")
+	}
+	for name, th := range map[string]bench.Throughput{"naive": r.Naive, "fresh": r.Fresh, "duplicate": r.Duplicate} {
+		if th.CPUPer1000 <= 0 || th.DriverCPU <= 0 || th.PeakRSSMiB <= 0 {
+			t.Errorf("%s: no figures of its own process: %+v", name, th)
+		}
+	}
+	// The second build compared ran the same calls of its own: paid once
+	// each when fresh, never when duplicated, and was timed at both rates.
+	if c := r.Compare; c == nil || c.Fresh.Payments != 300 || c.Duplicate.Payments != 0 || c.Fresh.JobsPerS <= 0 || c.Duplicate.JobsPerS <= 0 ||
+		c.Lat.P99ms <= 0 || c.Lat100.P99ms <= 0 || c.Lat.Rate != 200 {
+		t.Errorf("comparison: %+v", r.Compare)
+	}
+	if !strings.Contains(out, "compared ÷ consumer") {
+		t.Errorf("no table for the comparison:\n%s", out)
+	}
+	if r.Fresh.PostgresCPU <= 0 {
+		t.Errorf("fresh: no Postgres CPU: %+v", r.Fresh)
 	}
 	for _, l := range []bench.Latency{r.NaiveLat, r.ToolqLat, r.NaiveLat100, r.ToolqLat100} {
 		if l.Jobs == 0 || l.P50ms <= 0 || l.P50ms > l.P99ms || l.P99ms > l.MaxMs {

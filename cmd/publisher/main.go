@@ -32,5 +32,8 @@ func run(ctx context.Context, args []string, stdio cli.IO, getenv func(string) s
 	if len(args) == 3 && args[0] == natsServerCommand { // the bench's server process
 		return runNATSServer(args[1], args[2])
 	}
+	if len(args) > 0 && args[0] == naiveCommand { // the bench's naive dispatcher process
+		return runNaive(ctx, args[1:], stdio)
+	}
 	return commands.Run(ctx, args, stdio, getenv)
 }
