@@ -69,6 +69,11 @@ type Config struct {
 	// reported (Report.Compare).
 	CompareBin string
 	NATSPID    int          // the nats-server's process, for its CPU figure (0: unknown)
+	// ProfileDir, when set, gets a CPU profile of every consumer process
+	// (SCENARIO-REP[-N].prof), its allocations since its start
+	// (SCENARIO-REP[-N].allocs) and an execution trace of the latency runs'
+	// (latency-RATE[-compared].trace).
+	ProfileDir string
 	Logger     *slog.Logger // progress lines (nil: none)
 }
 
@@ -179,6 +184,7 @@ type bench struct {
 	quiet   *slog.Logger // the worker's: warnings and errors only
 
 	dir                 string  // the run's files
+	profileName         string  // the profile files' name for the run under way
 	toolsFile           string  // the consumer processes' registry
 	childCPU, childPeak float64 // the last run's processes under test: CPU seconds, peak RSS MiB
 }
@@ -286,6 +292,10 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		runs = append(runs, latencyRun{&r.Compare.Lat, rate, &other}, latencyRun{&r.Compare.Lat100, 100, &other})
 	}
 	for _, l := range runs {
+		b.profileName = fmt.Sprintf("latency-%d", l.rate)
+		if l.of != nil && l.of.bin == cfg.CompareBin {
+			b.profileName += "-compared"
+		}
 		lat, _, err := b.latencyTraced(ctx, l.rate, l.of, nil)
 		if err != nil {
 			return nil, fmt.Errorf("bench: latency at %d/s: %w", l.rate, err)
@@ -334,7 +344,8 @@ func (b *bench) measure(ctx context.Context, scenarios []scenario) error {
 	}
 	samples := make([][]sample, len(scenarios))
 	for rep := range b.cfg.Reps {
-		for i, s := range scenarios {
+		for _, i := range b.order(scenarios, rep) {
+			s := scenarios[i]
 			n := b.cfg.Jobs
 			if s.name == "slow" {
 				n = min(n, b.cfg.Concurrency*40)
@@ -344,6 +355,7 @@ func (b *bench) measure(ctx context.Context, scenarios []scenario) error {
 			var counted int
 			var err error
 			b.childCPU, b.childPeak = 0, 0
+			b.profileName = fmt.Sprintf("%s-%d", strings.ReplaceAll(strings.Trim(s.name, ")"), " (", "-"), rep+1)
 			// The scenario labels its samples in a CPU profile (go tool pprof
 			// -tagfocus scenario=duplicate).
 			pprof.Do(ctx, pprof.Labels("scenario", s.name), func(ctx context.Context) { elapsed, counted, err = s.run(ctx, rep) })
@@ -378,6 +390,24 @@ func (b *bench) measure(ctx context.Context, scenarios []scenario) error {
 			CommitsPerJob: m.commits, FlushesPerJob: m.flushes, PeakRSSMiB: m.peak, Payments: m.payments, Runs: s.into.Runs}
 	}
 	return nil
+}
+
+// order is the order of the scenarios' runs in rep: as given, but in a
+// comparison every other rep runs the compared build's first, so that
+// neither build always runs on a machine the other has just warmed.
+func (b *bench) order(scenarios []scenario, rep int) []int {
+	var mine, compared []int
+	for i, s := range scenarios {
+		if strings.HasSuffix(s.name, "(compared)") {
+			compared = append(compared, i)
+		} else {
+			mine = append(mine, i)
+		}
+	}
+	if rep%2 == 0 || len(compared) == 0 {
+		return append(mine, compared...)
+	}
+	return append(append(mine[:1:1], compared...), mine[1:]...) // the naive run first, as always
 }
 
 // The scenarios. Each publishes its jobs first (a backlog), then starts
@@ -548,7 +578,13 @@ func (b *bench) toolqStarter(of build, tool string, n int, tp trace.TracerProvid
 			stopProcs(procs)
 			return nil, err
 		}
-		return &running{ready: time.Now(), exited: exited(procs), stop: func() (float64, float64, error) { return stopProcs(procs) }}, nil
+		name := b.profileName
+		return &running{ready: time.Now(), exited: exited(procs), stop: func() (float64, float64, error) {
+			if b.cfg.ProfileDir != "" {
+				b.saveAllocs(ctx, procs, name)
+			}
+			return stopProcs(procs)
+		}}, nil
 	}
 }
 

@@ -89,7 +89,7 @@ func (b *bench) writeTools(dir string) (string, error) {
 // ready (its /readyz answers).
 func (b *bench) startProcs(ctx context.Context, bin, durable, tool string, n int) ([]*consumerProc, error) {
 	var procs []*consumerProc
-	for range n {
+	for i := range n {
 		port, err := testenv.FreePort()
 		if err != nil {
 			return procs, err
@@ -99,6 +99,16 @@ func (b *bench) startProcs(ctx context.Context, bin, durable, tool string, n int
 			"--tools", b.toolsFile, "--durable", durable, "--filter-subject", jobs.JobSubject(tool),
 			"--workers", strconv.Itoa(4*b.cfg.Concurrency), "--max-ack-pending", strconv.Itoa(4*b.cfg.Concurrency*n),
 			"--health-addr", p.health, "--debug-pprof", "--log-level", "warn")
+		if b.cfg.ProfileDir != "" {
+			name := filepath.Join(b.cfg.ProfileDir, b.profileName)
+			if n > 1 {
+				name += fmt.Sprintf("-%d", i+1)
+			}
+			p.cmd.Args = append(p.cmd.Args, "--debug-cpuprofile", name+".prof")
+			if strings.HasPrefix(b.profileName, "latency-") {
+				p.cmd.Args = append(p.cmd.Args, "--debug-trace", name+".trace")
+			}
+		}
 		if err := p.start(); err != nil {
 			return procs, err
 		}
@@ -338,4 +348,29 @@ func (w limitedWriter) Write(p []byte) (int, error) {
 		w.b.Write(p[:min(len(p), room)])
 	}
 	return len(p), nil
+}
+
+// saveAllocs writes each process's allocation profile (since its start)
+// to the profile directory, as name[-N].allocs.
+func (b *bench) saveAllocs(ctx context.Context, procs []*consumerProc, name string) {
+	for i, p := range procs {
+		file := filepath.Join(b.cfg.ProfileDir, name)
+		if len(procs) > 1 {
+			file += fmt.Sprintf("-%d", i+1)
+		}
+		req, _ := http.NewRequestWithContext(ctx, "GET", "http://"+p.health+"/debug/pprof/allocs", nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			b.cfg.Logger.Warn("bench: allocation profile", "error", err)
+			continue
+		}
+		body, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err == nil {
+			err = os.WriteFile(file+".allocs", body, 0o644)
+		}
+		if err != nil {
+			b.cfg.Logger.Warn("bench: allocation profile", "error", err)
+		}
+	}
 }

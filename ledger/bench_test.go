@@ -124,3 +124,41 @@ func BenchmarkDuplicateClaim(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkClaimDuplicates is the claim of a batch of 16 keys whose calls
+// completed (a retried turn's duplicates, as a busy worker batches them),
+// per batch: the duplicate path's one ledger round trip.
+func BenchmarkClaimDuplicates(b *testing.B) {
+	for _, backend := range []string{"postgres", "sqlite"} {
+		b.Run(backend, func(b *testing.B) {
+			s := openBenchStore(b, backend)
+			ctx := context.Background()
+			output := json.RawMessage(`{"id":"pay_123","status":"succeeded"}`)
+			claims := make([]ledger.Claim, 16*64)
+			for i := range claims {
+				claims[i] = newClaim(time.Minute)
+				res, err := s.Claim(ctx, claims[i:i+1])
+				if err != nil || !res[0].Claimed {
+					b.Fatal(err)
+				}
+				if err := s.Complete(ctx, res[0].Row.Fence(), output); err != nil {
+					b.Fatal(err)
+				}
+			}
+			i := 0
+			for b.Loop() {
+				batch := claims[i*16 : i*16+16]
+				i = (i + 1) % 64
+				res, err := s.Claim(ctx, batch)
+				if err != nil {
+					b.Fatal(err)
+				}
+				for _, r := range res {
+					if r.Claimed || r.Row.State != ledger.Completed {
+						b.Fatalf("not a duplicate: %+v", r)
+					}
+				}
+			}
+		})
+	}
+}

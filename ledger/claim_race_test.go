@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"sync"
 	"testing"
@@ -16,13 +17,21 @@ import (
 
 // TestConcurrentClaimsNeverShareAnAttempt: goroutines claim overlapping batches (keys
 // repeated, shuffled) of a few keys, and each claim they win they release,
-// end, or abandon to expire and be taken over. Every (key, attempt) is
-// handed out at most once (by a claim or a takeover), no claim errs, and an
-// answer that did not claim never names an attempt not yet issued.
+// end, complete, or abandon to expire and be taken over. Every (key,
+// attempt) is handed out at most once (by a claim or a takeover), no claim
+// errs, an answer that did not claim never names an attempt not yet
+// issued, and a key completed before a claim began is answered with its
+// completed attempt, never claimed again: with claims that read settled
+// rows first (postgres-read-first) and with claims that do not.
 func TestConcurrentClaimsNeverShareAnAttempt(t *testing.T) {
-	s := openStore(t, "postgres")
+	for _, backend := range []string{"postgres", "postgres-read-first"} {
+		t.Run(backend, func(t *testing.T) { concurrentClaims(t, openStore(t, backend)) })
+	}
+}
+
+func concurrentClaims(t *testing.T, s *ledger.Store) {
 	ctx := context.Background()
-	const workers, iters, nkeys = 6, 120, 3
+	const workers, iters, nkeys = 6, 120, 6 // the last half may be completed
 	keys := make([]ledger.Claim, nkeys)
 	for i := range keys {
 		keys[i] = newClaim(time.Minute)
@@ -30,6 +39,7 @@ func TestConcurrentClaimsNeverShareAnAttempt(t *testing.T) {
 	var mu sync.Mutex
 	issued := map[ledger.Fence]string{}
 	maxAttempt := map[string]int64{}
+	completed := map[string]int64{} // key → the attempt that completed it
 	var failures []string
 	fail := func(f string, a ...any) {
 		mu.Lock()
@@ -60,10 +70,18 @@ func TestConcurrentClaimsNeverShareAnAttempt(t *testing.T) {
 					c.Lease = time.Duration(20+rng.IntN(80)) * time.Millisecond
 					batch = append(batch, c)
 				}
+				mu.Lock()
+				done := maps.Clone(completed)
+				mu.Unlock()
 				res, err := s.Claim(ctx, batch)
 				if err != nil {
 					fail("%s: claim: %v", who, err)
 					return
+				}
+				for j, r := range res {
+					if attempt, ok := done[batch[j].Key]; ok && (r.Claimed || r.Row.State != ledger.Completed || r.Row.Attempt != attempt) {
+						fail("%s: %s completed at attempt %d before the claim, answered claimed=%v %s attempt %d", who, batch[j].Key, attempt, r.Claimed, r.Row.State, r.Row.Attempt)
+					}
 				}
 				for j, r := range res {
 					if r.Err != nil {
@@ -91,7 +109,19 @@ func TestConcurrentClaimsNeverShareAnAttempt(t *testing.T) {
 						}
 						issue(who, row)
 					}
-					switch rng.IntN(3) {
+					action := rng.IntN(5)
+					if row.Key < keys[nkeys/2].Key && action == 2 { // a key of the first half is never completed
+						action = 0
+					}
+					switch action {
+					case 2:
+						if err := s.Complete(ctx, row.Fence(), []byte(`{"ok":true}`)); err == nil {
+							mu.Lock()
+							completed[row.Key] = row.Attempt
+							mu.Unlock()
+						} else if !isFencedErr(err) {
+							fail("%s: complete: %v", who, err)
+						}
 					case 0:
 						if err := s.Release(ctx, row.Fence()); err != nil && !isFencedErr(err) {
 							fail("%s: release: %v", who, err)

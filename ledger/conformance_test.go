@@ -25,12 +25,13 @@ func TestMain(m *testing.M) {
 }
 
 // eachBackend runs the test body once per backend, as subtests named
-// "postgres", "sqlite" and "pgbouncer" (Postgres through PgBouncer in
-// transaction mode: see pgbouncer_test.go), each on a fresh, migrated
-// database.
+// "postgres", "postgres-read-first" (its claims read settled rows first,
+// as they do while most claims are duplicates), "sqlite" and "pgbouncer"
+// (Postgres through PgBouncer in transaction mode: see
+// pgbouncer_test.go), each on a fresh, migrated database.
 func eachBackend(t *testing.T, body func(t *testing.T, s *ledger.Store)) {
 	t.Helper()
-	for _, backend := range []string{"postgres", "sqlite", "pgbouncer"} {
+	for _, backend := range []string{"postgres", "postgres-read-first", "sqlite", "pgbouncer"} {
 		t.Run(backend, func(t *testing.T) {
 			t.Parallel()
 			body(t, openStore(t, backend))
@@ -48,6 +49,10 @@ func openStoreTB(t testing.TB, backend string) *ledger.Store {
 	switch backend {
 	case "postgres":
 		s, err = ledger.OpenPostgres(ctx, testenv.Postgres(t)+"&pool_max_conns=16")
+	case "postgres-read-first":
+		if s, err = ledger.OpenPostgres(ctx, testenv.Postgres(t)+"&pool_max_conns=16"); err == nil {
+			ledger.ReadSettledFirst(s)
+		}
 	case "sqlite":
 		s, err = ledger.OpenSQLite(ctx, filepath.Join(t.TempDir(), "ledger.db"))
 	case "pgbouncer":

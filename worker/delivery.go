@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"runtime/debug"
 	"sync"
 	"time"
@@ -262,7 +263,9 @@ func (d *delivery) duplicate(row ledger.Row, found finding) verdict {
 	}
 	d.noteFinding(found, &row)
 	d.explainDuplicate(found, &row)
-	d.w.log.InfoContext(d.ctx, "duplicate answered from the ledger", d.attrs("state", row.State, "original_tool_use_id", row.FirstToolUseID)...)
+	if d.w.log.Enabled(d.ctx, slog.LevelInfo) { // the common case: not built when not logged
+		d.w.log.InfoContext(d.ctx, "duplicate answered from the ledger", d.attrs("state", row.State, "original_tool_use_id", row.FirstToolUseID)...)
+	}
 	if d.decided() { // toolq's own job of a denied or expired call: no duplicate of anything
 		return d.answer(row, OutcomeDecided)
 	}

@@ -155,11 +155,18 @@ func encodeResult(r *jobs.Result, limit, outputLimit int) ([]byte, error) {
 	return marshal(&small)
 }
 
-func marshal(v any) ([]byte, error) {
+// marshal encodes a result in a buffer sized for it up front: its output
+// and error, and room for the envelope's ids.
+func marshal(r *jobs.Result) ([]byte, error) {
 	var b bytes.Buffer
+	size := len(r.Output) + 512
+	if r.Error != nil {
+		size += len(r.Error.Message)
+	}
+	b.Grow(size)
 	enc := json.NewEncoder(&b)
 	enc.SetEscapeHTML(false)
-	if err := enc.Encode(v); err != nil {
+	if err := enc.Encode(r); err != nil {
 		return nil, err
 	}
 	return bytes.TrimSuffix(b.Bytes(), []byte("\n")), nil

@@ -161,7 +161,8 @@ type Worker struct {
 	limit    deliveryLimit
 	ackWait  time.Duration
 
-	slots      chan struct{} // one per job in flight
+	slots      chan struct{}      // one per job in flight
+	idle       chan jetstream.Msg // goroutines waiting for their next delivery (dispatch)
 	inFlight   sync.WaitGroup
 	tracer     trace.Tracer
 	metrics    *instruments
@@ -239,6 +240,7 @@ func New(ctx context.Context, cfg Config) (*Worker, error) {
 		limit:      deliveryLimit{max: cfg.Consumer.withDefaults().MaxDeliver},
 		ackWait:    ackWait,
 		slots:      make(chan struct{}, cfg.MaxInFlight),
+		idle:       make(chan jetstream.Msg),
 		tracer:     cfg.TracerProvider.Tracer(tracerName),
 		propagator: cfg.Propagator,
 		claims:     newBatcher(cfg.BatchSize, claimFunc(cfg)),
@@ -291,7 +293,7 @@ loop:
 				break loop
 			}
 			w.inFlight.Add(1)
-			go w.process(runCtx, startCtx, msg)
+			w.dispatch(runCtx, startCtx, msg)
 		case <-idle.C:
 			if w.cfg.UntilEmpty {
 				empty, err := w.empty(ctx)
@@ -451,7 +453,46 @@ func (w *Worker) takeSlot(startCtx context.Context, msg jetstream.Msg) bool {
 	}
 }
 
-// process runs one delivery in its own goroutine, holding a slot.
+// dispatch hands a delivery that holds a slot to an idle goroutine of an
+// earlier one, or to a new goroutine. A goroutine that has processed a
+// delivery waits a while for the next: its stack has grown to what a
+// delivery needs, and a new goroutine's would grow again, copying itself
+// on the way (a tenth of the consumer's CPU on the duplicate path).
+func (w *Worker) dispatch(runCtx, startCtx context.Context, msg jetstream.Msg) {
+	select {
+	case w.idle <- msg:
+	default:
+		go w.serve(runCtx, startCtx, msg)
+	}
+}
+
+// idleGoroutine is how long a goroutine that processed a delivery waits
+// for another before it ends.
+const idleGoroutine = 5 * time.Second
+
+// serve processes msg, then each delivery dispatch hands it, until none
+// came for idleGoroutine or the drain started.
+func (w *Worker) serve(runCtx, startCtx context.Context, msg jetstream.Msg) {
+	var idle *time.Timer
+	for {
+		w.process(runCtx, startCtx, msg)
+		if idle == nil {
+			idle = time.NewTimer(idleGoroutine)
+			defer idle.Stop()
+		} else {
+			idle.Reset(idleGoroutine)
+		}
+		select {
+		case msg = <-w.idle:
+		case <-idle.C:
+			return
+		case <-startCtx.Done():
+			return
+		}
+	}
+}
+
+// process runs one delivery, holding a slot.
 func (w *Worker) process(runCtx, startCtx context.Context, msg jetstream.Msg) {
 	defer func() {
 		<-w.slots

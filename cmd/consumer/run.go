@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/pprof"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -53,6 +54,8 @@ func runWorker(ctx context.Context, args []string, stdio cli.IO, getenv func(str
 	var inboxf inboxFlags
 	inboxf.register(fs)
 	debugPprof := fs.Bool("debug-pprof", false, "also serve Go's profiles under /debug/pprof/ on --health-addr (heap, goroutine, profile)")
+	cpuProfile := fs.String("debug-cpuprofile", "", "write a CPU profile of this process, from start to exit, to this file (go tool pprof)")
+	execTrace := fs.String("debug-trace", "", "write an execution trace of this process, from start to exit, to this file (go tool trace; large at high rates)")
 	shutdownTimeout := fs.Duration("shutdown-timeout", 30*time.Second, "on SIGTERM, how long running tools may finish")
 	durable := fs.String("durable", "toolq", "name of the durable consumer the workers share")
 	filter := fs.String("filter-subject", jobs.JobsSubjects, "the jobs this durable takes, e.g. toolq.jobs.send_payment (give each set of workers with its own registry its own --durable)")
@@ -72,6 +75,12 @@ func runWorker(ctx context.Context, args []string, stdio cli.IO, getenv func(str
 	if err := cli.ParseNone(fs, args); err != nil {
 		return err
 	}
+	setGC(os.Getenv)
+	stopProfiles, err := startProfiles(*cpuProfile, *execTrace)
+	if err != nil {
+		return err
+	}
+	defer stopProfiles()
 	backoffs, err := parseDurations(*backoff)
 	if err != nil {
 		return cli.Usagef("--backoff: %w", err)

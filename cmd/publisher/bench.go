@@ -55,6 +55,7 @@ func runBench(ctx context.Context, args []string, stdio cli.IO, getenv func(stri
 	asJSON := fs.Bool("json", false, "print the figures as one JSON object, on the last line")
 	consumer := fs.String("consumer", "", "the consumer binary under test, run as processes (empty: ./consumer beside this binary, if there is one)")
 	fs.StringVar(&cfg.CompareBin, "compare", "", "a second consumer binary: its fresh, duplicate and latency runs are interleaved with the first's, and the ratios printed")
+	fs.StringVar(&cfg.ProfileDir, "profile", "", "write a CPU profile of every consumer process, and an execution trace of the latency runs', into this directory")
 	fs.BoolVar(&cfg.InProcess, "in-process", false, "run toolq's worker and the naive dispatcher inside this process (with --cpuprofile: a profile of everything)")
 	processes := fs.String("processes", "1,2,4", "consumer process counts of the scaling runs, comma-separated (empty: none)")
 	fs.DurationVar(&cfg.MemoryFor, "memory-for", 0, "also run one consumer process at the fixed rate this long, sampling its RSS (e.g. 10m)")
@@ -169,8 +170,12 @@ func printBench(stdio cli.IO, r *bench.Report) {
 			ra, rb []float64
 		}{{"fresh jobs/s", r.Fresh.JobsPerS, c.Fresh.JobsPerS, r.Fresh.Runs, c.Fresh.Runs},
 			{"duplicate jobs/s", r.Duplicate.JobsPerS, c.Duplicate.JobsPerS, r.Duplicate.Runs, c.Duplicate.Runs},
-			{"fresh CPU s/1000 (consumer)", r.Fresh.CPUPer1000, c.Fresh.CPUPer1000, nil, nil},
-			{"duplicate CPU s/1000 (consumer)", r.Duplicate.CPUPer1000, c.Duplicate.CPUPer1000, nil, nil},
+			{"fresh CPU s/1000: consumer", r.Fresh.CPUPer1000, c.Fresh.CPUPer1000, nil, nil},
+			{"fresh CPU s/1000: postgres", r.Fresh.PostgresCPU, c.Fresh.PostgresCPU, nil, nil},
+			{"fresh CPU s/1000: machine", r.Fresh.MachineCPU, c.Fresh.MachineCPU, nil, nil},
+			{"duplicate CPU s/1000: consumer", r.Duplicate.CPUPer1000, c.Duplicate.CPUPer1000, nil, nil},
+			{"duplicate CPU s/1000: postgres", r.Duplicate.PostgresCPU, c.Duplicate.PostgresCPU, nil, nil},
+			{"duplicate CPU s/1000: machine", r.Duplicate.MachineCPU, c.Duplicate.MachineCPU, nil, nil},
 			{fmt.Sprintf("p99 ms at %d/s", r.ToolqLat.Rate), r.ToolqLat.P99ms, c.Lat.P99ms, nil, nil},
 			{"p99 ms at 100/s", r.ToolqLat100.P99ms, c.Lat100.P99ms, nil, nil}} {
 			fmt.Fprintf(w, "%s\t%.3f\t%.3f\t%.2f\t%s\n", row.name, row.a, row.b, row.b/row.a, perRun(row.rb, row.ra))
