@@ -147,7 +147,8 @@ type Report struct {
 	// Phases is where toolq's latency at the fixed rate goes, from its
 	// spans in a run of its own (tracing costs a little: its end-to-end
 	// figure is a little above ToolqLat's).
-	Phases []Phase `json:"toolq_latency_phases,omitempty"`
+	Phases    []Phase `json:"toolq_latency_phases,omitempty"`
+	Phases100 []Phase `json:"toolq_latency_phases_100,omitempty"` // the same at 100 jobs/s
 	// Processes are the scaling runs (consumer processes on one durable),
 	// Memory the long run at the fixed rate; both need Config.ConsumerBin.
 	Processes []Processes `json:"processes,omitempty"`
@@ -304,6 +305,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	if r.Phases, err = b.phases(ctx, rate); err != nil {
 		return nil, fmt.Errorf("bench: latency phases at %d/s: %w", rate, err)
+	}
+	if r.Phases100, err = b.phases(ctx, 100); err != nil {
+		return nil, fmt.Errorf("bench: latency phases at 100/s: %w", err)
 	}
 	if cfg.ConsumerBin == "" {
 		return r, nil
@@ -843,18 +847,35 @@ func watchStalls(log *slog.Logger) func() {
 	return func() { close(stop) }
 }
 
-// Phase is one step of a delivery, its duration over the jobs of a run.
+// Phase is one step of a delivery, its duration over the jobs of a run,
+// and its mean over the run's slowest jobs (the 1 % slowest from publish
+// to result): where a tail comes from.
 type Phase struct {
-	Name  string  `json:"name"`
-	P50ms float64 `json:"p50_ms"`
-	P99ms float64 `json:"p99_ms"`
+	Name   string  `json:"name"`
+	P50ms  float64 `json:"p50_ms"`
+	P99ms  float64 `json:"p99_ms"`
+	SlowMs float64 `json:"slowest_1pct_mean_ms"`
 }
 
+// The phases of a delivery, in order.
+const (
+	phaseToProcessing = "publish to processing"
+	phaseClaim        = "claim (ledger)"
+	phaseTool         = "tool call"
+	phaseSettle       = "record the outcome (ledger)"
+	phasePublish      = "publish the result"
+	phaseProcessing   = "processing (decode to ack)"
+	phaseToAgent      = "result: publish call to received"
+	phaseEndToEnd     = "publish to result (end to end)"
+)
+
 // phases runs toolq at rate with its spans recorded and returns, per step
-// of a delivery, the median and p99 of its duration: from publish to the
-// start of processing (JetStream's delivery, the pull, a wait for a slot),
-// the claim, the tool call, recording the outcome, publishing the result,
-// and the whole processing span (which ends after the ack).
+// of a delivery, the median and p99 of its duration and its mean over the
+// slowest 1 % of the jobs: from publish to the start of processing
+// (JetStream's delivery, the pull, a wait for a slot), the claim, the tool
+// call, recording the outcome, publishing the result (to its PubAck), the
+// whole processing span (which ends after the ack), from the result's
+// publication to its arrival at the agent, and the whole.
 func (b *bench) phases(ctx context.Context, rate int) ([]Phase, error) {
 	rec := &phaseRecorder{}
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
@@ -864,29 +885,76 @@ func (b *bench) phases(ctx context.Context, rate int) ([]Phase, error) {
 		return nil, err
 	}
 	time.Sleep(200 * time.Millisecond) // the last spans end after their result
-	by := map[string][]float64{}
-	for _, s := range rec.ended() {
-		by[s.phase] = append(by[s.phase], s.end.Sub(s.start).Seconds()*1000)
-		if at, ok := sent[s.toolUseID]; ok && s.toolUseID != "" {
-			by["publish to processing"] = append(by["publish to processing"], s.start.Sub(at).Seconds()*1000)
+	spans := rec.ended()
+	want := make(map[string]bool, len(sent))
+	for id := range sent {
+		want[id] = true
+	}
+	arrived := b.results.arrivals(want)
+	jobOf := map[trace.SpanID]string{} // process span → tool_use_id
+	for _, s := range spans {
+		if s.phase == phaseProcessing {
+			jobOf[s.id] = s.toolUseID
 		}
 	}
+	per := map[string]map[string]float64{} // tool_use_id → phase → ms
+	note := func(job, phase string, d time.Duration) {
+		if per[job] == nil {
+			per[job] = map[string]float64{}
+		}
+		per[job][phase] += d.Seconds() * 1000
+	}
+	for _, s := range spans {
+		job := s.toolUseID
+		if s.phase != phaseProcessing {
+			job = jobOf[s.parent]
+		}
+		at, ok := sent[job]
+		if !ok {
+			continue
+		}
+		note(job, s.phase, s.end.Sub(s.start))
+		switch s.phase {
+		case phaseProcessing:
+			note(job, phaseToProcessing, s.start.Sub(at))
+			note(job, phaseEndToEnd, arrived[job].Sub(at))
+		case phasePublish: // the agent may have it before the PubAck is back
+			note(job, phaseToAgent, arrived[job].Sub(s.start))
+		}
+	}
+	var ids []string
+	for id, ph := range per {
+		if _, ok := ph[phaseEndToEnd]; ok {
+			ids = append(ids, id)
+		}
+	}
+	slices.SortFunc(ids, func(x, y string) int { return cmp.Compare(per[x][phaseEndToEnd], per[y][phaseEndToEnd]) })
+	slowest := ids[len(ids)-max(len(ids)/100, 1):]
 	var out []Phase
-	for _, name := range []string{"publish to processing", "claim (ledger)", "tool call", "record the outcome (ledger)", "publish the result", "processing (decode to ack)"} {
-		d := by[name]
+	for _, name := range []string{phaseToProcessing, phaseClaim, phaseTool, phaseSettle, phasePublish, phaseProcessing, phaseToAgent, phaseEndToEnd} {
+		var d []float64
+		for _, id := range ids {
+			if v, ok := per[id][name]; ok {
+				d = append(d, v)
+			}
+		}
 		if len(d) == 0 {
 			continue
 		}
+		var slow float64
+		for _, id := range slowest {
+			slow += per[id][name]
+		}
 		slices.Sort(d)
-		out = append(out, Phase{Name: name, P50ms: d[len(d)/2], P99ms: d[min(len(d)*99/100, len(d)-1)]})
+		out = append(out, Phase{Name: name, P50ms: d[len(d)/2], P99ms: d[min(len(d)*99/100, len(d)-1)], SlowMs: slow / float64(len(slowest))})
 	}
 	return out, nil
 }
 
-// phaseRecorder keeps, of each ended span of a phase, its phase, times and
-// tool_use_id only: a recorder that kept whole spans (tracetest's) grows by
-// thousands of spans a second at the fixed rate, and the collector's work
-// showed up in the phases' tails it was measuring.
+// phaseRecorder keeps, of each ended span of a phase, its phase, times,
+// ids and tool_use_id only: a recorder that kept whole spans (tracetest's)
+// grows by thousands of spans a second at the fixed rate, and the
+// collector's work showed up in the phases' tails it was measuring.
 type phaseRecorder struct {
 	mu    sync.Mutex
 	spans []phaseSpan
@@ -894,6 +962,7 @@ type phaseRecorder struct {
 
 type phaseSpan struct {
 	phase, toolUseID string
+	id, parent       trace.SpanID
 	start, end       time.Time
 }
 
@@ -902,23 +971,23 @@ func (r *phaseRecorder) Shutdown(context.Context) error                  { retur
 func (r *phaseRecorder) ForceFlush(context.Context) error                { return nil }
 
 func (r *phaseRecorder) OnEnd(s sdktrace.ReadOnlySpan) {
-	ps := phaseSpan{start: s.StartTime(), end: s.EndTime()}
+	ps := phaseSpan{start: s.StartTime(), end: s.EndTime(), id: s.SpanContext().SpanID(), parent: s.Parent().SpanID()}
 	switch name := s.Name(); {
 	case strings.HasPrefix(name, "process "):
-		ps.phase = "processing (decode to ack)"
+		ps.phase = phaseProcessing
 		for _, kv := range s.Attributes() {
 			if kv.Key == "toolq.tool_use_id" {
 				ps.toolUseID = kv.Value.AsString()
 			}
 		}
 	case strings.HasPrefix(name, "execute_tool "):
-		ps.phase = "tool call"
+		ps.phase = phaseTool
 	case name == "toolq.claim":
-		ps.phase = "claim (ledger)"
+		ps.phase = phaseClaim
 	case name == "toolq.settle":
-		ps.phase = "record the outcome (ledger)"
+		ps.phase = phaseSettle
 	case strings.HasPrefix(name, "publish "):
-		ps.phase = "publish the result"
+		ps.phase = phasePublish
 	default:
 		return
 	}

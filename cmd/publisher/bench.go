@@ -182,12 +182,18 @@ func printBench(stdio cli.IO, r *bench.Report) {
 		}
 		w.Flush()
 	}
-	if len(r.Phases) > 0 {
-		fmt.Fprintf(stdio.Out, "\nwhere toolq's latency goes at %d/s (from its spans, in a run of its own):\n", r.ToolqLat.Rate)
+	for _, ph := range []struct {
+		rate   int
+		phases []bench.Phase
+	}{{r.ToolqLat.Rate, r.Phases}, {100, r.Phases100}} {
+		if len(ph.phases) == 0 {
+			continue
+		}
+		fmt.Fprintf(stdio.Out, "\nwhere toolq's latency goes at %d/s (from its spans, in a run of its own, in this process):\n", ph.rate)
 		w = cli.NewTable(stdio.Out)
-		fmt.Fprintf(w, "phase\tp50 ms\tp99 ms\n")
-		for _, p := range r.Phases {
-			fmt.Fprintf(w, "%s\t%.2f\t%.2f\n", p.Name, p.P50ms, p.P99ms)
+		fmt.Fprintf(w, "phase\tp50 ms\tp99 ms\tmean of the slowest 1%% ms\n")
+		for _, p := range ph.phases {
+			fmt.Fprintf(w, "%s\t%.2f\t%.2f\t%.2f\n", p.Name, p.P50ms, p.P99ms, p.SlowMs)
 		}
 		w.Flush()
 	}
