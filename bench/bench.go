@@ -68,7 +68,7 @@ type Config struct {
 	// latency runs are made with both builds, interleaved, and the ratios
 	// reported (Report.Compare).
 	CompareBin string
-	NATSPID    int          // the nats-server's process, for its CPU figure (0: unknown)
+	NATSPID    int // the nats-server's process, for its CPU figure (0: unknown)
 	// ProfileDir, when set, gets a CPU profile of every consumer process
 	// (SCENARIO-REP[-N].prof), its allocations since its start
 	// (SCENARIO-REP[-N].allocs) and an execution trace of the latency runs'
