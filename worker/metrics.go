@@ -3,8 +3,10 @@ package worker
 import (
 	"context"
 	"strings"
+	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/toolq/toolq/jobs"
@@ -23,6 +25,7 @@ var secondsBuckets = metric.WithExplicitBucketBoundaries(0.0005, 0.001, 0.0025, 
 // class, the outcome, a duplicate's route, a dead letter's reason, the
 // dependency of an outage, the downstream).
 type instruments struct {
+	attrs              attrSets
 	jobs               metric.Int64Counter
 	duplicates         metric.Int64Counter
 	inFlight           metric.Int64UpDownCounter
@@ -130,9 +133,13 @@ func (w *Worker) record(d *delivery, o verdict) {
 	w.stats.add(o.label)
 	tool := d.toolLabel()
 	ctx := context.Background()
-	w.metrics.jobs.Add(ctx, 1, metric.WithAttributes(tracing.KeyOutcome.String(string(o.label)), tracing.KeyTool.String(tool)))
+	w.metrics.jobs.Add(ctx, 1, w.metrics.attrs.of("jobs", string(o.label), tool, func() []attribute.KeyValue {
+		return []attribute.KeyValue{tracing.KeyOutcome.String(string(o.label)), tracing.KeyTool.String(tool)}
+	}))
 	if o.label == OutcomeDuplicate {
-		w.metrics.duplicates.Add(ctx, 1, metric.WithAttributes(tracing.KeyTool.String(tool), tracing.KeyRoute.String(d.dupRoute)))
+		w.metrics.duplicates.Add(ctx, 1, w.metrics.attrs.of("duplicates", tool, d.dupRoute, func() []attribute.KeyValue {
+			return []attribute.KeyValue{tracing.KeyTool.String(tool), tracing.KeyRoute.String(d.dupRoute)}
+		}))
 	}
 	if o.verb == verbDeadLetter { // published: settle turned a dead letter it could not publish into a retry
 		w.metrics.deadLetters.Add(ctx, 1, metric.WithAttributes(tracing.KeyDLQReason.String(o.reason)))
@@ -198,7 +205,24 @@ func (d *delivery) route(row ledger.Row) string {
 }
 
 func (w *Worker) observeTool(d *delivery, start time.Time, outcome tools.Outcome) {
-	w.metrics.toolLatency.Record(context.Background(), time.Since(start).Seconds(), metric.WithAttributes(
-		tracing.KeyTool.String(d.tool.Name), tracing.KeyToolClass.String(string(d.tool.Class)),
-		tracing.KeyToolOutcome.String(outcome.String())))
+	w.metrics.toolLatency.Record(context.Background(), time.Since(start).Seconds(), w.metrics.attrs.of("tool", d.tool.Name, outcome.String(), func() []attribute.KeyValue {
+		return []attribute.KeyValue{tracing.KeyTool.String(d.tool.Name), tracing.KeyToolClass.String(string(d.tool.Class)),
+			tracing.KeyToolOutcome.String(outcome.String())}
+	}))
+}
+
+// attrSets keeps the attribute sets of the per-delivery measurements, one
+// per metric and label values, so that a delivery does not build and sort
+// them again: the labels are bounded (registered tools, outcomes, routes).
+type attrSets struct{ m sync.Map } // [3]string → metric.MeasurementOption
+
+// of returns the option for metric's labels a and b, made by attrs the
+// first time.
+func (c *attrSets) of(metricName, a, b string, attrs func() []attribute.KeyValue) metric.MeasurementOption {
+	key := [3]string{metricName, a, b}
+	if opt, ok := c.m.Load(key); ok {
+		return opt.(metric.MeasurementOption)
+	}
+	opt, _ := c.m.LoadOrStore(key, metric.WithAttributeSet(attribute.NewSet(attrs()...)))
+	return opt.(metric.MeasurementOption)
 }
