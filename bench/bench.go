@@ -121,14 +121,18 @@ type Throughput struct {
 
 // Latency is the publish-to-result latency at a fixed rate.
 type Latency struct {
-	Rate     int     `json:"rate"`
-	Jobs     int     `json:"jobs"`
-	P50, P90 float64 `json:"-"`
-	P99, Max float64 `json:"-"`
-	P50ms    float64 `json:"p50_ms"`
-	P90ms    float64 `json:"p90_ms"`
-	P99ms    float64 `json:"p99_ms"`
-	MaxMs    float64 `json:"max_ms"`
+	Rate int `json:"rate"`
+	Jobs int `json:"jobs"`
+	// Ledger is how long the ledger's statements took on the Postgres
+	// server during the run, by kind (pg_stat_statements; empty when the
+	// server does not have it).
+	Ledger   []StatementTime `json:"ledger_statements,omitempty"`
+	P50, P90 float64         `json:"-"`
+	P99, Max float64         `json:"-"`
+	P50ms    float64         `json:"p50_ms"`
+	P90ms    float64         `json:"p90_ms"`
+	P99ms    float64         `json:"p99_ms"`
+	MaxMs    float64         `json:"max_ms"`
 }
 
 // Report is everything one run measured.
@@ -679,6 +683,7 @@ func (b *bench) latencyTraced(ctx context.Context, rate int, of *build, tp trace
 		return Latency{}, nil, err
 	}
 	defer r.stop()
+	timed := b.resetStatements(ctx)
 	n := max(int(float64(rate)*b.cfg.LatencyFor.Seconds()), 1)
 	batch := b.jobsFor(tool, 1000+int(b.seq.Load()), n, false)
 	want := make(map[string]bool, n)
@@ -714,7 +719,81 @@ func (b *bench) latencyTraced(ctx context.Context, rate int, of *build, tp trace
 	pct := func(p float64) float64 { return lat[min(int(p*float64(len(lat))), len(lat)-1)] }
 	mu.Lock()
 	defer mu.Unlock()
-	return Latency{Rate: rate, Jobs: n, P50ms: pct(0.50), P90ms: pct(0.90), P99ms: pct(0.99), MaxMs: lat[len(lat)-1]}, sent, nil
+	l := Latency{Rate: rate, Jobs: n, P50ms: pct(0.50), P90ms: pct(0.90), P99ms: pct(0.99), MaxMs: lat[len(lat)-1]}
+	if timed && of != nil {
+		l.Ledger = b.statements(ctx)
+	}
+	return l, sent, nil
+}
+
+// StatementTime is one kind of ledger statement as the Postgres server
+// timed it (pg_stat_statements: execution only; a commit's WAL flush
+// comes after).
+type StatementTime struct {
+	Kind   string  `json:"kind"`
+	Calls  int64   `json:"calls"`
+	MeanMs float64 `json:"mean_ms"`
+	MaxMs  float64 `json:"max_ms"`
+}
+
+// resetStatements clears pg_stat_statements, and reports whether the
+// server has it.
+func (b *bench) resetStatements(ctx context.Context) bool {
+	if _, err := b.pg.Exec(ctx, `CREATE EXTENSION IF NOT EXISTS pg_stat_statements`); err != nil {
+		return false
+	}
+	_, err := b.pg.Exec(ctx, `SELECT pg_stat_statements_reset()`)
+	return err == nil
+}
+
+// statements is what pg_stat_statements timed since resetStatements, by
+// kind of ledger statement.
+func (b *bench) statements(ctx context.Context) []StatementTime {
+	rows, err := b.pg.Query(ctx, `SELECT query, calls, mean_exec_time, max_exec_time FROM pg_stat_statements WHERE query LIKE '%toolq_ledger%'`)
+	if err != nil {
+		return nil
+	}
+	defer rows.Close()
+	by := map[string]*StatementTime{}
+	var order []string
+	for rows.Next() {
+		var q string
+		var calls int64
+		var mean, maxMs float64
+		if rows.Scan(&q, &calls, &mean, &maxMs) != nil {
+			return nil
+		}
+		kind := statementKind(q)
+		st := by[kind]
+		if st == nil {
+			st = &StatementTime{Kind: kind}
+			by[kind] = st
+			order = append(order, kind)
+		}
+		st.MeanMs = (st.MeanMs*float64(st.Calls) + mean*float64(calls)) / float64(st.Calls+calls)
+		st.Calls += calls
+		st.MaxMs = max(st.MaxMs, maxMs)
+	}
+	slices.Sort(order)
+	out := make([]StatementTime, 0, len(order))
+	for _, k := range order {
+		out = append(out, *by[k])
+	}
+	return out
+}
+
+// statementKind names a ledger statement by what it does.
+func statementKind(q string) string {
+	switch {
+	case strings.Contains(q, "WITH input AS"):
+		return "claim"
+	case strings.Contains(q, "UPDATE toolq_ledger AS t SET state"):
+		return "complete"
+	case strings.Contains(q, "key = ANY"):
+		return "read settled"
+	default:
+		return "other"
+	}
 }
 
 // commits is the ledger database's committed transactions so far.

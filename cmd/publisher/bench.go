@@ -95,7 +95,12 @@ func runBench(ctx context.Context, args []string, stdio cli.IO, getenv func(stri
 		cfg.NATSURL, cfg.NATSPID = url, pid
 	}
 	if cfg.DatabaseURL == "" {
-		c, err := testenv.StartDurableCluster()
+		// pg_stat_statements times the ledger's statements on the server,
+		// for the latency runs (a server without it starts without it).
+		c, err := testenv.StartDurableCluster("shared_preload_libraries=pg_stat_statements", "pg_stat_statements.track_utility=off")
+		if err != nil {
+			c, err = testenv.StartDurableCluster()
+		}
 		if err != nil {
 			return fmt.Errorf("bench: start Postgres (or give --database-url): %w", err)
 		}
@@ -160,6 +165,17 @@ func printBench(stdio cli.IO, r *bench.Report) {
 		fmt.Fprintf(w, "%s\t%d/s\t%.2f\t%.2f\t%.2f\t%.2f\n", row.name, row.l.Rate, row.l.P50ms, row.l.P90ms, row.l.P99ms, row.l.MaxMs)
 	}
 	w.Flush()
+	if len(r.ToolqLat.Ledger)+len(r.ToolqLat100.Ledger) > 0 {
+		fmt.Fprintf(stdio.Out, "\nthe ledger's statements in toolq's latency runs, as Postgres timed them (pg_stat_statements, execution only):\n")
+		w = cli.NewTable(stdio.Out)
+		fmt.Fprintf(w, "rate\tstatement\tcalls\tmean ms\tmax ms\n")
+		for _, l := range []bench.Latency{r.ToolqLat, r.ToolqLat100} {
+			for _, st := range l.Ledger {
+				fmt.Fprintf(w, "%d/s\t%s\t%d\t%.3f\t%.2f\n", l.Rate, st.Kind, st.Calls, st.MeanMs, st.MaxMs)
+			}
+		}
+		w.Flush()
+	}
 	if c := r.Compare; c != nil {
 		fmt.Fprintf(stdio.Out, "\ncompared: %s (runs interleaved with the consumer's)\n", c.Bin)
 		w = cli.NewTable(stdio.Out)

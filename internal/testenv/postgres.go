@@ -133,8 +133,11 @@ type Cluster struct {
 func StartCluster() (*Cluster, error) { return startCluster(false) }
 
 // StartDurableCluster is StartCluster with fsync and synchronous commit on,
-// as a production server runs: for benchmarks.
-func StartDurableCluster() (*Cluster, error) { return startCluster(true) }
+// as a production server runs: for benchmarks. Settings ("name=value")
+// apply after the defaults.
+func StartDurableCluster(settings ...string) (*Cluster, error) {
+	return startCluster(true, settings...)
+}
 
 func startCluster(durable bool, settings ...string) (*Cluster, error) {
 	bin, err := postgresBinDir()
