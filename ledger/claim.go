@@ -108,7 +108,7 @@ func (s *Store) Claim(ctx context.Context, claims []Claim) ([]ClaimResult, error
 	}
 	var got []claimed
 	err := s.retryConflicts(ctx, func() (err error) {
-		got, err = s.db.claim(ctx, unique)
+		got, err = s.db.claim(ctx, unique, s.answeredEveryMS())
 		return err
 	})
 	if err != nil {

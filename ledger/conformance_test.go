@@ -65,6 +65,7 @@ func openStoreTB(t testing.TB, backend string) *ledger.Store {
 	if err := s.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
+	s.SetAnsweredEvery(100 * time.Millisecond) // the tests' retentions are seconds
 	return s
 }
 
@@ -960,10 +961,14 @@ func TestOutputsWithNULAreKeptOnBothBackends(t *testing.T) {
 // kept for the retention counted from that answer, not from when it
 // settled: the duplicate's job stays in TOOLQ_JOBS (replayable) and may be
 // dead-lettered and requeued for as long after it as the retention allows,
-// and without the row it would run its call again.
+// and without the row it would run its call again. A duplicate answered
+// within answeredEvery (shortened here to a second) of its row's settling
+// writes nothing: the settling stands for it.
 func TestPurgeMeasuresFromTheLastAnswer(t *testing.T) {
 	t.Parallel()
 	eachBackend(t, func(t *testing.T, s *ledger.Store) {
+		const every = time.Second
+		s.SetAnsweredEvery(every)
 		ctx := context.Background()
 		settled := func(fail bool) ledger.Claim {
 			c := newClaim(time.Hour)
@@ -979,14 +984,27 @@ func TestPurgeMeasuresFromTheLastAnswer(t *testing.T) {
 			}
 			return c
 		}
-		answered, answeredFailed, quiet := settled(false), settled(true), settled(false)
+		answered, answeredFailed, quiet, early := settled(false), settled(true), settled(false), settled(false)
+		// The retried turn's duplicate, at once: answered from the row, and
+		// nothing written (on Postgres, the read that answers it first, on
+		// the claim statement otherwise, does not record it).
+		for range 2 {
+			dup := early
+			dup.ToolUseID = "toolu_retried_at_once"
+			if r := claimOne(t, s, dup); r.Claimed || r.Err != nil || r.Row.State != ledger.Completed {
+				t.Fatalf("duplicate at once: %+v", r)
+			}
+		}
+		if row := mustGet(t, s, early.Key); !row.AnsweredAt.IsZero() && row.AnsweredAt.Sub(row.UpdatedAt) < every {
+			t.Fatalf("a duplicate answered within %v of its row's settling recorded its answer: answered_at %v, updated_at %v", every, row.AnsweredAt, row.UpdatedAt)
+		}
 		const retention = 2 * time.Second
 		testenv.Eventually(t, 10*time.Second, "the rows to age past the retention", func() bool {
 			n, err := s.PurgeCount(ctx, retention)
 			if err != nil {
 				t.Fatal(err)
 			}
-			return n >= 3
+			return n >= 4
 		})
 		// Duplicates of two of them are answered from their rows now; the
 		// time is written once, not at every duplicate.
@@ -1027,11 +1045,13 @@ func TestPurgeMeasuresFromTheLastAnswer(t *testing.T) {
 		if r := claimOne(t, s, inFlight); r.Claimed || !mustGet(t, s, inFlight.Key).AnsweredAt.IsZero() {
 			t.Fatalf("a claim that found the row in flight answered from it: %+v", r)
 		}
-		if n, err := s.Purge(ctx, retention, 0); err != nil || n != 1 {
-			t.Fatalf("purged %d rows (%v), want only the one that answered nothing", n, err)
+		if n, err := s.Purge(ctx, retention, 0); err != nil || n != 2 {
+			t.Fatalf("purged %d rows (%v), want the one that answered nothing and the one that answered at once", n, err)
 		}
-		if _, err := s.Get(ctx, quiet.Key); !errors.Is(err, ledger.ErrNotFound) {
-			t.Fatalf("the row that answered nothing survived: %v", err)
+		for _, c := range []ledger.Claim{quiet, early} {
+			if _, err := s.Get(ctx, c.Key); !errors.Is(err, ledger.ErrNotFound) {
+				t.Fatalf("a row whose last answer is older than the retention survived: %v", err)
+			}
 		}
 		for _, c := range []ledger.Claim{answered, answeredFailed} {
 			mustGet(t, s, c.Key)

@@ -165,11 +165,12 @@ func (s *Store) fenced(ctx context.Context, op string, f Fence, query string, mo
 
 // Answered records that the settled row of key answered a call outside a
 // claim (a claim records it itself), so that retention counts from this
-// answer (see Row.AnsweredAt): at most one write an hour a row. A row not
-// settled, or not there, is left alone.
+// answer (see Row.AnsweredAt): at most one write an hour a row, none while
+// the row settled within the hour. A row not settled, or not there, is
+// left alone.
 func (s *Store) Answered(ctx context.Context, key string) error {
 	ctx, cancel := withDefaultTimeout(ctx)
 	defer cancel()
-	_, err := s.db.exec(ctx, s.db.sql().answered, namedArgs{"key": key})
+	_, err := s.db.exec(ctx, s.db.sql().answered, namedArgs{"key": key, "every_ms": s.answeredEveryMS()})
 	return s.translate("answered", err)
 }

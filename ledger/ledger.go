@@ -15,10 +15,12 @@
 package ledger
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
 	"strings"
+	"time"
 )
 
 // Store is the ledger on one database. Its methods are safe for concurrent
@@ -26,12 +28,27 @@ import (
 type Store struct {
 	db      database
 	backend string
+	// answeredEvery is how far Row.AnsweredAt and UpdatedAt together may
+	// lag a row's last answer (answeredEvery, the default; tests shorten it).
+	answeredEvery time.Duration
 }
+
+// SetAnsweredEvery sets how far a row's recorded times may lag its last
+// answer: an hour by default (see Row.AnsweredAt). A shorter one records
+// more answers (a write each) and lets a purge delete a row sooner after
+// its retention; it is for tests of retention, which cannot wait an hour.
+// Set it before the store is used.
+func (s *Store) SetAnsweredEvery(d time.Duration) { s.answeredEvery = d }
+
+// answeredEveryMS is answeredEvery in milliseconds, as the statements take it.
+func (s *Store) answeredEveryMS() int64 { return cmp.Or(s.answeredEvery, answeredEvery).Milliseconds() }
 
 // database is what a backend provides: the statements that differ between
 // Postgres and SQLite, and a way to run the ones that do not.
 type database interface {
-	claim(ctx context.Context, claims []Claim) ([]claimed, error)
+	// claim claims the batch; a settled row's answer is recorded when its
+	// answered_at and updated_at both lag now by more than everyMS.
+	claim(ctx context.Context, claims []Claim, everyMS int64) ([]claimed, error)
 	completeBatch(ctx context.Context, cs []Completion) (map[Fence]bool, error)
 	// completeTx runs effect and the fenced completion of f in one
 	// transaction (Store.CompleteTx): effect's error comes back as an

@@ -343,7 +343,7 @@ func (s *Store) Purge(ctx context.Context, olderThan time.Duration, batchSize in
 	var total int64
 	for {
 		bctx, cancel := withDefaultTimeout(ctx)
-		n, err := s.db.exec(bctx, s.db.sql().purge, namedArgs{"cutoff_ms": cutoff, "batch": batchSize, "only": o.only, "except": o.exceptJSON()})
+		n, err := s.db.exec(bctx, s.db.sql().purge, namedArgs{"cutoff_ms": cutoff, "batch": batchSize, "only": o.only, "except": o.exceptJSON(), "every_ms": s.answeredEveryMS()})
 		cancel()
 		if err != nil {
 			return total, s.translate("purge", err)
@@ -403,7 +403,7 @@ func (s *Store) PurgeCount(ctx context.Context, olderThan time.Duration, opts ..
 	ctx, cancel := withDefaultTimeout(ctx)
 	defer cancel()
 	var n int64
-	err = s.db.queryRows(ctx, s.db.sql().purgeCount, namedArgs{"cutoff_ms": cutoff, "only": o.only, "except": o.exceptJSON()}, func(sc scanner) error { return sc.Scan(&n) })
+	err = s.db.queryRows(ctx, s.db.sql().purgeCount, namedArgs{"cutoff_ms": cutoff, "only": o.only, "except": o.exceptJSON(), "every_ms": s.answeredEveryMS()}, func(sc scanner) error { return sc.Scan(&n) })
 	return n, s.translate("purge count", err)
 }
 

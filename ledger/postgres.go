@@ -22,7 +22,8 @@ import (
 // already there (and not released) are read first, by primary key (OFFSET
 // 0 keeps the planner from turning the lookups into a scan), and only the
 // other keys are inserted: a batch of duplicates writes nothing (but
-// answered_at, at most once an hour a row: see answeredEvery), takes no row
+// answered_at, at most once an hour a row, $14 being answeredEvery in
+// milliseconds: see answeredEvery), takes no row
 // lock and so commits without a WAL flush (an upsert that conflicts locks
 // the row even when its WHERE leaves it alone). A key that
 // a concurrent transaction inserted after this statement's snapshot was
@@ -39,7 +40,7 @@ var claimPostgres = `WITH input AS (
 ), answered AS (
 	UPDATE toolq_ledger AS t SET answered_at = now() FROM existing AS e
 	WHERE t.key = e.key AND e.state IN ('completed', 'failed', 'indeterminate') AND t.state IN ('completed', 'failed', 'indeterminate')
-		AND t.answered_at < now() - interval '1 hour'
+		AND greatest(t.answered_at, t.updated_at) < now() - $14::bigint * interval '1 millisecond'
 ), ins AS (
 	INSERT INTO toolq_ledger (key, conversation_id, turn_index, tool, ordinal, args_digest, state, attempt, owner,
 		lease_until, first_tool_use_id, trace_id, span_id, claim_token, tenant)
@@ -126,7 +127,7 @@ func (p *postgresDB) query(ctx context.Context, query string, args []any, each f
 	return rows.Err()
 }
 
-func (p *postgresDB) claim(ctx context.Context, claims []Claim) ([]claimed, error) {
+func (p *postgresDB) claim(ctx context.Context, claims []Claim, everyMS int64) ([]claimed, error) {
 	out := make([]claimed, len(claims))
 	async := true
 	for i := range claims {
@@ -140,7 +141,7 @@ func (p *postgresDB) claim(ctx context.Context, claims []Claim) ([]claimed, erro
 	defer func() { p.settledShare.note(settled, len(claims)) }()
 	if p.settledShare.mostly() {
 		var err error
-		if pending, err = p.readSettled(ctx, claims, out); err != nil {
+		if pending, err = p.readSettled(ctx, claims, everyMS, out); err != nil {
 			return nil, err
 		}
 		settled = len(claims) - len(pending)
@@ -162,7 +163,7 @@ func (p *postgresDB) claim(ctx context.Context, claims []Claim) ([]claimed, erro
 			at[c.Key] = i
 		}
 		answered := make(map[int]bool, n)
-		err := p.claimRound(ctx, async, []any{keys, convs, turns, tools, ordinals, digests, tuids, owners, traces, spans, leases, tokens, tenants},
+		err := p.claimRound(ctx, async, []any{keys, convs, turns, tools, ordinals, digests, tuids, owners, traces, spans, leases, tokens, tenants, everyMS},
 			func(sc scanner) error {
 				var c claimed
 				var r Row
@@ -193,22 +194,24 @@ func (p *postgresDB) claim(ctx context.Context, claims []Claim) ([]claimed, erro
 }
 
 // readSettledPostgres reads the rows of a batch's keys that are settled
-// (completed, failed, indeterminate) and whose answered_at need not be
-// brought up to date: what the claim would answer those keys with, by one
-// lookup (see readSettled).
+// (completed, failed, indeterminate) and need not record their answer
+// (answeredEvery, $2 in milliseconds): what the claim would answer those
+// keys with, by one lookup (see readSettled).
 var readSettledPostgres = `SELECT ` + pgCols + ` FROM toolq_ledger
-	WHERE key = ANY($1::text[]) AND state IN ('completed', 'failed', 'indeterminate') AND answered_at >= now() - interval '1 hour'`
+	WHERE key = ANY($1::text[]) AND state IN ('completed', 'failed', 'indeterminate')
+		AND greatest(answered_at, updated_at) >= now() - $2::bigint * interval '1 millisecond'`
 
 // readSettled answers, from one read, the claims of the batch whose key
-// has a settled row (into out), and returns the indexes of the others,
+// has a settled row that need not record its answer (into out: see
+// answeredEvery), and returns the indexes of the others,
 // which the claim statement takes. The claim would answer those keys with
 // the same rows: a settled row is only ever changed by an operator's
 // resolution or purge, which a claim's snapshot may miss just as well;
-// the rows whose answered_at is stale are left to the claim, which brings
-// it up to date. On a batch of duplicates (a retried turn's, a replay's)
+// the rows whose answer must be recorded are left to the claim, which
+// records it. On a batch of duplicates (a retried turn's, a replay's)
 // the read costs Postgres a third of the claim statement, which decodes
 // thirteen arrays and plans an insert for keys it does not insert.
-func (p *postgresDB) readSettled(ctx context.Context, claims []Claim, out []claimed) ([]int, error) {
+func (p *postgresDB) readSettled(ctx context.Context, claims []Claim, everyMS int64, out []claimed) ([]int, error) {
 	keys := make([]string, len(claims))
 	at := make(map[string]int, len(claims))
 	for i := range claims {
@@ -216,7 +219,7 @@ func (p *postgresDB) readSettled(ctx context.Context, claims []Claim, out []clai
 		at[claims[i].Key] = i
 	}
 	found := make([]bool, len(claims))
-	err := p.queryByKey(ctx, readSettledPostgres, []any{keys}, func(sc scanner) error {
+	err := p.queryByKey(ctx, readSettledPostgres, []any{keys, everyMS}, func(sc scanner) error {
 		var r Row
 		if err := scanRow(sc, &r); err != nil {
 			return err

@@ -50,13 +50,13 @@ const pgDecidedAt = `(SELECT max((e->>'at')::timestamptz) FROM json_array_elemen
 	WHERE e->>'action' IN ('approve', 'deny', 'expire'))`
 
 // pgPurgeable are the rows a purge with cutoff @cutoff_ms (Unix
-// milliseconds) deletes: finished before it, answered no call since
-// (answered_at lags the last answer by up to answeredEvery, an hour, so it
-// is compared with the cutoff less that much), of tool @only (empty: any)
-// and of none of the tools in the JSON array @except.
+// milliseconds) deletes: finished, and neither updated nor answered since
+// the cutoff (the later of updated_at and answered_at lags the last answer
+// by up to answeredEvery, @every_ms, so it is compared with the cutoff less
+// that much), of tool @only (empty: any) and of none of the tools in the
+// JSON array @except.
 const pgPurgeable = `state IN ('completed', 'failed', 'released')
-	AND updated_at < to_timestamp(@cutoff_ms::bigint / 1000.0)
-	AND answered_at < to_timestamp(@cutoff_ms::bigint / 1000.0) - interval '1 hour'
+	AND greatest(updated_at, answered_at) < to_timestamp(@cutoff_ms::bigint / 1000.0) - @every_ms::bigint * interval '1 millisecond'
 	AND (@only::text = '' OR tool = @only::text)
 	AND NOT (tool = ANY (ARRAY(SELECT jsonb_array_elements_text(@except::text::jsonb))))`
 
@@ -84,7 +84,8 @@ var postgresQueries = &queries{
 	release: `UPDATE toolq_ledger SET state = 'released', result = '', error = '', lease_until = now(), updated_at = now() ` +
 		pgFenced,
 	answered: `UPDATE toolq_ledger SET answered_at = now()
-		WHERE key = @key AND state IN ('completed', 'failed', 'indeterminate') AND answered_at < now() - interval '1 hour'`,
+		WHERE key = @key AND state IN ('completed', 'failed', 'indeterminate')
+			AND greatest(answered_at, updated_at) < now() - @every_ms::bigint * interval '1 millisecond'`,
 
 	get:    `SELECT ` + pgCols + ` FROM toolq_ledger WHERE key = @key AND state <> 'released'`,
 	getAny: `SELECT ` + pgCols + ` FROM toolq_ledger WHERE key = @key`,

@@ -33,10 +33,9 @@ const sqliteListFilter = `(state <> 'released' OR (approval_status = 'approved' 
 const sqliteDecidedAt = `(SELECT max(unixepoch(json_extract(e.value, '$.at'), 'subsec')) FROM json_each(history) e
 	WHERE json_extract(e.value, '$.action') IN ('approve', 'deny', 'expire'))`
 
-// sqlitePurgeable are the rows a purge deletes (see pgPurgeable; 3600000 ms
-// is answeredEvery).
-const sqlitePurgeable = `state IN ('completed', 'failed', 'released') AND updated_at < @cutoff_ms
-	AND answered_at < @cutoff_ms - 3600000
+// sqlitePurgeable are the rows a purge deletes (see pgPurgeable).
+const sqlitePurgeable = `state IN ('completed', 'failed', 'released')
+	AND max(updated_at, answered_at) < @cutoff_ms - @every_ms
 	AND (@only = '' OR tool = @only)
 	AND NOT (tool IN (SELECT value FROM json_each(@except)))`
 
@@ -63,7 +62,7 @@ var sqliteQueries = &queries{
 	release: `UPDATE toolq_ledger SET state = 'released', result = '', error = '', lease_until = ` + sqliteNow + `,
 		updated_at = ` + sqliteNow + ` ` + sqliteFenced,
 	answered: `UPDATE toolq_ledger SET answered_at = ` + sqliteNow + `
-		WHERE key = @key AND state IN ('completed', 'failed', 'indeterminate') AND answered_at < ` + sqliteNow + ` - 3600000`,
+		WHERE key = @key AND state IN ('completed', 'failed', 'indeterminate') AND max(answered_at, updated_at) < ` + sqliteNow + ` - @every_ms`,
 
 	get:    `SELECT ` + sqliteCols + ` FROM toolq_ledger WHERE key = @key AND state <> 'released'`,
 	getAny: `SELECT ` + sqliteCols + ` FROM toolq_ledger WHERE key = @key`,

@@ -69,9 +69,10 @@ type Row struct {
 	ClaimToken string `json:"-"`
 	// History is the operators' decisions on the row, oldest first.
 	History []Event `json:"history,omitempty"`
-	// AnsweredAt is when a claim last found the row settled and answered
-	// a duplicate from it, to within answeredEvery (zero: never). A purge
-	// counts the retention from the later of it and UpdatedAt.
+	// AnsweredAt is when the row last recorded that it answered a
+	// duplicate (zero: never): an answer is recorded only when this and
+	// UpdatedAt are both more than answeredEvery old. A purge counts the
+	// retention from the later of the two, less answeredEvery.
 	AnsweredAt time.Time `json:"answered_at,omitzero"`
 	// ApprovalStatus is "" for a call that never needed approval, else
 	// where its approval is (the ApprovalStatus constants); it survives the
@@ -89,12 +90,16 @@ type Row struct {
 	Tenant string `json:"tenant,omitempty"`
 }
 
-// answeredEvery is how stale Row.AnsweredAt may be. A claim that answers a
-// duplicate from a settled row writes the time only when the stored one is
-// older, so that duplicates of a key cost a write an hour at most (a
-// duplicate's claim otherwise writes nothing: on Postgres it takes no
-// transaction id and no WAL flush), and a purge keeps such a row up to this
-// much longer than its retention, which is days.
+// answeredEvery is how far a row's recorded times (the later of
+// Row.UpdatedAt and Row.AnsweredAt) may lag its last answer. A claim that
+// answers a duplicate from a settled row writes answered_at only when both
+// are older than this, so that a duplicate writes nothing while its row
+// settled, or recorded an answer, within the hour (a retried turn's
+// duplicate comes seconds after its call: it is one read, with no
+// transaction id and no WAL), and a key's duplicates cost a write an hour
+// at most. A purge counts the retention from the later of the two, less
+// this much: it keeps every row up to an hour longer than its retention,
+// and never purges one sooner than its retention after its last answer.
 const answeredEvery = time.Hour
 
 // Event is one operator decision recorded in a row's history.

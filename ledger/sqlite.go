@@ -107,9 +107,9 @@ func (s *sqliteDB) queryRows(ctx context.Context, query string, args namedArgs, 
 
 // claim runs the batch in one immediate transaction: one write lock, one
 // fsync, however many keys. A key whose row is settled answers a duplicate:
-// its answered_at is brought up to date, at most once an hour a row (a
+// the answer is recorded at most once an hour a row (see answeredEvery; a
 // transaction that changed nothing commits without an fsync).
-func (s *sqliteDB) claim(ctx context.Context, claims []Claim) ([]claimed, error) {
+func (s *sqliteDB) claim(ctx context.Context, claims []Claim, everyMS int64) ([]claimed, error) {
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return nil, err
@@ -143,7 +143,7 @@ func (s *sqliteDB) claim(ctx context.Context, claims []Claim) ([]claimed, error)
 				return nil, err
 			}
 			if out[i].row.State != InFlight {
-				if _, err := answered.ExecContext(ctx, sql.Named("key", c.Key)); err != nil {
+				if _, err := answered.ExecContext(ctx, sql.Named("key", c.Key), sql.Named("every_ms", everyMS)); err != nil {
 					return nil, err
 				}
 			}

@@ -51,6 +51,7 @@ func startWorker(t *testing.T, reg *tools.Registry, cfg worker.Config) (jetstrea
 	if err := store.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
+	store.SetAnsweredEvery(100 * time.Millisecond) // the tests' retentions are seconds
 	cfg.JS, cfg.Ledger, cfg.Tools = js, store, reg
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
