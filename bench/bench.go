@@ -292,9 +292,15 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		rate int
 		of   *build // nil: the naive dispatcher
 	}
-	runs := []latencyRun{{&r.NaiveLat, rate, nil}, {&r.ToolqLat, rate, &a}, {&r.NaiveLat100, 100, nil}, {&r.ToolqLat100, 100, &a}}
+	// At each rate, the naive dispatcher, then the consumer, then (in a
+	// comparison) the compared build right after it.
+	runs := []latencyRun{{&r.NaiveLat, rate, nil}, {&r.ToolqLat, rate, &a}}
 	if r.Compare != nil {
-		runs = append(runs, latencyRun{&r.Compare.Lat, rate, &other}, latencyRun{&r.Compare.Lat100, 100, &other})
+		runs = append(runs, latencyRun{&r.Compare.Lat, rate, &other})
+	}
+	runs = append(runs, latencyRun{&r.NaiveLat100, 100, nil}, latencyRun{&r.ToolqLat100, 100, &a})
+	if r.Compare != nil {
+		runs = append(runs, latencyRun{&r.Compare.Lat100, 100, &other})
 	}
 	for _, l := range runs {
 		b.profileName = fmt.Sprintf("latency-%d", l.rate)

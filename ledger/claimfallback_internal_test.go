@@ -137,3 +137,50 @@ func TestClaimFallbackCloseRace(t *testing.T) {
 	stop.Store(true)
 	wg.Wait()
 }
+
+// TestQueriesByKeyFallBackEveryExecMode: on a server that refuses the
+// setting that keeps lookups by key off sequential scans (an engine built
+// on Postgres that does not know it), a completion batch and a claim that
+// reads settled rows first still answer, in every pgx exec mode: the
+// refusal arrives before the statement runs, and from then on the
+// statement goes without the setting.
+func TestQueriesByKeyFallBackEveryExecMode(t *testing.T) {
+	for _, mode := range execModes {
+		t.Run(mode, func(t *testing.T) {
+			s, p := openTestStore(t, "pool_max_conns=1&default_query_exec_mode="+mode)
+			p.indexOnly = refusedSetting
+			p.settledShare.pinned = true
+			ctx := context.Background()
+			c := testClaim()
+			res, err := s.Claim(ctx, []Claim{c})
+			if err != nil || !res[0].Claimed {
+				t.Fatalf("claim: %v %+v", err, res)
+			}
+			errs, err := s.CompleteBatch(ctx, []Completion{{Fence: res[0].Row.Fence(), Output: []byte(`{"ok":true}`)}})
+			if err != nil || errs[0] != nil {
+				t.Fatalf("completion on a server refusing the setting: %v %v", err, errs)
+			}
+			if !p.noIndexOnly.Load() {
+				t.Fatal("refusal not remembered")
+			}
+			for i := range 3 {
+				c.ToolUseID = "toolu_retried"
+				res, err := s.Claim(ctx, []Claim{c})
+				if err != nil || res[0].Claimed || res[0].Row.State != Completed || string(res[0].Row.Result) != `{"ok":true}` {
+					t.Fatalf("duplicate %d, its settled row read first: %v %+v", i, err, res)
+				}
+			}
+			// A store whose first refusal comes on the settled read.
+			s2, p2 := openTestStore(t, "pool_max_conns=1&default_query_exec_mode="+mode)
+			d := testClaim()
+			res, err = s2.Claim(ctx, []Claim{d})
+			if err != nil || !res[0].Claimed || s2.Complete(ctx, res[0].Row.Fence(), []byte(`{}`)) != nil {
+				t.Fatalf("claim and complete: %v %+v", err, res)
+			}
+			p2.indexOnly, p2.settledShare.pinned = refusedSetting, true
+			if res, err := s2.Claim(ctx, []Claim{d}); err != nil || res[0].Claimed || res[0].Row.State != Completed || !p2.noIndexOnly.Load() {
+				t.Fatalf("a claim read first on a server refusing the setting: %v %+v", err, res)
+			}
+		})
+	}
+}

@@ -68,6 +68,11 @@ type postgresDB struct {
 	asyncCommit   string
 	noAsyncCommit atomic.Bool
 	settledShare  settledShare // of the recent claims: readSettled first while it is most
+	// indexOnly is the setting queryByKey runs before its statement
+	// (indexOnlyStatement; a test substitutes one the server refuses), and
+	// noIndexOnly is set once the server has refused it.
+	indexOnly   string
+	noIndexOnly atomic.Bool
 }
 
 // OpenPostgres opens a pool on the Postgres database at url. Pool settings
@@ -86,7 +91,7 @@ func OpenPostgres(ctx context.Context, url string) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("ledger: open %s: %s", redact(url), redact(err.Error()))
 	}
-	return &Store{db: &postgresDB{pool: pool, genericPlan: genericPlanStatement, asyncCommit: asyncCommitStatement}, backend: "postgres"}, nil
+	return &Store{db: &postgresDB{pool: pool, genericPlan: genericPlanStatement, asyncCommit: asyncCommitStatement, indexOnly: indexOnlyStatement}, backend: "postgres"}, nil
 }
 
 func (p *postgresDB) sql() *queries { return postgresQueries }
@@ -326,8 +331,7 @@ func (p *postgresDB) claimRound(ctx context.Context, async bool, args []any, eac
 func readClaimRound(results pgx.BatchResults, settings int, each func(scanner) error) (refused int, err error) {
 	for i := range settings {
 		if _, err := results.Exec(); err != nil {
-			var pgErr *pgconn.PgError
-			if errors.As(err, &pgErr) && (pgErr.Code == "42704" || pgErr.Code == "22023" || pgErr.Code == "0A000") {
+			if isRefusedSetting(err) {
 				return i, err
 			}
 			return -1, err
@@ -365,14 +369,22 @@ var completeBatchPostgres = `UPDATE toolq_ledger AS t SET state = 'completed', r
 const indexOnlyStatement = `SELECT set_config('enable_seqscan', 'off', true)`
 
 // queryByKey runs a statement that looks rows up by key in a pipeline (one
-// implicit transaction, one round trip) after indexOnlyStatement.
+// implicit transaction, one round trip) after indexOnly.
+// A server that refuses the setting as one it does not know (an engine
+// built on Postgres), before the statement has run, gets the statement
+// without it, then and from then on.
 func (p *postgresDB) queryByKey(ctx context.Context, query string, args []any, each func(scanner) error) error {
+	if p.noIndexOnly.Load() || p.indexOnly == "" {
+		return p.query(ctx, query, args, each)
+	}
 	var batch pgx.Batch
-	batch.Queue(indexOnlyStatement)
+	batch.Queue(p.indexOnly)
 	batch.Queue(query, args...)
 	br := p.pool.SendBatch(ctx, &batch)
+	refused := false
 	err := func() error {
 		if _, err := br.Exec(); err != nil {
+			refused = isRefusedSetting(err)
 			return err
 		}
 		rows, err := br.Query()
@@ -391,7 +403,19 @@ func (p *postgresDB) queryByKey(ctx context.Context, query string, args []any, e
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
+	if refused {
+		p.noIndexOnly.Store(true)
+		return p.query(ctx, query, args, each)
+	}
 	return err
+}
+
+// isRefusedSetting reports a setting the server refused as unknown or not
+// settable (undefined_object, invalid_parameter_value,
+// feature_not_supported).
+func isRefusedSetting(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && (pgErr.Code == "42704" || pgErr.Code == "22023" || pgErr.Code == "0A000")
 }
 
 // completeBatch completes the batch in one statement and one round trip.

@@ -3,7 +3,6 @@ package main
 import (
 	"fmt"
 	"os"
-	"runtime/debug"
 	"runtime/pprof"
 	"runtime/trace"
 	"slices"
@@ -43,21 +42,4 @@ func startProfiles(cpuFile, traceFile string) (func(), error) {
 		stops = append(stops, func() { trace.Stop(); f.Close() })
 	}
 	return stop, nil
-}
-
-// gcPercent is the consumer's garbage collection target when GOGC is not
-// set: the heap may grow to five times what is live before a collection.
-// A consumer's live heap is small (a few MiB: the deliveries in flight),
-// and every delivery allocates a few KiB, so that at Go's default (100)
-// the collector ran every few hundred jobs and took about a fifth of the
-// consumer's CPU (docs/performance.md); at 400 it takes a quarter of
-// that, for some MiB more of resident memory. GOGC and GOMEMLIMIT in the
-// environment take precedence, as they do for any Go program.
-const gcPercent = 400
-
-// setGC applies gcPercent unless the environment sets GOGC.
-func setGC(getenv func(string) string) {
-	if getenv("GOGC") == "" {
-		debug.SetGCPercent(gcPercent)
-	}
 }

@@ -9,7 +9,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/pprof"
-	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -75,12 +74,6 @@ func runWorker(ctx context.Context, args []string, stdio cli.IO, getenv func(str
 	if err := cli.ParseNone(fs, args); err != nil {
 		return err
 	}
-	setGC(os.Getenv)
-	stopProfiles, err := startProfiles(*cpuProfile, *execTrace)
-	if err != nil {
-		return err
-	}
-	defer stopProfiles()
 	backoffs, err := parseDurations(*backoff)
 	if err != nil {
 		return cli.Usagef("--backoff: %w", err)
@@ -88,6 +81,12 @@ func runWorker(ctx context.Context, args []string, stdio cli.IO, getenv func(str
 	if err := inboxf.check(getenv); err != nil {
 		return err
 	}
+	cli.SetServiceGC(getenv)
+	stopProfiles, err := startProfiles(*cpuProfile, *execTrace)
+	if err != nil {
+		return err
+	}
+	defer stopProfiles()
 
 	var cleanups []func()
 	defer func() {

@@ -38,7 +38,7 @@ runs as a process of its own with the same settings: the consumer binary beside 
 With no --nats-url it starts a nats-server process of its own; with no --database-url a
 throwaway Postgres cluster with fsync and synchronous commit on (initdb and pg_ctl must
 be installed). --compare runs the fresh, duplicate and latency scenarios with a second
-consumer build too, interleaved with the first's, and prints the ratios. The JSON line
+consumer build too, each run beside the first build's, and prints the ratios. The JSON line
 (--json) is printed last.`
 
 func runBench(ctx context.Context, args []string, stdio cli.IO, getenv func(string) string) error {
@@ -54,7 +54,7 @@ func runBench(ctx context.Context, args []string, stdio cli.IO, getenv func(stri
 	quick := fs.Bool("quick", false, "a short run (about a minute): 2,000 jobs, one run each, 3s latency runs")
 	asJSON := fs.Bool("json", false, "print the figures as one JSON object, on the last line")
 	consumer := fs.String("consumer", "", "the consumer binary under test, run as processes (empty: ./consumer beside this binary, if there is one)")
-	fs.StringVar(&cfg.CompareBin, "compare", "", "a second consumer binary: its fresh, duplicate and latency runs are interleaved with the first's, and the ratios printed")
+	fs.StringVar(&cfg.CompareBin, "compare", "", "a second consumer binary: its fresh, duplicate and latency runs are made beside the first's, and the ratios printed")
 	fs.StringVar(&cfg.ProfileDir, "profile", "", "write a CPU profile of every consumer process, and an execution trace of the latency runs', into this directory")
 	fs.BoolVar(&cfg.InProcess, "in-process", false, "run toolq's worker and the naive dispatcher inside this process (with --cpuprofile: a profile of everything)")
 	processes := fs.String("processes", "1,2,4", "consumer process counts of the scaling runs, comma-separated (empty: none)")
@@ -64,6 +64,9 @@ func runBench(ctx context.Context, args []string, stdio cli.IO, getenv func(stri
 		return err
 	}
 	var err error
+	// The bench's own process runs the in-process scenarios (--in-process,
+	// the latency phases): at the consumer's garbage collection too.
+	cli.SetServiceGC(getenv)
 	if *quick {
 		cfg.Jobs, cfg.Reps, cfg.LatencyFor = 2000, 1, 3*time.Second
 	}
@@ -177,7 +180,7 @@ func printBench(stdio cli.IO, r *bench.Report) {
 		w.Flush()
 	}
 	if c := r.Compare; c != nil {
-		fmt.Fprintf(stdio.Out, "\ncompared: %s (runs interleaved with the consumer's)\n", c.Bin)
+		fmt.Fprintf(stdio.Out, "\ncompared: %s (throughput runs interleaved with the consumer's, each latency run right after the consumer's)\n", c.Bin)
 		w = cli.NewTable(stdio.Out)
 		fmt.Fprintf(w, "figure\tconsumer\tcompared\tcompared ÷ consumer\tper run\n")
 		for _, row := range []struct {
@@ -272,7 +275,7 @@ func perRun(a, b []float64) string {
 const naiveCommand = "__bench-naive"
 
 // runNaive is that process: the naive dispatcher until SIGTERM.
-func runNaive(ctx context.Context, args []string, stdio cli.IO) error {
+func runNaive(ctx context.Context, args []string, stdio cli.IO, getenv func(string) string) error {
 	fs := cli.NewFlagSet(naiveCommand, "the bench's naive dispatcher", stdio)
 	var cfg bench.NaiveConfig
 	fs.StringVar(&cfg.NATSURL, "nats-url", "", "")
@@ -284,6 +287,7 @@ func runNaive(ctx context.Context, args []string, stdio cli.IO) error {
 	if err := cli.ParseNone(fs, args); err != nil {
 		return err
 	}
+	cli.SetServiceGC(getenv) // the consumer's garbage collection, as every other setting
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	return bench.RunNaive(ctx, cfg, stdio.Out)

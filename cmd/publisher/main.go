@@ -33,7 +33,7 @@ func run(ctx context.Context, args []string, stdio cli.IO, getenv func(string) s
 		return runNATSServer(args[1], args[2])
 	}
 	if len(args) > 0 && args[0] == naiveCommand { // the bench's naive dispatcher process
-		return runNaive(ctx, args[1:], stdio)
+		return runNaive(ctx, args[1:], stdio, getenv)
 	}
 	return commands.Run(ctx, args, stdio, getenv)
 }
