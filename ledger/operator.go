@@ -309,11 +309,12 @@ func sameJSON(a, b json.RawMessage) bool {
 	return reflect.DeepEqual(x, y)
 }
 
-// Purge deletes completed, failed and released rows last updated more than
-// olderThan ago that answered no duplicate in that time either (see
+// Purge deletes completed, failed and released rows neither updated nor
+// answering a duplicate for more than olderThan and answeredEvery (see
 // Row.AnsweredAt: a row keeps the call's memory for the retention after
 // its last answer, since the duplicate's job can come back as long after it
-// as the first job after the first answer), in batches of batchSize rows (0: 1000) so that no statement
+// as the first job after the first answer, and its record of its answers
+// may lag by answeredEvery), in batches of batchSize rows (0: 1000) so that no statement
 // holds locks for long. In-flight and indeterminate rows are never purged.
 // Before it deletes anything it records the purge (see LastPurge), so that a
 // dead letter older than what it may have deleted is not requeued. The

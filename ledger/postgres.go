@@ -29,7 +29,12 @@ import (
 // a concurrent transaction inserted after this statement's snapshot was
 // taken conflicts without being in the snapshot: it is not in the answer,
 // and claim reads it again. A released row is claimed again at its next
-// attempt by the upsert.
+// attempt by the upsert. A settled row whose answer is due to be recorded
+// (due) answers only if the record was written (answered): a purge that
+// deleted the row after this statement's snapshot leaves it out of the
+// answer, and claim reads the key again, finding it free; answering from
+// the deleted row would leave the duplicate's job free to run the call
+// when it comes back.
 var claimPostgres = `WITH input AS (
 	SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::bigint[], $6::text[],
 		$7::text[], $8::text[], $9::text[], $10::text[], $11::bigint[], $12::text[], $13::text[])
@@ -37,10 +42,15 @@ var claimPostgres = `WITH input AS (
 ), existing AS (
 	SELECT e.* FROM input CROSS JOIN LATERAL (SELECT ` + pgCols + ` FROM toolq_ledger
 		WHERE key = input.key AND state <> 'released' OFFSET 0) AS e
-), answered AS (
-	UPDATE toolq_ledger AS t SET answered_at = now() FROM existing AS e
-	WHERE t.key = e.key AND e.state IN ('completed', 'failed', 'indeterminate') AND t.state IN ('completed', 'failed', 'indeterminate')
+), due AS (
+	SELECT t.key FROM existing AS e JOIN toolq_ledger AS t ON t.key = e.key
+	WHERE e.state IN ('completed', 'failed', 'indeterminate') AND t.state IN ('completed', 'failed', 'indeterminate')
 		AND greatest(t.answered_at, t.updated_at) < now() - $14::bigint * interval '1 millisecond'
+), answered AS (
+	UPDATE toolq_ledger AS t SET answered_at = now() FROM due
+	WHERE t.key = due.key AND t.state IN ('completed', 'failed', 'indeterminate')
+		AND greatest(t.answered_at, t.updated_at) < now() - $14::bigint * interval '1 millisecond'
+	RETURNING t.key
 ), ins AS (
 	INSERT INTO toolq_ledger (key, conversation_id, turn_index, tool, ordinal, args_digest, state, attempt, owner,
 		lease_until, first_tool_use_id, trace_id, span_id, claim_token, tenant)
@@ -52,7 +62,7 @@ var claimPostgres = `WITH input AS (
 )
 SELECT true, ins.* FROM ins
 UNION ALL
-SELECT false, existing.* FROM existing`
+SELECT false, existing.* FROM existing WHERE key NOT IN (SELECT key FROM due) OR key IN (SELECT key FROM answered)`
 
 type postgresDB struct {
 	pool *pgxpool.Pool
@@ -144,6 +154,7 @@ func (p *postgresDB) claim(ctx context.Context, claims []Claim, everyMS int64) (
 	}
 	settled := 0 // claims answered by a settled row, for readFirst
 	defer func() { p.settledShare.note(settled, len(claims)) }()
+	recorded := "" // the key of an answer recorded: see flushAnswers
 	if p.settledShare.mostly() {
 		var err error
 		if pending, err = p.readSettled(ctx, claims, everyMS, out); err != nil {
@@ -180,6 +191,11 @@ func (p *postgresDB) claim(ctx context.Context, claims []Claim, everyMS int64) (
 				out[i] = c
 				if !c.inserted && (r.State == Completed || r.State == Failed || r.State == Indeterminate) {
 					settled++
+					// Its answer was due to be recorded, so it was (see claimPostgres);
+					// half the period leaves room for the two clocks' skew.
+					if time.Since(latest(r.UpdatedAt, r.AnsweredAt)) > time.Duration(everyMS)*time.Millisecond/2 {
+						recorded = r.Key
+					}
 				}
 				answered[i] = true
 				return nil
@@ -195,7 +211,33 @@ func (p *postgresDB) claim(ctx context.Context, claims []Claim, everyMS int64) (
 		}
 		pending = next
 	}
+	if recorded != "" && async {
+		if err := p.flushAnswers(ctx, recorded); err != nil {
+			return nil, err
+		}
+	}
 	return out, nil
+}
+
+// flushAnswers makes the answers a claim recorded under an asynchronous
+// commit durable before they are given: a crash of Postgres in the moment
+// after would lose them, and a purge would then count the row's retention
+// from before the answer, while the duplicate's job can come back for the
+// whole retention after it. A transaction that writes (the row of key,
+// unchanged) commits waiting for the WAL up to its commit record, which
+// comes after the claim's. It costs a round trip at most once an hour a
+// row.
+func (p *postgresDB) flushAnswers(ctx context.Context, key string) error {
+	_, err := p.pool.Exec(ctx, `UPDATE toolq_ledger SET answered_at = answered_at WHERE key = $1`, key)
+	return err
+}
+
+// latest is the later of two times.
+func latest(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 // readSettledPostgres reads the rows of a batch's keys that are settled

@@ -52,11 +52,12 @@ const pgDecidedAt = `(SELECT max((e->>'at')::timestamptz) FROM json_array_elemen
 // pgPurgeable are the rows a purge with cutoff @cutoff_ms (Unix
 // milliseconds) deletes: finished, and neither updated nor answered since
 // the cutoff (the later of updated_at and answered_at lags the last answer
-// by up to answeredEvery, @every_ms, so it is compared with the cutoff less
-// that much), of tool @only (empty: any) and of none of the tools in the
+// by up to answeredEvery, @every_ms, so each is compared with the cutoff
+// less that much: two comparisons, so that updated_at's index serves), of tool @only (empty: any) and of none of the tools in the
 // JSON array @except.
 const pgPurgeable = `state IN ('completed', 'failed', 'released')
-	AND greatest(updated_at, answered_at) < to_timestamp(@cutoff_ms::bigint / 1000.0) - @every_ms::bigint * interval '1 millisecond'
+	AND updated_at < to_timestamp(@cutoff_ms::bigint / 1000.0) - @every_ms::bigint * interval '1 millisecond'
+	AND answered_at < to_timestamp(@cutoff_ms::bigint / 1000.0) - @every_ms::bigint * interval '1 millisecond'
 	AND (@only::text = '' OR tool = @only::text)
 	AND NOT (tool = ANY (ARRAY(SELECT jsonb_array_elements_text(@except::text::jsonb))))`
 
@@ -129,7 +130,11 @@ var postgresQueries = &queries{
 		WHERE key = @key AND state = 'released' AND approval_status = 'approved' RETURNING ` + pgCols,
 	approvalPublished: `UPDATE toolq_ledger SET approval = @approval WHERE key = @key AND state = 'awaiting_approval'`,
 
-	purge:      `DELETE FROM toolq_ledger WHERE key IN (SELECT key FROM toolq_ledger WHERE ` + pgPurgeable + ` LIMIT @batch)`,
+	// The outer WHERE repeats pgPurgeable: a row changed after the
+	// DELETE's snapshot (claimed again, or an answer recorded) is checked
+	// again as it is now, which the subquery's condition alone is not.
+	purge: `DELETE FROM toolq_ledger WHERE key IN (SELECT key FROM toolq_ledger WHERE ` + pgPurgeable + ` LIMIT @batch)
+		AND ` + pgPurgeable,
 	purgeCount: `SELECT count(*) FROM toolq_ledger WHERE ` + pgPurgeable,
 	// The record keeps the latest cutoff of any purge: one with a longer
 	// retention after one with a shorter does not hide what the shorter one

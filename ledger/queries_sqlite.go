@@ -35,7 +35,7 @@ const sqliteDecidedAt = `(SELECT max(unixepoch(json_extract(e.value, '$.at'), 's
 
 // sqlitePurgeable are the rows a purge deletes (see pgPurgeable).
 const sqlitePurgeable = `state IN ('completed', 'failed', 'released')
-	AND max(updated_at, answered_at) < @cutoff_ms - @every_ms
+	AND updated_at < @cutoff_ms - @every_ms AND answered_at < @cutoff_ms - @every_ms
 	AND (@only = '' OR tool = @only)
 	AND NOT (tool IN (SELECT value FROM json_each(@except)))`
 

@@ -714,15 +714,17 @@ func (d *delivery) failedTry(ctx context.Context, row ledger.Row) (int64, error)
 // claiming it: from the ledger when another delivery settled it, else by
 // handing it back, uncounted, for when the open period ends.
 func (d *delivery) breakerOpen(wait time.Duration) verdict {
+	// A claim would have recorded the answer, which retention counts from:
+	// this job can come back (a replay) as long as the row. It is recorded
+	// before the row is read, so that a row read is one a purge can no
+	// longer take (a purge that took it first leaves nothing to read).
+	if err := d.w.cfg.Ledger.Answered(d.runCtx, d.key); err != nil {
+		return retryUncounted(wait, fmt.Errorf("record the answer behind an open breaker: %w", err))
+	}
 	row, err := d.w.cfg.Ledger.Get(d.runCtx, d.key)
 	if err == nil && (row.State == ledger.Completed || row.State == ledger.Failed || row.State == ledger.Indeterminate) {
 		if claim := d.w.claimOf(d); !claim.SameCall(&row) {
 			return d.collision(fmt.Errorf("%w: %s", ledger.ErrMaterialMismatch, d.key))
-		}
-		// A claim would have recorded the answer, which retention counts
-		// from: this job can come back (a replay) as long as the row.
-		if err := d.w.cfg.Ledger.Answered(d.runCtx, d.key); err != nil {
-			return retryUncounted(wait, fmt.Errorf("record the answer behind an open breaker: %w", err))
 		}
 		return d.duplicate(row, ledgerDuplicate)
 	}

@@ -356,9 +356,10 @@ func osUser(getenv func(string) string) string {
 
 const purgeSynopsis = `consumer ledger purge (--older-than D | --tools FILE) [--dry-run] [--batch N] [NATS flags] [--horizon H]
 
-Deletes completed, failed and released rows last updated more than D ago (e.g. 31d,
-36h) that answered no duplicate in that time either (answered_at in 'ledger show', kept
-to within an hour); a released row is a claim given up because its call was not sent.
+Deletes completed, failed and released rows neither updated nor answering a duplicate
+for more than D (e.g. 31d, 36h) and the hour a row's record of its answers may lag
+(answered_at in 'ledger show'); a released row is a claim given up because its call was
+not sent.
 In-flight and indeterminate rows are kept.
 
 A finished call's row is what keeps a job that comes back from running it again, so D
@@ -472,7 +473,12 @@ type purgePass struct {
 	opts  []ledger.PurgeOption
 }
 
-func (p purgePass) before() string { return time.Now().Add(-p.age).UTC().Format(time.RFC3339) }
+// before is the purge's cutoff less the hour a row's record of its answers
+// may lag: the rows purged finished before it (by this machine's clock; the
+// purge goes by the database's).
+func (p purgePass) before() string {
+	return time.Now().Add(-p.age - time.Hour).UTC().Format(time.RFC3339)
+}
 
 func (p purgePass) report(w io.Writer, verb string, n int64, passes int) {
 	if passes == 1 {
@@ -586,10 +592,12 @@ func liveComebacks(ctx context.Context, nf *cli.NATSFlags) ([]operate.Comeback, 
 	return operate.Comebacks(ctx, js)
 }
 
-// answeredText is when the row last answered a duplicate, to within an hour.
+// answeredText is when the row last recorded answering a duplicate: a
+// duplicate answered within the hour of the row's last update or recorded
+// answer is not recorded (Row.AnsweredAt).
 func answeredText(r ledger.Row) string {
 	if r.AnsweredAt.IsZero() {
-		return "(no duplicate answered from it)"
+		return "(none recorded: none answered more than an hour after updated_at)"
 	}
-	return r.AnsweredAt.Format(time.RFC3339) + " (to within an hour)"
+	return r.AnsweredAt.Format(time.RFC3339) + " (answers within the hour after it are not recorded)"
 }
