@@ -57,12 +57,13 @@ func waitLockWaiters(t *testing.T, watcher *pgx.Conn, n int) {
 	})
 }
 
-// interleave runs claim and then purge while another session holds the
-// row of key for a moment, so that the claim's write comes first and the
-// purge's statement, which began before that write committed, waits for
-// the row (what a purge batch and a claim of the same row meet without
-// the lock, on a busy ledger, between the claim's write and its commit).
-func interleave(t *testing.T, s *ledger.Store, locker, watcher *pgx.Conn, key string, claim ledger.Claim, retention time.Duration) (ledger.ClaimResult, int64) {
+// interleave holds key's row locked, starts a claim of c and a purge with
+// the retention (in that order, or the purge first), waits until both wait
+// for the row, and lets them go in that order: what a purge batch and a
+// claim of the same row meet without the lock, on a busy ledger, between
+// one's write and its commit. It returns the claim's answer and how many
+// rows the purge deleted.
+func interleave(t *testing.T, s *ledger.Store, locker, watcher *pgx.Conn, key string, c ledger.Claim, retention time.Duration, purgeFirst bool) (ledger.ClaimResult, int64) {
 	t.Helper()
 	ctx := context.Background()
 	tx, err := locker.Begin(ctx)
@@ -73,29 +74,55 @@ func interleave(t *testing.T, s *ledger.Store, locker, watcher *pgx.Conn, key st
 		t.Fatal(err)
 	}
 	claimed := make(chan ledger.ClaimResult, 1)
-	go func() {
-		res, err := s.Claim(ctx, []ledger.Claim{claim})
+	claim := func() {
+		res, err := s.Claim(ctx, []ledger.Claim{c})
 		if err != nil {
 			t.Error(err)
 			claimed <- ledger.ClaimResult{Err: err}
 			return
 		}
 		claimed <- res[0]
-	}()
-	waitLockWaiters(t, watcher, 1)
+	}
 	purged := make(chan int64, 1)
-	go func() {
+	purge := func() {
 		n, err := s.Purge(ctx, retention, 0)
 		if err != nil {
 			t.Error(err)
 		}
 		purged <- n
-	}()
+	}
+	first, second := claim, purge
+	if purgeFirst {
+		first, second = purge, claim
+	}
+	go first()
+	waitLockWaiters(t, watcher, 1)
+	go second()
 	waitLockWaiters(t, watcher, 2)
 	if err := tx.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}
 	return <-claimed, <-purged
+}
+
+// agedRow claims a call, settles it (settle: complete or release), and
+// waits until a purge with the retention would take its row.
+func agedRow(t *testing.T, s *ledger.Store, retention time.Duration, settle func(*ledger.Store, ledger.Fence) error) ledger.Claim {
+	t.Helper()
+	c := newClaim(time.Hour)
+	row := mustClaim(t, s, c)
+	if err := settle(s, row.Fence()); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 10*time.Second, "the row to age past the retention", func() bool {
+		n, err := s.PurgeCount(context.Background(), retention)
+		return err == nil && n == 1
+	})
+	return c
+}
+
+func completePaid(s *ledger.Store, f ledger.Fence) error {
+	return s.Complete(context.Background(), f, json.RawMessage(`{"paid":true}`))
 }
 
 // TestPurgeKeepsARowThatAnswersADuplicateMeanwhile: a duplicate that comes
@@ -107,24 +134,15 @@ func interleave(t *testing.T, s *ledger.Store, locker, watcher *pgx.Conn, key st
 func TestPurgeKeepsARowThatAnswersADuplicateMeanwhile(t *testing.T) {
 	t.Parallel()
 	s, locker, watcher := openStoreAndConns(t)
-	ctx := context.Background()
-	c := newClaim(time.Hour)
-	row := mustClaim(t, s, c)
-	if err := s.Complete(ctx, row.Fence(), json.RawMessage(`{"paid":true}`)); err != nil {
-		t.Fatal(err)
-	}
 	const retention = time.Second
-	testenv.Eventually(t, 10*time.Second, "the row to age past the retention", func() bool {
-		n, err := s.PurgeCount(ctx, retention)
-		return err == nil && n == 1
-	})
+	c := agedRow(t, s, retention, completePaid)
 	dup := c
 	dup.ToolUseID = "toolu_retried_turn"
-	r, n := interleave(t, s, locker, watcher, c.Key, dup, retention)
+	r, n := interleave(t, s, locker, watcher, c.Key, dup, retention, false)
 	if r.Claimed || r.Err != nil || r.Row.State != ledger.Completed {
 		t.Fatalf("the duplicate was not answered from the row: %+v", r)
 	}
-	if _, err := s.Get(ctx, c.Key); err != nil {
+	if _, err := s.Get(context.Background(), c.Key); err != nil {
 		again := dup
 		again.ToolUseID = "toolu_its_job_replayed"
 		second := claimOne(t, s, again)
@@ -140,25 +158,16 @@ func TestPurgeKeepsARowThatAnswersADuplicateMeanwhile(t *testing.T) {
 func TestPurgeNeverDeletesAKeyClaimedMeanwhile(t *testing.T) {
 	t.Parallel()
 	s, locker, watcher := openStoreAndConns(t)
-	ctx := context.Background()
-	c := newClaim(time.Hour)
-	row := mustClaim(t, s, c)
-	if err := s.Release(ctx, row.Fence()); err != nil {
-		t.Fatal(err)
-	}
 	const retention = time.Second
-	testenv.Eventually(t, 10*time.Second, "the released row to age past the retention", func() bool {
-		n, err := s.PurgeCount(ctx, retention)
-		return err == nil && n == 1
-	})
+	c := agedRow(t, s, retention, func(s *ledger.Store, f ledger.Fence) error { return s.Release(context.Background(), f) })
 	next := c
 	next.ToolUseID = "toolu_next_delivery"
-	r, n := interleave(t, s, locker, watcher, c.Key, next, retention)
+	r, n := interleave(t, s, locker, watcher, c.Key, next, retention, false)
 	if !r.Claimed || r.Err != nil || r.Row.Attempt != 2 {
 		t.Fatalf("the next delivery did not claim the released key: %+v", r)
 	}
 	// The holder runs the call, then completes it.
-	cerr := s.Complete(ctx, r.Row.Fence(), json.RawMessage(`{"paid":true}`))
+	cerr := completePaid(s, r.Row.Fence())
 	again := c
 	again.ToolUseID = "toolu_redelivered"
 	if second := claimOne(t, s, again); second.Claimed {
@@ -177,51 +186,12 @@ func TestPurgeNeverDeletesAKeyClaimedMeanwhile(t *testing.T) {
 func TestADuplicateIsNotAnsweredFromARowPurgedUnderIt(t *testing.T) {
 	t.Parallel()
 	s, locker, watcher := openStoreAndConns(t)
-	ctx := context.Background()
-	c := newClaim(time.Hour)
-	row := mustClaim(t, s, c)
-	if err := s.Complete(ctx, row.Fence(), json.RawMessage(`{"paid":true}`)); err != nil {
-		t.Fatal(err)
-	}
 	const retention = time.Second
-	testenv.Eventually(t, 10*time.Second, "the row to age past the retention", func() bool {
-		n, err := s.PurgeCount(ctx, retention)
-		return err == nil && n == 1
-	})
-	tx, err := locker.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tx.Exec(ctx, `SELECT 1 FROM toolq_ledger WHERE key = $1 FOR UPDATE`, c.Key); err != nil {
-		t.Fatal(err)
-	}
-	purged := make(chan int64, 1)
-	go func() {
-		n, err := s.Purge(ctx, retention, 0)
-		if err != nil {
-			t.Error(err)
-		}
-		purged <- n
-	}()
-	waitLockWaiters(t, watcher, 1)
+	c := agedRow(t, s, retention, completePaid)
 	dup := c
 	dup.ToolUseID = "toolu_retried_turn"
-	claimed := make(chan ledger.ClaimResult, 1)
-	go func() {
-		res, err := s.Claim(ctx, []ledger.Claim{dup})
-		if err != nil {
-			t.Error(err)
-			claimed <- ledger.ClaimResult{Err: err}
-			return
-		}
-		claimed <- res[0]
-	}()
-	waitLockWaiters(t, watcher, 2)
-	if err := tx.Rollback(ctx); err != nil {
-		t.Fatal(err)
-	}
-	n, r := <-purged, <-claimed
-	if _, err := s.Get(ctx, c.Key); err != nil && !r.Claimed {
+	r, n := interleave(t, s, locker, watcher, c.Key, dup, retention, true)
+	if _, err := s.Get(context.Background(), c.Key); err != nil && !r.Claimed {
 		again := dup
 		again.ToolUseID = "toolu_its_job_replayed"
 		second := claimOne(t, s, again)
