@@ -323,7 +323,8 @@ const genericPlanStatement = `SELECT set_config('plan_cache_mode', 'force_generi
 const asyncCommitStatement = `SELECT set_config('synchronous_commit', 'off', true)`
 
 // claimRound runs claimPostgres once, in one round trip, after the settings
-// it runs under. Left to choose, Postgres plans the claim afresh at every
+// it runs under (indexOnly among them: a plan cached while the ledger was
+// small would join due and answered to the table by scanning it). Left to choose, Postgres plans the claim afresh at every
 // execution: a generic plan's estimate for unnest of an array parameter
 // (ten rows each) costs more than a custom plan for the actual batch, so it
 // never switches. Planning is about 0.16 ms, two thirds of the statement's
@@ -346,6 +347,10 @@ func (p *postgresDB) claimRound(ctx context.Context, async bool, args []any, eac
 		if async && !p.noAsyncCommit.Load() {
 			batch.Queue(p.asyncCommit)
 			refusals = append(refusals, &p.noAsyncCommit)
+		}
+		if p.indexOnly != "" && !p.noIndexOnly.Load() { // the joins on key of due and answered
+			batch.Queue(p.indexOnly)
+			refusals = append(refusals, &p.noIndexOnly)
 		}
 		if len(refusals) == 0 {
 			return p.query(ctx, claimPostgres, args, each)
