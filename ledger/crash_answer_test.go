@@ -48,6 +48,16 @@ func TestAnAnsweredDuplicateSurvivesACrash(t *testing.T) {
 	if at := mustGet(t, s, c.Key).AnsweredAt; at.IsZero() {
 		t.Fatal("the answer was not recorded")
 	}
+	crashThenPurge(t, cluster, s, dup, answered, retention)
+}
+
+// crashThenPurge crashes and restarts Postgres right after a duplicate of
+// dup's call was answered (at answered), then purges with the retention:
+// the row must survive while the duplicate's job can come back, or its
+// job, replayed, would run the call again.
+func crashThenPurge(t *testing.T, cluster *testenv.Cluster, s *ledger.Store, dup ledger.Claim, answered time.Time, retention time.Duration) {
+	t.Helper()
+	ctx := context.Background()
 	if err := cluster.Crash(); err != nil {
 		t.Fatal(err)
 	}
@@ -55,8 +65,9 @@ func TestAnAnsweredDuplicateSurvivesACrash(t *testing.T) {
 		t.Fatal(err)
 	}
 	var got ledger.Row
+	var err error
 	testenv.Eventually(t, 20*time.Second, "the ledger back after the crash", func() bool {
-		got, err = s.Get(ctx, c.Key)
+		got, err = s.Get(ctx, dup.Key)
 		return !errors.Is(err, ledger.ErrUnavailable)
 	})
 	if err != nil {
@@ -68,7 +79,7 @@ func TestAnAnsweredDuplicateSurvivesACrash(t *testing.T) {
 	}
 	if since := time.Since(answered); n > 0 && since < retention {
 		again := dup
-		again.ToolUseID, again.Token = "toolu_replayed_again", newToken()
+		again.ToolUseID, again.Token = dup.ToolUseID+"_again", newToken()
 		r := claimOne(t, s, again)
 		t.Fatalf("the crash lost the answer (answered_at now %v) and a purge %v after it, within the retention of %v, deleted the row: the duplicate's job replayed is claimed to run again (claimed=%v)",
 			got.AnsweredAt, since.Round(time.Millisecond), retention, r.Claimed)

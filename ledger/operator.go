@@ -353,7 +353,10 @@ func (s *Store) Purge(ctx context.Context, olderThan time.Duration, batchSize in
 		if o.progress != nil {
 			o.progress(total)
 		}
-		if n < int64(batchSize) {
+		// A batch whose rows changed meanwhile deletes fewer than it
+		// found (each row is checked again as it is): only an empty one
+		// means nothing is left.
+		if n == 0 {
 			return total, nil
 		}
 	}

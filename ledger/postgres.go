@@ -30,11 +30,15 @@ import (
 // taken conflicts without being in the snapshot: it is not in the answer,
 // and claim reads it again. A released row is claimed again at its next
 // attempt by the upsert. A settled row whose answer is due to be recorded
-// (due) answers only if the record was written (answered): a purge that
-// deleted the row after this statement's snapshot leaves it out of the
-// answer, and claim reads the key again, finding it free; answering from
-// the deleted row would leave the duplicate's job free to run the call
-// when it comes back.
+// (due) answers only if the record was written (answered), and it is
+// written only where $15 allows: in a transaction that commits waiting for
+// the disk. A purge that deleted the row after this statement's snapshot
+// leaves it out of the answer, and claim reads the key again, finding it
+// free (answering from the deleted row would leave the duplicate's job
+// free to run the call when it comes back); a claim that does not wait for
+// the disk leaves it out too, and claim records the answer in a
+// transaction of its own that does (recordAnswers) before it reads the key
+// again.
 var claimPostgres = `WITH input AS (
 	SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::bigint[], $6::text[],
 		$7::text[], $8::text[], $9::text[], $10::text[], $11::bigint[], $12::text[], $13::text[])
@@ -48,7 +52,7 @@ var claimPostgres = `WITH input AS (
 		AND greatest(t.answered_at, t.updated_at) < now() - $14::bigint * interval '1 millisecond'
 ), answered AS (
 	UPDATE toolq_ledger AS t SET answered_at = now() FROM due
-	WHERE t.key = due.key AND t.state IN ('completed', 'failed', 'indeterminate')
+	WHERE $15::boolean AND t.key = due.key AND t.state IN ('completed', 'failed', 'indeterminate')
 		AND greatest(t.answered_at, t.updated_at) < now() - $14::bigint * interval '1 millisecond'
 	RETURNING t.key
 ), ins AS (
@@ -154,7 +158,7 @@ func (p *postgresDB) claim(ctx context.Context, claims []Claim, everyMS int64) (
 	}
 	settled := 0 // claims answered by a settled row, for readFirst
 	defer func() { p.settledShare.note(settled, len(claims)) }()
-	recorded := "" // the key of an answer recorded: see flushAnswers
+	recordable := !async // the claim's own transaction waits for the disk: see recordAnswers
 	if p.settledShare.mostly() {
 		var err error
 		if pending, err = p.readSettled(ctx, claims, everyMS, out); err != nil {
@@ -179,7 +183,7 @@ func (p *postgresDB) claim(ctx context.Context, claims []Claim, everyMS int64) (
 			at[c.Key] = i
 		}
 		answered := make(map[int]bool, n)
-		err := p.claimRound(ctx, async, []any{keys, convs, turns, tools, ordinals, digests, tuids, owners, traces, spans, leases, tokens, tenants, everyMS},
+		err := p.claimRound(ctx, async, []any{keys, convs, turns, tools, ordinals, digests, tuids, owners, traces, spans, leases, tokens, tenants, everyMS, recordable},
 			func(sc scanner) error {
 				var c claimed
 				var r Row
@@ -191,11 +195,6 @@ func (p *postgresDB) claim(ctx context.Context, claims []Claim, everyMS int64) (
 				out[i] = c
 				if !c.inserted && (r.State == Completed || r.State == Failed || r.State == Indeterminate) {
 					settled++
-					// Its answer was due to be recorded, so it was (see claimPostgres);
-					// half the period leaves room for the two clocks' skew.
-					if time.Since(latest(r.UpdatedAt, r.AnsweredAt)) > time.Duration(everyMS)*time.Millisecond/2 {
-						recorded = r.Key
-					}
 				}
 				answered[i] = true
 				return nil
@@ -210,34 +209,42 @@ func (p *postgresDB) claim(ctx context.Context, claims []Claim, everyMS int64) (
 			}
 		}
 		pending = next
-	}
-	if recorded != "" && async {
-		if err := p.flushAnswers(ctx, recorded); err != nil {
-			return nil, err
+		if !recordable && len(pending) > 0 {
+			if err := p.recordAnswers(ctx, claims, pending, everyMS); err != nil {
+				return nil, err
+			}
 		}
 	}
 	return out, nil
 }
 
-// flushAnswers makes the answers a claim recorded under an asynchronous
-// commit durable before they are given: a crash of Postgres in the moment
-// after would lose them, and a purge would then count the row's retention
-// from before the answer, while the duplicate's job can come back for the
-// whole retention after it. A transaction that writes (the row of key,
-// unchanged) commits waiting for the WAL up to its commit record, which
-// comes after the claim's. It costs a round trip at most once an hour a
-// row.
-func (p *postgresDB) flushAnswers(ctx context.Context, key string) error {
-	_, err := p.pool.Exec(ctx, `UPDATE toolq_ledger SET answered_at = answered_at WHERE key = $1`, key)
-	return err
-}
+// recordAnswersPostgres records, for the keys whose settled rows are due
+// to record an answer (see answeredEvery), that they answered one.
+var recordAnswersPostgres = `UPDATE toolq_ledger SET answered_at = now()
+	WHERE key = ANY($1::text[]) AND state IN ('completed', 'failed', 'indeterminate')
+		AND greatest(answered_at, updated_at) < now() - $2::bigint * interval '1 millisecond'
+	RETURNING key`
 
-// latest is the later of two times.
-func latest(a, b time.Time) time.Time {
-	if a.After(b) {
-		return a
+// recordAnswers records the due answers of the pending claims' keys in a
+// transaction of its own, which commits waiting for the disk, for a claim
+// whose own transaction does not (Claim.AsyncCommit): an answer recorded
+// there and lost in a crash of Postgres (visible to others before it is on
+// disk: another duplicate would be answered from it without recording
+// anything) would let a purge count the row's retention from before the
+// answer, while the duplicate's job can come back for the whole retention
+// after it. A pending key with no settled row due (a row purged
+// meanwhile, a key inserted after the claim's snapshot) is left alone; the
+// claim reads every pending key again. It costs a round trip at most once
+// an hour a row.
+func (p *postgresDB) recordAnswers(ctx context.Context, claims []Claim, pending []int, everyMS int64) error {
+	keys := make([]string, len(pending))
+	for j, i := range pending {
+		keys[j] = claims[i].Key
 	}
-	return b
+	return p.queryByKey(ctx, recordAnswersPostgres, []any{keys, everyMS}, func(sc scanner) error {
+		var key string
+		return sc.Scan(&key)
+	})
 }
 
 // readSettledPostgres reads the rows of a batch's keys that are settled
