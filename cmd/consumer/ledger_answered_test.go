@@ -10,10 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
-	"github.com/toolq/toolq/internal/testenv"
-	"github.com/toolq/toolq/jobs"
 	"github.com/toolq/toolq/ledger"
 )
 
@@ -64,16 +60,7 @@ func TestLedgerShowSaysARowAnsweredADuplicate(t *testing.T) {
 func TestLedgerPurgeDeletesWhatItsHelpSays(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	n := testenv.StartNATS(t)
-	js, _ := jetstream.New(n.Connect())
-	if err := jobs.ProvisionStreams(ctx, js, jobs.Streams{}); err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	env := map[string]string{"TOOLQ_DATA_DIR": dir, "NATS_URL": n.URL}
-	if _, err := runConsumer(t, env, "migrate"); err != nil {
-		t.Fatal(err)
-	}
+	dir, env := purgeEnv(t)
 	help, _ := runConsumer(t, env, "ledger", "purge", "--help")
 	if !strings.Contains(help, "neither updated nor answering a duplicate") || !strings.Contains(help, "the hour") {
 		t.Fatalf("purge --help does not say what a row's age counts from:\n%s", help)

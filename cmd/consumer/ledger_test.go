@@ -185,16 +185,7 @@ func TestLedgerCommands(t *testing.T) {
 func TestLedgerPurgeDeletesOnlyFinishedRows(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	n := testenv.StartNATS(t)
-	js, _ := jetstream.New(n.Connect())
-	if err := jobs.ProvisionStreams(ctx, js, jobs.Streams{}); err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	env := map[string]string{"TOOLQ_DATA_DIR": dir, "NATS_URL": n.URL}
-	if _, err := runConsumer(t, env, "migrate"); err != nil {
-		t.Fatal(err)
-	}
+	dir, env := purgeEnv(t)
 	st, err := ledger.Open(ctx, "", dir)
 	if err != nil {
 		t.Fatal(err)
@@ -453,4 +444,22 @@ func TestLedgerPurgeOutlivesTheStreams(t *testing.T) {
 		!strings.Contains(logs.String(), `"msg":"ledger purged","rows":"send_payment","older_than":"90d"`) {
 		t.Fatalf("purge by tool: %q %v", logs.String(), err)
 	}
+}
+
+// purgeEnv is a purge's surroundings: a NATS server with toolq's streams
+// (a purge reads their ages) and a migrated SQLite ledger in dir, named in
+// env as the consumer reads them.
+func purgeEnv(t *testing.T) (dir string, env map[string]string) {
+	t.Helper()
+	n := testenv.StartNATS(t)
+	js, _ := jetstream.New(n.Connect())
+	if err := jobs.ProvisionStreams(context.Background(), js, jobs.Streams{}); err != nil {
+		t.Fatal(err)
+	}
+	dir = t.TempDir()
+	env = map[string]string{"TOOLQ_DATA_DIR": dir, "NATS_URL": n.URL}
+	if _, err := runConsumer(t, env, "migrate"); err != nil {
+		t.Fatal(err)
+	}
+	return dir, env
 }
