@@ -158,7 +158,9 @@ func (p *postgresDB) claim(ctx context.Context, claims []Claim, everyMS int64) (
 	}
 	settled := 0 // claims answered by a settled row, for readFirst
 	defer func() { p.settledShare.note(settled, len(claims)) }()
-	recordable := !async // the claim's own transaction waits for the disk: see recordAnswers
+	// The claim's own transaction waits for the disk (see recordAnswers):
+	// it does not ask not to, or the server refused to let it.
+	recordable := !async || p.noAsyncCommit.Load()
 	if p.settledShare.mostly() {
 		var err error
 		if pending, err = p.readSettled(ctx, claims, everyMS, out); err != nil {
