@@ -366,7 +366,7 @@ func (p *postgresDB) claimRound(ctx context.Context, async bool, args []any, eac
 		}
 		batch.Queue(claimPostgres, args...)
 		results := p.pool.SendBatch(ctx, &batch)
-		refused, err := readClaimRound(results, len(refusals), each)
+		refused, err := readAfterSettings(results, len(refusals), each)
 		// Closed once, here: it gives the connection back to the pool, and a
 		// second Close would still touch that connection's statement cache.
 		if cerr := results.Close(); err == nil {
@@ -379,12 +379,12 @@ func (p *postgresDB) claimRound(ctx context.Context, async bool, args []any, eac
 	}
 }
 
-// readClaimRound reads the answers of claimRound's batch: settings
-// statements, then the claim. refused is the index of a setting the server
-// refused as unknown or not settable (undefined_object,
-// invalid_parameter_value, feature_not_supported), before the claim ran;
-// -1 otherwise.
-func readClaimRound(results pgx.BatchResults, settings int, each func(scanner) error) (refused int, err error) {
+// readAfterSettings reads the answers of a batch of settings statements
+// and then one statement with rows (claimRound's, queryByKey's). refused
+// is the index of a setting the server refused as unknown or not settable
+// (undefined_object, invalid_parameter_value, feature_not_supported),
+// before the statement ran; -1 otherwise.
+func readAfterSettings(results pgx.BatchResults, settings int, each func(scanner) error) (refused int, err error) {
 	for i := range settings {
 		if _, err := results.Exec(); err != nil {
 			if isRefusedSetting(err) {
@@ -437,29 +437,12 @@ func (p *postgresDB) queryByKey(ctx context.Context, query string, args []any, e
 	batch.Queue(p.indexOnly)
 	batch.Queue(query, args...)
 	br := p.pool.SendBatch(ctx, &batch)
-	refused := false
-	err := func() error {
-		if _, err := br.Exec(); err != nil {
-			refused = isRefusedSetting(err)
-			return err
-		}
-		rows, err := br.Query()
-		if err != nil {
-			return err
-		}
-		defer rows.Close()
-		for rows.Next() {
-			if err := each(rows); err != nil {
-				return err
-			}
-		}
-		return rows.Err()
-	}()
+	refused, err := readAfterSettings(br, 1, each)
 	// Closed once: it gives the connection back to the pool.
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
-	if refused {
+	if refused >= 0 {
 		p.noIndexOnly.Store(true)
 		return p.query(ctx, query, args, each)
 	}
