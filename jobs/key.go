@@ -67,7 +67,19 @@ type Material struct {
 	Text      string // [tenant|]conversation_id|turn_index|tool|ordinal|canonical(args)
 	Canonical []byte // canonical(args)
 
-	legacy []byte // canonical(args) in the legacy member order, when it differs
+	legacy []byte     // canonical(args) in the legacy member order, when it differs
+	args   *jcs.Value // the args as parsed, when the material was derived from a parse
+}
+
+// ArgsInstance returns the call's args as a JSON Schema validator takes
+// them (jcs.Value.Instance: numbers as their literals), built from the parse
+// the material came from, and true; false for a material not derived from a
+// parse (Legacy's).
+func (m Material) ArgsInstance() (any, bool) {
+	if m.args == nil {
+		return nil, false
+	}
+	return m.args.Instance(), true
 }
 
 // Validate checks the identifying fields of the call (not its arguments) and
@@ -110,6 +122,7 @@ func (c Call) Material() (Material, error) {
 func (c Call) material(args *jcs.Value) Material {
 	m := c.materialOf(args.Canonical())
 	m.legacy = args.LegacyCanonical()
+	m.args = args
 	return m
 }
 

@@ -359,13 +359,21 @@ func (r *Registry) Tools() []*Tool {
 // that invalid args are rejected without a ledger row). The error wraps
 // ErrInvalidArgs and says, in one line, where and why.
 func (t *Tool) Validate(args json.RawMessage) error {
-	if _, err := jcs.CanonicalizeObject(args); err != nil {
-		return fmt.Errorf("%w: %v", ErrInvalidArgs, err)
+	v, err := jcs.ParseStrict(args)
+	if err == nil && v.Kind != jcs.KindObject {
+		_, err = jcs.CanonicalizeObject(args) // the contract's error for a value that is no object
 	}
-	inst, err := jsonschema.UnmarshalJSON(bytes.NewReader(args))
 	if err != nil {
 		return fmt.Errorf("%w: %v", ErrInvalidArgs, err)
 	}
+	return t.ValidateInstance(args, v.Instance())
+}
+
+// ValidateInstance is Validate for args that have already passed the
+// contract's rules, given with their instance as a JSON Schema validator
+// takes them: the worker's, whose strict parse of the job made the key
+// (jobs.Material.ArgsInstance).
+func (t *Tool) ValidateInstance(args json.RawMessage, inst any) error {
 	if err := t.schema.Validate(inst); err != nil {
 		return fmt.Errorf("%w: %s", ErrInvalidArgs, schemaReason(err))
 	}

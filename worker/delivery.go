@@ -149,10 +149,19 @@ func (d *delivery) decode() *refusal {
 		return &refusal{code: "unknown_tool", message: fmt.Sprintf("no tool %q is registered", job.Tool)}
 	}
 	d.tool = tool
-	if err := tool.Validate(job.Args); err != nil {
+	if err := d.validate(); err != nil {
 		return &refusal{code: "invalid_args", message: err.Error()}
 	}
 	return nil
+}
+
+// validate checks the job's args against its tool's schema, from the parse
+// that made the key.
+func (d *delivery) validate() error {
+	if inst, ok := d.material.ArgsInstance(); ok {
+		return d.tool.ValidateInstance(d.job.Args, inst)
+	}
+	return d.tool.Validate(d.job.Args)
 }
 
 // refuse dead-letters what is not a job, and answers a job that cannot run

@@ -9,6 +9,7 @@ package jcs
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -115,9 +116,12 @@ func (k Kind) String() string {
 
 // Value is a JSON value parsed by ParseStrict.
 type Value struct {
-	Kind    Kind
-	Bool    bool
-	Number  float64
+	Kind   Kind
+	Bool   bool
+	Number float64
+	// String is a string's value, or a number's literal as written
+	// (Instance hands it on, so that a schema checks the number written,
+	// not its nearest double).
 	String  string
 	Array   []Value
 	Members []Member // in document order
@@ -192,8 +196,8 @@ func (p *parser) value(depth int) (Value, error) {
 		s, err := p.string()
 		return Value{Kind: KindString, String: s}, err
 	case c == '-' || (c >= '0' && c <= '9'):
-		f, err := p.number()
-		return Value{Kind: KindNumber, Number: f}, err
+		f, lit, err := p.number()
+		return Value{Kind: KindNumber, Number: f, String: lit}, err
 	case c == 't':
 		return Value{Kind: KindBool, Bool: true}, p.literal("true")
 	case c == 'f':
@@ -323,7 +327,7 @@ func (p *parser) array(depth int) (Value, error) {
 // number parses an RFC 8259 number. Integer literals beyond ±2^53 are refused
 // because a double cannot tell two of them apart, and so are numbers whose
 // canonical form would be such a literal; so are values that overflow.
-func (p *parser) number() (float64, error) {
+func (p *parser) number() (float64, string, error) {
 	start := p.pos
 	if p.in[p.pos] == '-' {
 		p.pos++
@@ -337,7 +341,7 @@ func (p *parser) number() (float64, error) {
 			p.pos++
 		}
 	default:
-		return 0, p.fail(ErrSyntax, "invalid number")
+		return 0, "", p.fail(ErrSyntax, "invalid number")
 	}
 	intDigits := p.in[intStart:p.pos]
 	integer := true
@@ -345,7 +349,7 @@ func (p *parser) number() (float64, error) {
 		integer = false
 		p.pos++
 		if p.pos >= len(p.in) || !isDigit(p.in[p.pos]) {
-			return 0, p.fail(ErrSyntax, "invalid number: no digit after '.'")
+			return 0, "", p.fail(ErrSyntax, "invalid number: no digit after '.'")
 		}
 		for p.pos < len(p.in) && isDigit(p.in[p.pos]) {
 			p.pos++
@@ -358,7 +362,7 @@ func (p *parser) number() (float64, error) {
 			p.pos++
 		}
 		if p.pos >= len(p.in) || !isDigit(p.in[p.pos]) {
-			return 0, p.fail(ErrSyntax, "invalid number: no digit in the exponent")
+			return 0, "", p.fail(ErrSyntax, "invalid number: no digit in the exponent")
 		}
 		for p.pos < len(p.in) && isDigit(p.in[p.pos]) {
 			p.pos++
@@ -367,19 +371,19 @@ func (p *parser) number() (float64, error) {
 	lit := string(p.in[start:p.pos])
 	if integer && (len(intDigits) > len(maxSafeInteger) ||
 		(len(intDigits) == len(maxSafeInteger) && string(intDigits) > maxSafeInteger)) {
-		return 0, &SyntaxError{Offset: start, Detail: lit, rule: ErrUnsafeInteger}
+		return 0, "", &SyntaxError{Offset: start, Detail: lit, rule: ErrUnsafeInteger}
 	}
 	f, err := strconv.ParseFloat(lit, 64)
 	if err != nil || math.IsInf(f, 0) {
-		return 0, &SyntaxError{Offset: start, Detail: lit, rule: ErrNumberRange}
+		return 0, "", &SyntaxError{Offset: start, Detail: lit, rule: ErrNumberRange}
 	}
 	// Spelled another way (1e16), a value in (2^53, 1e21) still has an integer
 	// literal beyond 2^53 as its canonical form; refusing it too keeps every
 	// canonical form acceptable as input.
 	if a := math.Abs(f); a > 1<<53 && a < 1e21 {
-		return 0, &SyntaxError{Offset: start, Detail: lit, rule: ErrUnsafeInteger}
+		return 0, "", &SyntaxError{Offset: start, Detail: lit, rule: ErrUnsafeInteger}
 	}
-	return f, nil
+	return f, lit, nil
 }
 
 func isDigit(c byte) bool { return c >= '0' && c <= '9' }
@@ -496,6 +500,35 @@ func (p *parser) hex4() (rune, error) {
 	}
 	p.pos += 4
 	return r, nil
+}
+
+// Instance returns v as encoding/json decodes a document with UseNumber:
+// map[string]any, []any, json.Number (the literal as written), string,
+// bool or nil. It is the instance a JSON Schema validator takes, built from
+// the parse already made rather than from a second one.
+func (v *Value) Instance() any {
+	switch v.Kind {
+	case KindBool:
+		return v.Bool
+	case KindNumber:
+		return json.Number(v.String)
+	case KindString:
+		return v.String
+	case KindArray:
+		a := make([]any, len(v.Array))
+		for i := range v.Array {
+			a[i] = v.Array[i].Instance()
+		}
+		return a
+	case KindObject:
+		m := make(map[string]any, len(v.Members))
+		for i := range v.Members {
+			m[v.Members[i].Name] = v.Members[i].Value.Instance()
+		}
+		return m
+	default:
+		return nil
+	}
 }
 
 // Canonical returns the RFC 8785 form of a value ParseStrict returned: what

@@ -8,6 +8,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"os"
+	"reflect"
 	"strconv"
 	"strings"
 	"testing"
@@ -236,5 +237,34 @@ func TestMemberRawAndCanonical(t *testing.T) {
 	}
 	if canon, _ := jcs.Canonicalize([]byte(doc)); string(v.Canonical()) != string(canon) {
 		t.Errorf("document: Canonical %s, Canonicalize %s", v.Canonical(), canon)
+	}
+}
+
+// TestInstanceIsWhatASchemaValidatorWouldDecode checks that the instance built
+// from a strict parse is the one encoding/json decodes from the same document
+// with UseNumber (what a JSON Schema validator takes): every kind, every
+// member, and numbers as their literals, so that a schema's multipleOf or
+// maximum sees the number written, not its nearest double.
+func TestInstanceIsWhatASchemaValidatorWouldDecode(t *testing.T) {
+	t.Parallel()
+	rng := rand.New(rand.NewPCG(8785, 2))
+	docs := []string{`{"a":0.30,"b":1e2,"c":-0,"d":[1.50,{"e":null}],"f":"\u00e9","g":true}`, `{}`, `{"x":[]}`}
+	for range 3000 {
+		docs = append(docs, jsontest.RandomObject(rng))
+	}
+	for i, doc := range docs {
+		v, err := jcs.ParseStrict([]byte(doc))
+		if err != nil {
+			t.Fatalf("doc %d: ParseStrict(%s): %v", i, doc, err)
+		}
+		dec := json.NewDecoder(strings.NewReader(doc))
+		dec.UseNumber()
+		var want any
+		if err := dec.Decode(&want); err != nil {
+			t.Fatalf("doc %d: encoding/json refused %s: %v", i, doc, err)
+		}
+		if got := v.Instance(); !reflect.DeepEqual(got, want) {
+			t.Fatalf("doc %d: %s\n got  %#v\n want %#v", i, doc, got, want)
+		}
 	}
 }
