@@ -23,6 +23,7 @@ type batcher[In, Out any] struct {
 	flushing bool                 // a batch is being written
 	closed   bool                 // ctx ended: no new request is taken
 	done     chan struct{}        // closed once closed is set and nothing is in flight
+	next     chan struct{}        // the writer goroutine's turn: a batch queued behind the one written (never more than one)
 }
 
 type batchItem[In, Out any] struct {
@@ -36,7 +37,7 @@ type batchResult[Out any] struct {
 }
 
 func newBatcher[In, Out any](maxBatch int, flush func(context.Context, []In) ([]Out, error)) *batcher[In, Out] {
-	b := &batcher[In, Out]{flush: flush, maxBatch: maxBatch, done: make(chan struct{})}
+	b := &batcher[In, Out]{flush: flush, maxBatch: maxBatch, done: make(chan struct{}), next: make(chan struct{}, 1)}
 	b.idle.L = &b.mu
 	return b
 }
@@ -59,6 +60,22 @@ func (b *batcher[In, Out]) start(ctx context.Context) {
 		b.mu.Unlock()
 		close(b.done)
 	}()
+	go b.writer()
+}
+
+// writer writes the batches that queue up behind the one in flight, one
+// after the other, until the batcher is done. One goroutine serves them
+// all: its stack has grown to what a write needs, where a new goroutine's
+// would grow again, copying itself on the way.
+func (b *batcher[In, Out]) writer() {
+	for {
+		select {
+		case <-b.next:
+			b.writeNext()
+		case <-b.done:
+			return
+		}
+	}
 }
 
 // do submits one request to the next batch and waits for its answer. A
@@ -88,9 +105,9 @@ func (b *batcher[In, Out]) do(ctx context.Context, in In) (Out, error) {
 }
 
 // writeNext writes the next batch from the queue and answers its requests.
-// Requests that queued up meanwhile are written next by a new goroutine, so
-// that the caller gets its answer without waiting for their batch; when
-// none did, nothing is in flight any more.
+// Requests that queued up meanwhile are written next by the writer
+// goroutine, so that the caller gets its answer without waiting for their
+// batch; when none did, nothing is in flight any more.
 func (b *batcher[In, Out]) writeNext() {
 	b.mu.Lock()
 	n := min(len(b.queue), b.maxBatch)
@@ -132,13 +149,15 @@ func (b *batcher[In, Out]) writeNext() {
 	b.handOn()
 }
 
-// handOn starts the next batch's writer when requests are queued, and
-// otherwise marks the batcher idle.
+// handOn gives the writer goroutine the next batch when requests are
+// queued, and otherwise marks the batcher idle. The send never blocks: one
+// batch is written at a time, and the writer takes its turn before it
+// writes, so the channel is empty whenever a write ends.
 func (b *batcher[In, Out]) handOn() {
 	b.mu.Lock()
 	if len(b.queue) > 0 {
 		b.mu.Unlock()
-		go b.writeNext()
+		b.next <- struct{}{}
 		return
 	}
 	b.flushing = false

@@ -1,7 +1,6 @@
 package worker
 
 import (
-	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
@@ -153,23 +152,6 @@ func encodeResult(r *jobs.Result, limit, outputLimit int) ([]byte, error) {
 		small.Error = &jobs.ResultError{Code: r.Error.Code, Message: strings.ToValidUTF8(r.Error.Message[:1024], "") + "…"}
 	}
 	return marshal(&small)
-}
-
-// marshal encodes a result in a buffer sized for it up front: its output
-// and error, and room for the envelope's ids.
-func marshal(r *jobs.Result) ([]byte, error) {
-	var b bytes.Buffer
-	size := len(r.Output) + 512
-	if r.Error != nil {
-		size += len(r.Error.Message)
-	}
-	b.Grow(size)
-	enc := json.NewEncoder(&b)
-	enc.SetEscapeHTML(false)
-	if err := enc.Encode(r); err != nil {
-		return nil, err
-	}
-	return bytes.TrimSuffix(b.Bytes(), []byte("\n")), nil
 }
 
 // tooLarge reports a message the broker refused for its size: over the
