@@ -50,6 +50,9 @@ type Config struct {
 	// toolq's fresh throughput).
 	Rate       int
 	LatencyFor time.Duration // how long each latency run publishes (default 10s)
+	// Settle is how long each throughput run waits at most, before it
+	// starts, for the machine to go idle (0: 5s; negative: no wait).
+	Settle time.Duration
 	// ConsumerBin is the consumer binary the scaling and memory runs start
 	// as separate processes (empty: those runs are not made).
 	ConsumerBin string
@@ -90,6 +93,9 @@ func (c *Config) fill() {
 	if c.SlowLatency <= 0 {
 		c.SlowLatency = 50 * time.Millisecond
 	}
+	if c.Settle == 0 {
+		c.Settle = 5 * time.Second
+	}
 	if c.LatencyFor <= 0 {
 		c.LatencyFor = 10 * time.Second
 	}
@@ -117,6 +123,19 @@ type Throughput struct {
 	PeakRSSMiB    float64   `json:"peak_rss_mib"`
 	Payments      int       `json:"payments"` // payments the sandbox made in the run reported (a duplicate makes none)
 	Runs          []float64 `json:"runs_jobs_per_s"`
+	// NaiveRatios are each run's jobs/s ÷ the naive dispatcher's run made
+	// just before it (none for the naive dispatcher's own): the machine's
+	// speed drifts over seconds, and a ratio of neighbours cancels it.
+	NaiveRatios []float64 `json:"runs_x_naive,omitempty"`
+}
+
+// XNaive is the median of the run's NaiveRatios (0 without any).
+func (t Throughput) XNaive() float64 {
+	if len(t.NaiveRatios) == 0 {
+		return 0
+	}
+	r := slices.Sorted(slices.Values(t.NaiveRatios))
+	return r[len(r)/2]
 }
 
 // Latency is the publish-to-result latency at a fixed rate.
@@ -265,9 +284,13 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if r.InProcess {
 		a.bin = ""
 	}
+	// The naive dispatcher runs before fresh and again before duplicate, so
+	// that each of toolq's runs has a naive run right before it to be
+	// divided by.
 	scenarios := []scenario{
 		{"naive", &r.Naive, b.naiveRun},
 		{"fresh", &r.Fresh, b.freshRun(a, 0)},
+		{"naive", &r.Naive, b.naiveRun},
 		{"duplicate", &r.Duplicate, b.duplicateRun(a, 0)},
 		{"slow", &r.Slow, b.slowRun(a)},
 	}
@@ -356,8 +379,10 @@ func (b *bench) measure(ctx context.Context, scenarios []scenario) error {
 		perS, cpu, driver, nats, postgres, machine, commits, flushes, peak float64
 		payments                                                           int
 	}
-	samples := make([][]sample, len(scenarios))
+	samples := map[*Throughput][]sample{} // a scenario may run twice a rep (the naive dispatcher's)
+	var into []*Throughput                 // in the order first run
 	for rep := range b.cfg.Reps {
+		lastNaive := 0.0 // the naive run made last in this rep
 		for _, i := range b.order(scenarios, rep) {
 			s := scenarios[i]
 			n := b.cfg.Jobs
@@ -391,17 +416,26 @@ func (b *bench) measure(ctx context.Context, scenarios []scenario) error {
 			} else { // in this process: everything it did
 				m.cpu, m.driver, m.peak = m.driver, 0, peakRSSMiB()
 			}
-			samples[i] = append(samples[i], m)
+			if _, ok := samples[s.into]; !ok {
+				into = append(into, s.into)
+			}
+			samples[s.into] = append(samples[s.into], m)
 			s.into.Runs = append(s.into.Runs, m.perS)
+			switch {
+			case s.name == "naive":
+				lastNaive = m.perS
+			case lastNaive > 0 && s.name != "slow":
+				s.into.NaiveRatios = append(s.into.NaiveRatios, m.perS/lastNaive)
+			}
 			b.cfg.Logger.Info("bench run", "scenario", s.name, "rep", rep+1, "jobs_per_s", int(m.perS), "cpu_s_per_1000", fmt.Sprintf("%.3f", m.cpu))
 		}
 	}
-	for i, s := range scenarios {
-		ss := samples[i]
+	for _, t := range into {
+		ss := samples[t]
 		slices.SortFunc(ss, func(a, b sample) int { return cmp.Compare(a.perS, b.perS) })
 		m := ss[len(ss)/2]
-		*s.into = Throughput{JobsPerS: m.perS, CPUPer1000: m.cpu, DriverCPU: m.driver, NATSCPU: m.nats, PostgresCPU: m.postgres, MachineCPU: m.machine,
-			CommitsPerJob: m.commits, FlushesPerJob: m.flushes, PeakRSSMiB: m.peak, Payments: m.payments, Runs: s.into.Runs}
+		*t = Throughput{JobsPerS: m.perS, CPUPer1000: m.cpu, DriverCPU: m.driver, NATSCPU: m.nats, PostgresCPU: m.postgres, MachineCPU: m.machine,
+			CommitsPerJob: m.commits, FlushesPerJob: m.flushes, PeakRSSMiB: m.peak, Payments: m.payments, Runs: t.Runs, NaiveRatios: t.NaiveRatios}
 	}
 	return nil
 }
@@ -528,6 +562,7 @@ func (b *bench) timed(ctx context.Context, batch []*jobs.Job, start starter) (ti
 		want[j.ToolUseID] = true
 	}
 	done := b.results.expect(want)
+	b.settle(ctx)
 	started := time.Now()
 	r, err := start(ctx)
 	if err != nil {
@@ -570,6 +605,27 @@ func (b *bench) timed(ctx context.Context, batch []*jobs.Job, start starter) (ti
 		return last.Sub(started), len(batch), nil
 	}
 	return last.Sub(r.ready), counted, nil
+}
+
+// settle waits, up to Settle, for the machine to be idle (under a fifth of
+// a core busy over 200ms) before a timed run starts: the run before it
+// leaves work behind (Postgres writing out and vacuuming its rows, the
+// broker storing the batch just published) that would otherwise be
+// counted against whichever run comes next.
+func (b *bench) settle(ctx context.Context) {
+	if b.cfg.Settle < 0 {
+		return
+	}
+	deadline := time.Now().Add(b.cfg.Settle)
+	for last := machineCPUSeconds(); time.Now().Before(deadline) && ctx.Err() == nil; {
+		time.Sleep(200 * time.Millisecond)
+		now := machineCPUSeconds()
+		if now-last < 0.2*0.2 {
+			return
+		}
+		last = now
+	}
+	b.cfg.Logger.Info("bench: the machine did not go idle; the run starts anyway", "waited", b.cfg.Settle)
 }
 
 // toolqStarter starts toolq on one tool's jobs: n consumer processes of

@@ -51,6 +51,7 @@ func runBench(ctx context.Context, args []string, stdio cli.IO, getenv func(stri
 	fs.IntVar(&cfg.Concurrency, "concurrency", 64, "jobs in flight, for toolq and the naive dispatcher alike")
 	fs.IntVar(&cfg.Rate, "rate", 0, "jobs/s of the latency runs (0: half of toolq's fresh throughput)")
 	fs.DurationVar(&cfg.LatencyFor, "latency-for", 10*time.Second, "how long each latency run publishes")
+	fs.DurationVar(&cfg.Settle, "settle", 5*time.Second, "how long each throughput run waits at most for the machine to go idle before it starts (0: no wait)")
 	quick := fs.Bool("quick", false, "a short run (about a minute): 2,000 jobs, one run each, 3s latency runs")
 	asJSON := fs.Bool("json", false, "print the figures as one JSON object, on the last line")
 	consumer := fs.String("consumer", "", "the consumer binary under test, run as processes (empty: ./consumer beside this binary, if there is one)")
@@ -69,6 +70,9 @@ func runBench(ctx context.Context, args []string, stdio cli.IO, getenv func(stri
 	cli.SetServiceGC(getenv)
 	if *quick {
 		cfg.Jobs, cfg.Reps, cfg.LatencyFor = 2000, 1, 3*time.Second
+	}
+	if cfg.Settle <= 0 {
+		cfg.Settle = -1 // the flag's 0 is the config's "no wait"
 	}
 	cfg.Logger = slog.New(slog.NewTextHandler(stdio.Err, nil))
 	if cfg.Processes, err = parseCounts(*processes); err != nil {
@@ -142,20 +146,25 @@ func printBench(stdio cli.IO, r *bench.Report) {
 	if r.InProcess {
 		where = "toolq and the naive dispatcher inside the bench's process"
 	}
-	fmt.Fprintf(stdio.Out, "%d jobs a run, %d in flight, median of %d runs; %s\n", r.Jobs, r.Concurrency, len(r.Naive.Runs), where)
+	fmt.Fprintf(stdio.Out, "%d jobs a run, %d in flight, median of %d runs (× naive: of each run's ratio to the naive run just before it); %s\n",
+		r.Jobs, r.Concurrency, len(r.Fresh.Runs), where)
 	w := cli.NewTable(stdio.Out)
 	fmt.Fprintf(w, "scenario\tjobs/s\t× naive\tCPU s/1000 jobs: consumer\tdriver\tnats\tpostgres\tmachine\tledger commits/job\tWAL flushes/job\tpeak RSS MiB\n")
 	for _, row := range []struct {
 		name string
 		t    bench.Throughput
 	}{{"naive", r.Naive}, {"fresh", r.Fresh}, {"duplicate", r.Duplicate}, {"slow (50ms tool)", r.Slow}} {
-		fmt.Fprintf(w, "%s\t%.0f\t%.2f\t%.3f\t%s\t%s\t%s\t%.3f\t%.2f\t%.3f\t%.0f\n", row.name, row.t.JobsPerS, row.t.JobsPerS/r.Naive.JobsPerS,
+		x := row.t.XNaive()
+		if x == 0 {
+			x = row.t.JobsPerS / r.Naive.JobsPerS
+		}
+		fmt.Fprintf(w, "%s\t%.0f\t%.2f\t%.3f\t%s\t%s\t%s\t%.3f\t%.2f\t%.3f\t%.0f\n", row.name, row.t.JobsPerS, x,
 			row.t.CPUPer1000, known(row.t.DriverCPU), known(row.t.NATSCPU), known(row.t.PostgresCPU), row.t.MachineCPU,
 			row.t.CommitsPerJob, row.t.FlushesPerJob, row.t.PeakRSSMiB)
 	}
 	w.Flush()
-	if len(r.Naive.Runs) > 1 {
-		fmt.Fprintf(stdio.Out, "each run × the naive run before it: fresh %s, duplicate %s\n", perRun(r.Fresh.Runs, r.Naive.Runs), perRun(r.Duplicate.Runs, r.Naive.Runs))
+	if len(r.Fresh.NaiveRatios) > 1 {
+		fmt.Fprintf(stdio.Out, "each run × the naive run just before it: fresh %s, duplicate %s\n", ratios(r.Fresh.NaiveRatios), ratios(r.Duplicate.NaiveRatios))
 	}
 	fmt.Fprintf(stdio.Out, "slow tool: %.0f jobs/s of a bound of %.0f (concurrency %d / 50ms): %.0f%%\n\n",
 		r.Slow.JobsPerS, r.SlowBound, r.Concurrency, 100*r.Slow.JobsPerS/r.SlowBound)
@@ -258,6 +267,15 @@ func known(v float64) string {
 		return "-"
 	}
 	return fmt.Sprintf("%.3f", v)
+}
+
+// ratios prints ratios to two decimals.
+func ratios(rs []float64) string {
+	out := make([]string, len(rs))
+	for i, r := range rs {
+		out[i] = fmt.Sprintf("%.2f", r)
+	}
+	return strings.Join(out, " ")
 }
 
 // perRun is each of a's runs divided by b's run of the same rep.

@@ -36,7 +36,7 @@ func TestBenchMeasuresWhatItSays(t *testing.T) {
 		t.Fatalf("build the consumer: %v\n%s", err, out)
 	}
 	out, err := runPublisher(t, "", "bench", "--json", "--nats-url", nats.URL, "--database-url", testenv.Postgres(t),
-		"--jobs", "300", "--reps", "1", "--concurrency", "8", "--latency-for", "500ms", "--rate", "200",
+		"--jobs", "300", "--reps", "1", "--concurrency", "8", "--latency-for", "500ms", "--rate", "200", "--settle", "300ms",
 		"--consumer", filepath.Join(dir, "consumer"), "--processes", "1,2", "--memory-for", "3s",
 		"--compare", filepath.Join(dir, "consumer"))
 	if err != nil {
@@ -65,6 +65,12 @@ func TestBenchMeasuresWhatItSays(t *testing.T) {
 		if want[0] != want[1] {
 			t.Errorf("%s: %d payments, want %d", name, want[0], want[1])
 		}
+	}
+	// The naive dispatcher ran twice, before fresh and before duplicate, and
+	// each of toolq's runs is divided by the naive run just before it.
+	if len(r.Naive.Runs) != 2 || len(r.Fresh.NaiveRatios) != 1 || len(r.Duplicate.NaiveRatios) != 1 ||
+		r.Fresh.NaiveRatios[0] != r.Fresh.Runs[0]/r.Naive.Runs[0] || r.Duplicate.NaiveRatios[0] != r.Duplicate.Runs[0]/r.Naive.Runs[1] {
+		t.Errorf("naive runs %v; fresh %v × naive %v; duplicate %v × naive %v", r.Naive.Runs, r.Fresh.Runs, r.Fresh.NaiveRatios, r.Duplicate.Runs, r.Duplicate.NaiveRatios)
 	}
 	if r.Fresh.CommitsPerJob <= 0 {
 		t.Errorf("fresh: %v ledger commits per job, want some", r.Fresh.CommitsPerJob)
