@@ -124,8 +124,10 @@ type Throughput struct {
 	Payments      int       `json:"payments"` // payments the sandbox made in the run reported (a duplicate makes none)
 	Runs          []float64 `json:"runs_jobs_per_s"`
 	// NaiveRatios are each run's jobs/s ÷ the naive dispatcher's run made
-	// just before it (none for the naive dispatcher's own): the machine's
-	// speed drifts over seconds, and a ratio of neighbours cancels it.
+	// just before it, for the runs that follow one (every fresh and
+	// duplicate run of the consumer; not every run of a compared build):
+	// the machine's speed drifts over seconds, and a ratio of neighbours
+	// cancels it.
 	NaiveRatios []float64 `json:"runs_x_naive,omitempty"`
 }
 
@@ -380,7 +382,7 @@ func (b *bench) measure(ctx context.Context, scenarios []scenario) error {
 		payments                                                           int
 	}
 	samples := map[*Throughput][]sample{} // a scenario may run twice a rep (the naive dispatcher's)
-	var into []*Throughput                 // in the order first run
+	var into []*Throughput                // in the order first run
 	for rep := range b.cfg.Reps {
 		lastNaive := 0.0 // the naive run made last in this rep
 		for _, i := range b.order(scenarios, rep) {
@@ -389,6 +391,7 @@ func (b *bench) measure(ctx context.Context, scenarios []scenario) error {
 			if s.name == "slow" {
 				n = min(n, b.cfg.Concurrency*40)
 			}
+			b.settle(ctx) // before the run's figures start: the wait is not the run's
 			cpu0, commits0, flushes0, payments0 := sampleCPU(b.cfg.NATSPID, b.pgPID), b.commits(ctx), b.walFlushes(ctx), len(b.sandbox.Payments())
 			var elapsed time.Duration
 			var counted int
@@ -427,6 +430,9 @@ func (b *bench) measure(ctx context.Context, scenarios []scenario) error {
 			case lastNaive > 0 && s.name != "slow":
 				s.into.NaiveRatios = append(s.into.NaiveRatios, m.perS/lastNaive)
 			}
+			if s.name != "naive" { // a ratio is to the run right before: no other
+				lastNaive = 0
+			}
 			b.cfg.Logger.Info("bench run", "scenario", s.name, "rep", rep+1, "jobs_per_s", int(m.perS), "cpu_s_per_1000", fmt.Sprintf("%.3f", m.cpu))
 		}
 	}
@@ -455,7 +461,9 @@ func (b *bench) order(scenarios []scenario, rep int) []int {
 	if rep%2 == 0 || len(compared) == 0 {
 		return append(mine, compared...)
 	}
-	return append(append(mine[:1:1], compared...), mine[1:]...) // the naive run first, as always
+	// The naive run first, as always, and again before the consumer's runs,
+	// so that they too follow a naive run.
+	return append(append(mine[:1:1], compared...), mine...)
 }
 
 // The scenarios. Each publishes its jobs first (a backlog), then starts
@@ -562,7 +570,6 @@ func (b *bench) timed(ctx context.Context, batch []*jobs.Job, start starter) (ti
 		want[j.ToolUseID] = true
 	}
 	done := b.results.expect(want)
-	b.settle(ctx)
 	started := time.Now()
 	r, err := start(ctx)
 	if err != nil {
@@ -608,10 +615,10 @@ func (b *bench) timed(ctx context.Context, batch []*jobs.Job, start starter) (ti
 }
 
 // settle waits, up to Settle, for the machine to be idle (under a fifth of
-// a core busy over 200ms) before a timed run starts: the run before it
-// leaves work behind (Postgres writing out and vacuuming its rows, the
-// broker storing the batch just published) that would otherwise be
-// counted against whichever run comes next.
+// a core busy over 200ms) before a throughput run starts, and before its
+// figures are sampled: the run before it leaves work behind (Postgres
+// writing out and vacuuming its rows) that would otherwise slow down, and
+// be counted against, whichever run comes next.
 func (b *bench) settle(ctx context.Context) {
 	if b.cfg.Settle < 0 {
 		return

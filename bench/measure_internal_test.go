@@ -1,0 +1,128 @@
+package bench
+
+import (
+	"context"
+	"log/slog"
+	"os/exec"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/toolq/toolq/demo/sandbox"
+	"github.com/toolq/toolq/internal/testenv"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+// measureSetup is a bench with what measure reads besides the runs: the
+// ledger's Postgres (its commit and WAL counters) and a sandbox.
+func measureSetup(t *testing.T, cfg Config) *bench {
+	t.Helper()
+	ctx := context.Background()
+	pg, err := pgx.Connect(ctx, testenv.Postgres(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pg.Close(context.Background()) })
+	sb, err := sandbox.New(sandbox.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Logger = slog.New(slog.DiscardHandler)
+	return &bench{cfg: cfg, pg: pg, sandbox: sb}
+}
+
+// TestEachRunIsDividedByTheNaiveRunJustBeforeIt: with --compare, every
+// rep, each of toolq's fresh and duplicate runs is divided by a naive run
+// made right before it, as the report says ("× naive: of each run's ratio
+// to the naive run just before it"): not by one made before the compared
+// build's runs.
+func TestEachRunIsDividedByTheNaiveRunJustBeforeIt(t *testing.T) {
+	b := measureSetup(t, Config{Jobs: 1000, Reps: 2, Concurrency: 8})
+	type ran struct {
+		name string
+		perS float64
+	}
+	var runs []ran
+	k := 0
+	run := func(name string) func(context.Context, int) (time.Duration, int, error) {
+		return func(context.Context, int) (time.Duration, int, error) {
+			k++
+			elapsed := time.Duration(k) * 10 * time.Millisecond // each run its own speed
+			runs = append(runs, ran{name, float64(b.cfg.Jobs) / elapsed.Seconds()})
+			return elapsed, 0, nil
+		}
+	}
+	r := &Report{Compare: &Comparison{}}
+	// Run's scenarios, in a comparison.
+	scenarios := []scenario{
+		{"naive", &r.Naive, run("naive")},
+		{"fresh", &r.Fresh, run("fresh")},
+		{"naive", &r.Naive, run("naive")},
+		{"duplicate", &r.Duplicate, run("duplicate")},
+		{"slow", &r.Slow, run("slow")},
+		{"fresh (compared)", &r.Compare.Fresh, run("fresh (compared)")},
+		{"duplicate (compared)", &r.Compare.Duplicate, run("duplicate (compared)")},
+	}
+	if err := b.measure(context.Background(), scenarios); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name string
+		t    Throughput
+	}{{"fresh", r.Fresh}, {"duplicate", r.Duplicate}} {
+		var want []float64
+		for i, x := range runs {
+			if x.name == c.name && i > 0 && runs[i-1].name == "naive" {
+				want = append(want, x.perS/runs[i-1].perS)
+			}
+		}
+		if len(c.t.NaiveRatios) != len(c.t.Runs) || len(want) != len(c.t.Runs) {
+			order := make([]string, len(runs))
+			for i, x := range runs {
+				order[i] = x.name
+			}
+			t.Fatalf("%s: %d runs, %d ratios reported, %d of them right after a naive run; the runs in order: %q; ratios %v",
+				c.name, len(c.t.Runs), len(c.t.NaiveRatios), len(want), order, c.t.NaiveRatios)
+		}
+		for i := range want {
+			if c.t.NaiveRatios[i] != want[i] {
+				t.Errorf("%s run %d: × naive %.3f, want %.3f (÷ the naive run just before it)", c.name, i+1, c.t.NaiveRatios[i], want[i])
+			}
+		}
+	}
+}
+
+// TestTheSettleWaitIsNotChargedToTheRun: the machine CPU per 1000 jobs a
+// run reports is what the machine spent on the run, not what other
+// processes spent while measure waited (settle) for the machine to go
+// idle: a run that waited its whole Settle on a busy machine reports the
+// same machine CPU as one that did not wait.
+func TestTheSettleWaitIsNotChargedToTheRun(t *testing.T) {
+	burner := exec.Command("sh", "-c", "while :; do :; done") // another process keeping one core busy
+	if err := burner.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { burner.Process.Kill(); burner.Wait() })
+	machine := func(settle time.Duration) (float64, time.Duration) {
+		b := measureSetup(t, Config{Jobs: 1000, Reps: 1, Concurrency: 8, Settle: settle})
+		var r Throughput
+		run := func(ctx context.Context, _ int) (time.Duration, int, error) {
+			return 100 * time.Millisecond, 0, nil // measure has waited to settle before
+		}
+		began := time.Now()
+		if err := b.measure(context.Background(), []scenario{{"fresh", &r, run}}); err != nil {
+			t.Fatal(err)
+		}
+		return r.MachineCPU, time.Since(began)
+	}
+	waited, took := machine(2 * time.Second)
+	unwaited, _ := machine(-1)
+	if took < 2*time.Second {
+		t.Errorf("measure took %v on a busy machine with a settle of 2s: it did not wait for the machine to go idle", took)
+	}
+	if waited-unwaited > 0.5 {
+		t.Errorf("machine CPU s/1000 jobs: %.2f after waiting to settle, %.2f without the wait: the wait's %.2f is charged to the run", waited, unwaited, waited-unwaited)
+	}
+}
