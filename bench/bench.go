@@ -7,7 +7,6 @@
 package bench
 
 import (
-	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
@@ -44,7 +43,7 @@ type Config struct {
 	DatabaseURL string // a Postgres database for the ledger
 	Jobs        int    // jobs per throughput run (default 20,000)
 	Reps        int    // runs of each throughput scenario; the median is reported (default 3)
-	Concurrency int    // jobs in flight, for toolq and the naive dispatcher alike (default 64)
+	Concurrency int    // tool calls at once, and 4 × as many jobs in flight, for toolq and the naive dispatcher alike (default 64)
 	SlowLatency time.Duration
 	// Rate is the fixed rate of the latency runs, jobs/s (0: half of
 	// toolq's fresh throughput).
@@ -964,8 +963,6 @@ func (w *resultWatch) stop() { w.sub.Unsubscribe() }
 func (w *resultWatch) fail(err error) {
 	w.failOnce.Do(func() { w.err = err; close(w.failed) })
 }
-
-func bytesReader(b []byte) io.Reader { return bytes.NewReader(b) }
 
 // levelFilter passes warnings and errors only.
 type levelFilter struct{ slog.Handler }

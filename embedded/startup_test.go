@@ -50,7 +50,7 @@ func certs(t *testing.T) (*x509.CertPool, tls.Certificate) {
 
 // startsAtOnce runs Start with a long start-up wait and reports how it
 // failed, and whether it waited.
-func startsAtOnce(t *testing.T, cfg embedded.Config) (error, time.Duration, []string) {
+func startsAtOnce(t *testing.T, cfg embedded.Config) (time.Duration, []string, error) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -66,7 +66,7 @@ func startsAtOnce(t *testing.T, cfg embedded.Config) (error, time.Duration, []st
 	if st != nil {
 		st.Close()
 	}
-	return err, time.Since(start), waited
+	return time.Since(start), waited, err
 }
 
 // TestRefusalsThatWaitingCannotChangeEndTheStartAtOnce: the start-up wait
@@ -94,7 +94,7 @@ func TestRefusalsThatWaitingCannotChangeEndTheStartAtOnce(t *testing.T) {
 		{"sslmode=require against a Postgres without TLS", embedded.Config{NATSURL: plain.URL, DatabaseURL: strings.Replace(base, "sslmode=disable", "sslmode=require", 1)}},
 		{"no such database", embedded.Config{NATSURL: plain.URL, DatabaseURL: host + "/no_such_db?sslmode=disable"}},
 	} {
-		err, took, waited := startsAtOnce(t, c.cfg)
+		took, waited, err := startsAtOnce(t, c.cfg)
 		if err == nil {
 			t.Errorf("%s: started", c.name)
 			continue

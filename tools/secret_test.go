@@ -150,14 +150,14 @@ func TestSecretInTheURLIsRedactedFromErrorsAndSpans(t *testing.T) {
 	for _, s := range rec.Ended() {
 		shown = append(shown, s.Name(), s.Status().Description)
 		for _, kv := range s.Attributes() {
-			shown = append(shown, kv.Value.Emit())
+			shown = append(shown, kv.Value.String())
 			if s.SpanKind() == trace.SpanKindClient && kv.Key == "url.full" {
-				urlFull = kv.Value.Emit()
+				urlFull = kv.Value.String()
 			}
 		}
 		for _, ev := range s.Events() {
 			for _, kv := range ev.Attributes {
-				shown = append(shown, kv.Value.Emit())
+				shown = append(shown, kv.Value.String())
 			}
 		}
 	}

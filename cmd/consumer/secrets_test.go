@@ -304,21 +304,21 @@ func spanText(s sdktrace.ReadOnlySpan) string {
 	var b strings.Builder
 	fmt.Fprintln(&b, s.Name(), s.Status().Description)
 	for _, kv := range s.Attributes() {
-		fmt.Fprintln(&b, kv.Key, kv.Value.Emit())
+		fmt.Fprintln(&b, kv.Key, kv.Value.String())
 	}
 	for _, ev := range s.Events() {
 		fmt.Fprintln(&b, ev.Name)
 		for _, kv := range ev.Attributes {
-			fmt.Fprintln(&b, kv.Key, kv.Value.Emit())
+			fmt.Fprintln(&b, kv.Key, kv.Value.String())
 		}
 	}
 	for _, l := range s.Links() {
 		for _, kv := range l.Attributes {
-			fmt.Fprintln(&b, kv.Key, kv.Value.Emit())
+			fmt.Fprintln(&b, kv.Key, kv.Value.String())
 		}
 	}
 	for _, kv := range s.Resource().Attributes() {
-		fmt.Fprintln(&b, kv.Key, kv.Value.Emit())
+		fmt.Fprintln(&b, kv.Key, kv.Value.String())
 	}
 	return b.String()
 }

@@ -48,7 +48,7 @@ func runBench(ctx context.Context, args []string, stdio cli.IO, getenv func(stri
 	var cfg bench.Config
 	fs.IntVar(&cfg.Jobs, "jobs", 20000, "jobs per throughput run")
 	fs.IntVar(&cfg.Reps, "reps", 3, "runs of each throughput scenario (the median is reported)")
-	fs.IntVar(&cfg.Concurrency, "concurrency", 64, "jobs in flight, for toolq and the naive dispatcher alike")
+	fs.IntVar(&cfg.Concurrency, "concurrency", 64, "tool calls at once, and 4 × as many jobs in flight, for toolq and the naive dispatcher alike")
 	fs.IntVar(&cfg.Rate, "rate", 0, "jobs/s of the latency runs (0: half of toolq's fresh throughput)")
 	fs.DurationVar(&cfg.LatencyFor, "latency-for", 10*time.Second, "how long each latency run publishes")
 	fs.DurationVar(&cfg.Settle, "settle", 5*time.Second, "how long each throughput run waits at most for the machine to go idle before it starts (0: no wait)")
@@ -146,8 +146,8 @@ func printBench(stdio cli.IO, r *bench.Report) {
 	if r.InProcess {
 		where = "toolq and the naive dispatcher inside the bench's process"
 	}
-	fmt.Fprintf(stdio.Out, "%d jobs a run, %d in flight, median of %d runs (× naive: of each run's ratio to the naive run just before it); %s\n",
-		r.Jobs, r.Concurrency, len(r.Fresh.Runs), where)
+	fmt.Fprintf(stdio.Out, "%d jobs a run, %d in flight, %d tool calls at once, median of %d runs (× naive: of each run's ratio to the naive run just before it); %s\n",
+		r.Jobs, 4*r.Concurrency, r.Concurrency, len(r.Fresh.Runs), where)
 	w := cli.NewTable(stdio.Out)
 	fmt.Fprintf(w, "scenario\tjobs/s\t× naive\tCPU s/1000 jobs: consumer\tdriver\tnats\tpostgres\tmachine\tledger commits/job\tWAL flushes/job\tpeak RSS MiB\n")
 	for _, row := range []struct {
