@@ -248,7 +248,7 @@ func (c *Client) awaitAll(ctx context.Context, conversationID string, toolUseIDs
 	if from > 0 {
 		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, from
 	}
-	cons, err := c.js.OrderedConsumer(ctx, TenantStream(c.tenant, ResultsStream), cfg)
+	cons, err := pull.OrderedConsumer(ctx, c.js, TenantStream(c.tenant, ResultsStream), cfg)
 	if err != nil {
 		return nil, fmt.Errorf("jobs: await results of %s: %w", conversationID, err)
 	}

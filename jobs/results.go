@@ -50,7 +50,7 @@ func (c *Client) Results(ctx context.Context, filter string) (*Results, error) {
 	if filter == "" {
 		filter = tenantPrefix(c.tenant) + "results.>"
 	}
-	cons, err := c.js.OrderedConsumer(ctx, TenantStream(c.tenant, ResultsStream), jetstream.OrderedConsumerConfig{
+	cons, err := pull.OrderedConsumer(ctx, c.js, TenantStream(c.tenant, ResultsStream), jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{filter},
 		DeliverPolicy:  jetstream.DeliverNewPolicy,
 	})

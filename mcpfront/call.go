@@ -405,7 +405,7 @@ func (s *Server) publishAndAwait(ctx context.Context, j *jobs.Job) (*jobs.Result
 // overtook). A result with another key (a job published with the same
 // tool_use_id by someone else) is another call's, and skipped.
 func (s *Server) awaitKey(ctx context.Context, conversationID, toolUseID, key string) (*jobs.Result, error) {
-	cons, err := s.cfg.JS.OrderedConsumer(ctx, jobs.ResultsStream, jetstream.OrderedConsumerConfig{
+	cons, err := pull.OrderedConsumer(ctx, s.cfg.JS, jobs.ResultsStream, jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{jobs.ResultSubject(conversationID)},
 		DeliverPolicy:  jetstream.DeliverAllPolicy,
 	})

@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/toolq/toolq/internal/jcs"
+	"github.com/toolq/toolq/internal/pull"
 	"github.com/toolq/toolq/jobs"
 	"github.com/toolq/toolq/ledger"
 )
@@ -525,7 +526,7 @@ func Replay(ctx context.Context, js jetstream.JetStream, r ReplayRange, dry bool
 func scanStream(ctx context.Context, js jetstream.JetStream, stream, filter string, cfg jetstream.OrderedConsumerConfig,
 	progress func(done, total uint64), each func(jetstream.Msg) (bool, error)) error {
 	cfg.FilterSubjects = []string{filter}
-	cons, err := js.OrderedConsumer(ctx, stream, cfg)
+	cons, err := pull.OrderedConsumer(ctx, js, stream, cfg)
 	if err != nil {
 		return fmt.Errorf("operate: read %s: %w", stream, err)
 	}

@@ -23,6 +23,7 @@
 package pull
 
 import (
+	"context"
 	"errors"
 	"time"
 
@@ -76,3 +77,27 @@ func (p *Iter) Stop() { p.it.Stop() }
 // Drain drains the iterator (MessagesContext.Drain): Next returns what was
 // buffered, then jetstream.ErrMsgIteratorClosed.
 func (p *Iter) Drain() { p.it.Drain() }
+
+// createTimeout is how long one request to create an ordered consumer waits
+// for its answer before OrderedConsumer asks again.
+var createTimeout = 5 * time.Second
+
+// OrderedConsumer creates an ordered consumer on stream as
+// js.OrderedConsumer does, and asks again whenever a request goes
+// unanswered for 5s, until ctx ends. In a cluster that has just lost a node
+// (its leader of the stream, or of the cluster's metadata) a create request
+// can go unanswered, and js.OrderedConsumer waits for it until ctx ends: an
+// agent awaiting its results with a deadline of minutes waited that long for
+// nothing, though every result was there. Each request names a consumer of
+// its own; one created whose answer was lost is removed by the server once
+// inactive, as every ordered consumer is.
+func OrderedConsumer(ctx context.Context, js jetstream.JetStream, stream string, cfg jetstream.OrderedConsumerConfig) (jetstream.Consumer, error) {
+	for {
+		attempt, cancel := context.WithTimeout(ctx, createTimeout)
+		cons, err := js.OrderedConsumer(attempt, stream, cfg)
+		cancel()
+		if err == nil || ctx.Err() != nil || !(errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout)) {
+			return cons, err
+		}
+	}
+}

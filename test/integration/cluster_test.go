@@ -221,10 +221,18 @@ func TestClusterNodeKilledMidRun(t *testing.T) {
 			got[id] = r
 		}
 	}
+	var missing []string
 	for _, j := range published {
 		if r := got[j.ToolUseID]; r == nil || r.Status != jobs.StatusOK {
-			t.Fatalf("%s: %+v %v\n%s", j.ToolUseID, r, err, tailOf(logs.String(), 3000))
+			missing = append(missing, fmt.Sprintf("%s: %+v", j.ToolUseID, r))
+			if len(missing) == 1 { // what the worker logged of the first, by its key
+				key, _ := j.Call().Key()
+				t.Logf("the worker's lines on %s (key %s):\n%s", j.ToolUseID, key, linesWith(logs.String(), key, j.ToolUseID))
+			}
 		}
+	}
+	if len(missing) > 0 {
+		t.Fatalf("%d of %d jobs without an ok result (%v):\n%s\n%s", len(missing), len(published), err, strings.Join(missing, "\n"), tailOf(logs.String(), 3000))
 	}
 	if n := len(sb.Payments()); n != calls {
 		t.Fatalf("%d payments for %d calls", n, calls)
@@ -264,6 +272,20 @@ func leaderOf(t *testing.T, js jetstream.JetStream, stream string, nodes []*nats
 	}
 	t.Fatalf("no node leads %s (%q)", stream, info.Cluster.Leader)
 	return nil
+}
+
+// linesWith is the lines of s that hold any of words.
+func linesWith(s string, words ...string) string {
+	var out []string
+	for line := range strings.SplitSeq(s, "\n") {
+		for _, w := range words {
+			if strings.Contains(line, w) {
+				out = append(out, line)
+				break
+			}
+		}
+	}
+	return strings.Join(out, "\n")
 }
 
 func tailOf(s string, n int) string {
