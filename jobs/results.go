@@ -45,14 +45,21 @@ type slot struct {
 // subject matches filter (empty: toolq.results.>, every conversation; a
 // tenant's client: toolq.<tenant>.results.>).
 // Expect a tool_use_id before publishing its job, so that its result cannot
-// pass unseen. Errors: the consumer could not be created.
+// pass unseen. "From now on" is from the stream's next sequence when it is
+// called, kept if the reader's consumer is recreated (its node lost) before
+// the first result. Errors: the stream or the consumer could not be read.
 func (c *Client) Results(ctx context.Context, filter string) (*Results, error) {
 	if filter == "" {
 		filter = tenantPrefix(c.tenant) + "results.>"
 	}
+	from, err := c.resultsCursor(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("jobs: results reader: %w", err)
+	}
 	cons, err := pull.OrderedConsumer(ctx, c.js, TenantStream(c.tenant, ResultsStream), jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{filter},
-		DeliverPolicy:  jetstream.DeliverNewPolicy,
+		DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
+		OptStartSeq:    from, // not DeliverNew: a reset before the first result starts here again, not at the reset
 	})
 	if err != nil {
 		return nil, fmt.Errorf("jobs: results reader: %w", err)

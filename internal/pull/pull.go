@@ -29,6 +29,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nuid"
 )
 
 const (
@@ -88,10 +89,17 @@ var createTimeout = 5 * time.Second
 // (its leader of the stream, or of the cluster's metadata) a create request
 // can go unanswered, and js.OrderedConsumer waits for it until ctx ends: an
 // agent awaiting its results with a deadline of minutes waited that long for
-// nothing, though every result was there. Each request names a consumer of
-// its own; one created whose answer was lost is removed by the server once
-// inactive, as every ordered consumer is.
+// nothing, though every result was there. Every request names the same
+// consumer, so that one the server created for an answer that was lost is
+// the one returned, not left behind. Without a deadline on ctx it asks once,
+// and JetStream's own timeout ends the wait, as before.
 func OrderedConsumer(ctx context.Context, js jetstream.JetStream, stream string, cfg jetstream.OrderedConsumerConfig) (jetstream.Consumer, error) {
+	if _, ok := ctx.Deadline(); !ok {
+		return js.OrderedConsumer(ctx, stream, cfg) // one request, bounded by JetStream's default timeout
+	}
+	if cfg.NamePrefix == "" {
+		cfg.NamePrefix = nuid.Next() // every request names the same consumer: one the server made for a lost answer is the one returned
+	}
 	for {
 		attempt, cancel := context.WithTimeout(ctx, createTimeout)
 		cons, err := js.OrderedConsumer(attempt, stream, cfg)
