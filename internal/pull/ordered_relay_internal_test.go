@@ -202,6 +202,20 @@ func (c *counting) OrderedConsumer(ctx context.Context, stream string, cfg jetst
 	return c.JetStream.OrderedConsumer(ctx, stream, cfg)
 }
 
+// streamOfAStoppedServer is a server with stream S on s.>, shut down, and a
+// connection to it (opts its options) waiting to reconnect.
+func streamOfAStoppedServer(t *testing.T, opts ...nats.Option) (*testenv.NATS, *nats.Conn, jetstream.JetStream) {
+	t.Helper()
+	n := testenv.StartNATS(t)
+	nc := n.Connect(opts...)
+	js, _ := jetstream.New(nc)
+	if _, err := js.CreateStream(context.Background(), jetstream.StreamConfig{Name: "S", Subjects: []string{"s.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	n.Shutdown()
+	return n, nc, js
+}
+
 // TestOrderedConsumerWhileReconnectingAsksOncePerTimeout: with the server
 // down (the request buffered for the reconnect, or refused with the
 // buffer off) the asking is paced by the request timeout, not a hot loop.
@@ -209,13 +223,7 @@ func TestOrderedConsumerWhileReconnectingAsksOncePerTimeout(t *testing.T) {
 	defer func(d time.Duration) { createTimeout = d }(createTimeout)
 	createTimeout = 100 * time.Millisecond
 	for _, buf := range []int{8 << 20, -1} {
-		n := testenv.StartNATS(t)
-		nc := n.Connect(nats.ReconnectBufSize(buf))
-		js, _ := jetstream.New(nc)
-		if _, err := js.CreateStream(context.Background(), jetstream.StreamConfig{Name: "S", Subjects: []string{"s.>"}}); err != nil {
-			t.Fatal(err)
-		}
-		n.Shutdown()
+		_, _, js := streamOfAStoppedServer(t, nats.ReconnectBufSize(buf))
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		c := &counting{JetStream: js}
 		_, err := OrderedConsumer(ctx, c, "S", jetstream.OrderedConsumerConfig{})
@@ -233,13 +241,7 @@ func TestOrderedConsumerWhileReconnectingAsksOncePerTimeout(t *testing.T) {
 func TestCreatesAskedDuringAnOutageLeaveNoConsumersBehind(t *testing.T) {
 	defer func(d time.Duration) { createTimeout = d }(createTimeout)
 	createTimeout = 100 * time.Millisecond
-	n := testenv.StartNATS(t)
-	nc := n.Connect()
-	js, _ := jetstream.New(nc)
-	if _, err := js.CreateStream(context.Background(), jetstream.StreamConfig{Name: "S", Subjects: []string{"s.>"}}); err != nil {
-		t.Fatal(err)
-	}
-	n.Shutdown()
+	n, nc, js := streamOfAStoppedServer(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	c := &counting{JetStream: js}
 	_, err := OrderedConsumer(ctx, c, "S", jetstream.OrderedConsumerConfig{})
