@@ -116,11 +116,11 @@ func TestADecisionWhoseAnnouncementWasLostIsCarriedOutByTheSweep(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	go func() {
-		sweepCtx, cancel := context.WithTimeout(ctx, 60*time.Second)
-		defer cancel()
-		svc.Run(sweepCtx, 200*time.Millisecond)
-	}()
+	// The sweep ends with the test, before its ledger closes.
+	sweepCtx, stopSweep := context.WithCancel(ctx)
+	swept := make(chan struct{})
+	go func() { defer close(swept); svc.Run(sweepCtx, 200*time.Millisecond) }()
+	t.Cleanup(func() { stopSweep(); <-swept })
 	for _, j := range yesCalls {
 		if r := e.finalOf(yesCalls)[j.ToolUseID]; r.Status != jobs.StatusOK {
 			t.Fatalf("approved %s: %+v", j.ToolUseID, r)
