@@ -30,6 +30,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/toolq/toolq/internal/jsretry"
 	"github.com/toolq/toolq/jobs"
 	"github.com/toolq/toolq/ledger"
 	"github.com/toolq/toolq/tracing"
@@ -352,11 +353,13 @@ func decidedMsgID(row ledger.Row) string {
 // publication of msg was dropped as a duplicate of, is msg's job: on its
 // subject, a tenant's own, under its key. Unreadable, it is taken as not.
 func (s *Service) ownJob(ctx context.Context, seq uint64, msg *nats.Msg) bool {
-	stream, err := s.cfg.JS.Stream(ctx, jobs.JobsStream)
-	if err != nil {
-		return false
-	}
-	m, err := stream.GetMsg(ctx, seq)
+	m, err := jsretry.Do(ctx, func(ctx context.Context) (*jetstream.RawStreamMsg, error) {
+		stream, err := s.cfg.JS.Stream(ctx, jobs.JobsStream)
+		if err != nil {
+			return nil, err
+		}
+		return stream.GetMsg(ctx, seq)
+	})
 	return err == nil && m.Subject == msg.Subject && m.Header.Get(jobs.HeaderKey) == msg.Header.Get(jobs.HeaderKey) &&
 		m.Header.Get(jetstream.MsgIDHeader) == msg.Header.Get(jetstream.MsgIDHeader)
 }

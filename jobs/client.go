@@ -17,6 +17,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/toolq/toolq/internal/jcs"
+	"github.com/toolq/toolq/internal/jsretry"
 	"github.com/toolq/toolq/internal/pull"
 )
 
@@ -116,7 +117,11 @@ func (c *Client) Publish(ctx context.Context, j *Job) (Published, error) {
 	msg.Data = body
 	msg.Header.Set(HeaderKey, key)
 	c.propagator.Inject(ctx, HeaderCarrier(msg.Header))
-	ack, err := c.js.PublishMsg(ctx, msg, jetstream.WithMsgID(msgID), jetstream.WithExpectStream(JobsStream))
+	// Asked again when unanswered: the message id makes a second publish
+	// of the job a duplicate JetStream drops.
+	ack, err := jsretry.Do(ctx, func(ctx context.Context) (*jetstream.PubAck, error) {
+		return c.js.PublishMsg(ctx, msg, jetstream.WithMsgID(msgID), jetstream.WithExpectStream(JobsStream))
+	})
 	if err != nil {
 		span.RecordError(err)
 		span.SetStatus(codes.Error, "publish failed")
@@ -208,15 +213,12 @@ func (c *Client) PublishAndAwait(ctx context.Context, j *Job, opts ...AwaitOptio
 // resultsCursor is the sequence the next result will get: every result of a
 // job published after this call comes at or after it.
 func (c *Client) resultsCursor(ctx context.Context) (uint64, error) {
-	s, err := c.js.Stream(ctx, TenantStream(c.tenant, ResultsStream))
+	name := TenantStream(c.tenant, ResultsStream)
+	s, err := jsretry.Do(ctx, func(ctx context.Context) (jetstream.Stream, error) { return c.js.Stream(ctx, name) })
 	if err != nil {
-		return 0, fmt.Errorf("jobs: stream %s: %w", TenantStream(c.tenant, ResultsStream), err)
+		return 0, fmt.Errorf("jobs: stream %s: %w", name, err)
 	}
-	info, err := s.Info(ctx)
-	if err != nil {
-		return 0, fmt.Errorf("jobs: stream %s: %w", TenantStream(c.tenant, ResultsStream), err)
-	}
-	return info.State.LastSeq + 1, nil
+	return s.CachedInfo().State.LastSeq + 1, nil // the info js.Stream just asked for
 }
 
 // AwaitAll waits for the results addressed to the given tool_use_ids in

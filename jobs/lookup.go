@@ -7,7 +7,10 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
+
+	"github.com/toolq/toolq/internal/jsretry"
 )
 
 // LookupSubject is the subject of the consumers' ledger lookup: a NATS
@@ -62,7 +65,11 @@ var ErrLookupRefused = errors.New("jobs: lookup refused")
 // with the service's code and description), or the request's (no
 // consumer answers: nats.ErrNoResponders).
 func (c *Client) Lookup(ctx context.Context, key string) (*Lookup, error) {
-	msg, err := c.js.Conn().RequestWithContext(ctx, TenantLookupSubject(c.tenant), []byte(key))
+	// Asked again when unanswered: another consumer of the queue group can
+	// answer for one that is stopped.
+	msg, err := jsretry.Do(ctx, func(ctx context.Context) (*nats.Msg, error) {
+		return c.js.Conn().RequestWithContext(ctx, TenantLookupSubject(c.tenant), []byte(key))
+	})
 	if err != nil {
 		return nil, fmt.Errorf("jobs: lookup %s: %w", key, err)
 	}

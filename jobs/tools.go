@@ -6,7 +6,10 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
+
+	"github.com/toolq/toolq/internal/jsretry"
 )
 
 // ToolsSubject is the subject of the consumers' tool list: a NATS request
@@ -42,7 +45,9 @@ func (c *Client) Tools(ctx context.Context, format string) (json.RawMessage, err
 	if err != nil {
 		return nil, err
 	}
-	msg, err := c.js.Conn().RequestWithContext(ctx, ToolsSubject, body)
+	msg, err := jsretry.Do(ctx, func(ctx context.Context) (*nats.Msg, error) { // another consumer answers for a stopped one
+		return c.js.Conn().RequestWithContext(ctx, ToolsSubject, body)
+	})
 	if err != nil {
 		return nil, fmt.Errorf("jobs: tools %s: %w", format, err)
 	}

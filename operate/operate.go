@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/toolq/toolq/internal/jcs"
+	"github.com/toolq/toolq/internal/jsretry"
 	"github.com/toolq/toolq/internal/pull"
 	"github.com/toolq/toolq/jobs"
 	"github.com/toolq/toolq/ledger"
@@ -114,11 +115,11 @@ func ListDeadLetters(ctx context.Context, js jetstream.JetStream, reason string)
 // GetDeadLetter returns the dead letter at seq, or an error when TOOLQ_DLQ
 // has none there (or cannot be read).
 func GetDeadLetter(ctx context.Context, js jetstream.JetStream, seq uint64) (DeadLetter, error) {
-	s, err := js.Stream(ctx, jobs.DLQStream)
+	s, err := streamOf(ctx, js, jobs.DLQStream)
 	if err != nil {
 		return DeadLetter{}, fmt.Errorf("operate: stream %s: %w", jobs.DLQStream, err)
 	}
-	m, err := s.GetMsg(ctx, seq)
+	m, err := jsretry.Do(ctx, func(ctx context.Context) (*jetstream.RawStreamMsg, error) { return s.GetMsg(ctx, seq) })
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return DeadLetter{}, fmt.Errorf("operate: no dead letter at sequence %d", seq)
 	}
@@ -144,11 +145,11 @@ func Original(ctx context.Context, js jetstream.JetStream, d DeadLetter) (*jetst
 	if d.JobSeq == 0 {
 		return nil, fmt.Errorf("%w: dead letter %d names no job sequence", ErrOriginalGone, d.Seq)
 	}
-	s, err := js.Stream(ctx, jobs.JobsStream)
+	s, err := streamOf(ctx, js, jobs.JobsStream)
 	if err != nil {
 		return nil, fmt.Errorf("operate: stream %s: %w", jobs.JobsStream, err)
 	}
-	m, err := s.GetMsg(ctx, d.JobSeq)
+	m, err := jsretry.Do(ctx, func(ctx context.Context) (*jetstream.RawStreamMsg, error) { return s.GetMsg(ctx, d.JobSeq) })
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return nil, fmt.Errorf("%w (job %d)", ErrOriginalGone, d.JobSeq)
 	}
@@ -222,7 +223,7 @@ func Requeue(ctx context.Context, js jetstream.JetStream, seq uint64, opts ...Re
 	if ack.Duplicate {
 		return 0, fmt.Errorf("%w: dead letter %d: TOOLQ_JOBS took its requeue as a duplicate (requeued by another at the same time?); it stays in the DLQ", ErrRequeueDuplicate, seq)
 	}
-	s, err := js.Stream(ctx, jobs.DLQStream)
+	s, err := streamOf(ctx, js, jobs.DLQStream)
 	if err == nil {
 		err = s.DeleteMsg(ctx, seq)
 	}
@@ -245,7 +246,7 @@ type DeadLetterCount struct {
 // empty) and notes the last sequence the count covers, for PurgeDeadLetters.
 // Errors are JetStream's, wrapped.
 func CountDeadLetters(ctx context.Context, js jetstream.JetStream, reason string) (DeadLetterCount, error) {
-	s, err := js.Stream(ctx, jobs.DLQStream)
+	s, err := streamOf(ctx, js, jobs.DLQStream)
 	if err != nil {
 		return DeadLetterCount{}, fmt.Errorf("operate: stream %s: %w", jobs.DLQStream, err)
 	}
@@ -254,7 +255,9 @@ func CountDeadLetters(ctx context.Context, js jetstream.JetStream, reason string
 	// The server reads the last sequence and the per-subject totals one after
 	// the other: a count is only taken when no dead letter arrived around it.
 	for try := 0; ; try++ {
-		info, err := s.Info(ctx, jetstream.WithSubjectFilter(filter))
+		info, err := jsretry.Do(ctx, func(ctx context.Context) (*jetstream.StreamInfo, error) {
+			return s.Info(ctx, jetstream.WithSubjectFilter(filter))
+		})
 		if err != nil {
 			return DeadLetterCount{}, fmt.Errorf("operate: count %s: %w", filter, err)
 		}
@@ -279,7 +282,7 @@ func PurgeDeadLetters(ctx context.Context, js jetstream.JetStream, c DeadLetterC
 	if c.N == 0 || c.Through == 0 {
 		return nil
 	}
-	s, err := js.Stream(ctx, jobs.DLQStream)
+	s, err := streamOf(ctx, js, jobs.DLQStream)
 	if err != nil {
 		return fmt.Errorf("operate: stream %s: %w", jobs.DLQStream, err)
 	}
@@ -455,7 +458,7 @@ func Replay(ctx context.Context, js jetstream.JetStream, r ReplayRange, dry bool
 	}
 	bySeq := r.FromSeq > 0 || r.ToSeq > 0
 	if bySeq {
-		s, err := js.Stream(ctx, jobs.JobsStream)
+		s, err := streamOf(ctx, js, jobs.JobsStream)
 		if err != nil {
 			return nil, fmt.Errorf("operate: stream %s: %w", jobs.JobsStream, err)
 		}
@@ -507,7 +510,11 @@ func Replay(ctx context.Context, js jetstream.JetStream, r ReplayRange, dry bool
 				}
 			}
 			msg.Header.Set(jobs.HeaderReplayOf, strconv.FormatUint(seq, 10))
-			ack, err := js.PublishMsg(ctx, msg, jetstream.WithMsgID(fmt.Sprintf("replay:%d:%d", seq, stamp)), jetstream.WithExpectStream(jobs.JobsStream))
+			// Asked again when unanswered: its id makes a second publish a
+			// duplicate JetStream drops, and answers with the first's sequence.
+			ack, err := jsretry.Do(ctx, func(ctx context.Context) (*jetstream.PubAck, error) {
+				return js.PublishMsg(ctx, msg, jetstream.WithMsgID(fmt.Sprintf("replay:%d:%d", seq, stamp)), jetstream.WithExpectStream(jobs.JobsStream))
+			})
 			if err != nil {
 				return false, fmt.Errorf("operate: replay of %d: %w", seq, err)
 			}
@@ -517,6 +524,12 @@ func Replay(ctx context.Context, js jetstream.JetStream, r ReplayRange, dry bool
 		return true, nil
 	})
 	return out, err
+}
+
+// streamOf is js.Stream(ctx, name), asked again when unanswered: a
+// stream's info is a read.
+func streamOf(ctx context.Context, js jetstream.JetStream, name string) (jetstream.Stream, error) {
+	return jsretry.Do(ctx, func(ctx context.Context) (jetstream.Stream, error) { return js.Stream(ctx, name) })
 }
 
 // scanStream reads the messages of stream on filter, from where cfg starts
@@ -530,13 +543,14 @@ func scanStream(ctx context.Context, js jetstream.JetStream, stream, filter stri
 	if err != nil {
 		return fmt.Errorf("operate: read %s: %w", stream, err)
 	}
-	info, err := cons.Info(ctx)
+	info, err := jsretry.Do(ctx, cons.Info)
 	if err != nil {
 		return fmt.Errorf("operate: read %s: %w", stream, err)
 	}
 	total := info.NumPending
-	for left := total; left > 0; {
-		batch, err := cons.Fetch(int(min(left, 256)), jetstream.FetchMaxWait(5*time.Second))
+	var last uint64 // the stream sequence of the last message read
+	for left, empty := total, 0; left > 0; {
+		batch, err := cons.Fetch(int(min(left, 256)), jetstream.FetchMaxWait(jsretry.Patience()))
 		if err != nil {
 			return fmt.Errorf("operate: read %s: %w", stream, err)
 		}
@@ -544,6 +558,9 @@ func scanStream(ctx context.Context, js jetstream.JetStream, stream, filter stri
 		for m := range batch.Messages() {
 			got++
 			left--
+			if meta, err := m.Metadata(); err == nil {
+				last = meta.Sequence.Stream
+			}
 			more, err := each(m)
 			if progress != nil {
 				progress(total-left, total)
@@ -555,8 +572,22 @@ func scanStream(ctx context.Context, js jetstream.JetStream, stream, filter stri
 		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
 			return fmt.Errorf("operate: read %s: %w", stream, err)
 		}
-		if got == 0 {
+		if got > 0 {
+			empty = 0
+			continue
+		}
+		// Nothing came though messages are left: the batch was lost on its
+		// way (the server counts it delivered), or the stream's leader is
+		// moving. Read on from after the last message read, with a consumer
+		// of its own.
+		if empty++; empty == 3 || ctx.Err() != nil {
 			return fmt.Errorf("operate: read %s: stopped with %d message(s) unread", stream, left)
+		}
+		if last > 0 {
+			cfg.DeliverPolicy, cfg.OptStartSeq, cfg.OptStartTime = jetstream.DeliverByStartSequencePolicy, last+1, nil
+		}
+		if cons, err = pull.OrderedConsumer(ctx, js, stream, cfg); err != nil {
+			return fmt.Errorf("operate: read %s: %w", stream, err)
 		}
 	}
 	return nil

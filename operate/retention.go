@@ -47,7 +47,7 @@ const (
 func Comebacks(ctx context.Context, js jetstream.JetStream) ([]Comeback, error) {
 	var out []Comeback
 	for _, name := range []string{jobs.JobsStream, jobs.DLQStream} {
-		s, err := js.Stream(ctx, name)
+		s, err := streamOf(ctx, js, name)
 		if err != nil {
 			return nil, fmt.Errorf("operate: stream %s: %w", name, err)
 		}

@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/toolq/toolq/internal/cli"
+	"github.com/toolq/toolq/internal/jsretry"
 	"github.com/toolq/toolq/jobs"
 	"github.com/toolq/toolq/ledger"
 )
@@ -79,7 +80,7 @@ func runStatus(ctx context.Context, args []string, stdio cli.IO, getenv func(str
 	defer nc.Close()
 	var st status
 	for _, name := range []string{jobs.JobsStream, jobs.ResultsStream, jobs.DLQStream} {
-		s, err := js.Stream(ctx, name)
+		s, err := jsretry.Do(ctx, func(ctx context.Context) (jetstream.Stream, error) { return js.Stream(ctx, name) })
 		if errors.Is(err, jetstream.ErrStreamNotFound) {
 			return fmt.Errorf("stream %s does not exist: has a consumer run against this server?", name)
 		}
@@ -99,7 +100,7 @@ func runStatus(ctx context.Context, args []string, stdio cli.IO, getenv func(str
 		}
 		names := s.ConsumerNames(ctx)
 		for cname := range names.Name() {
-			c, err := s.Consumer(ctx, cname)
+			c, err := jsretry.Do(ctx, func(ctx context.Context) (jetstream.Consumer, error) { return s.Consumer(ctx, cname) })
 			if errors.Is(err, jetstream.ErrConsumerNotFound) {
 				continue // an ordered consumer gone since it was listed
 			}
@@ -199,7 +200,9 @@ func readLedgerStatus(ctx context.Context, databaseURL, dataDir string, st *stat
 // deadLettersByReason counts the messages of TOOLQ_DLQ by the last token
 // of their subject.
 func deadLettersByReason(ctx context.Context, s jetstream.Stream) (map[string]uint64, error) {
-	info, err := s.Info(ctx, jetstream.WithSubjectFilter(jobs.DLQSubjects))
+	info, err := jsretry.Do(ctx, func(ctx context.Context) (*jetstream.StreamInfo, error) {
+		return s.Info(ctx, jetstream.WithSubjectFilter(jobs.DLQSubjects))
+	})
 	if err != nil {
 		return nil, fmt.Errorf("stream %s: %w", jobs.DLQStream, err)
 	}

@@ -2,7 +2,6 @@ package pull
 
 import (
 	"context"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -10,76 +9,29 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/toolq/toolq/internal/jsretry"
 	"github.com/toolq/toolq/internal/testenv"
 )
 
-// relayed is a JetStream whose API requests go through a relay on the
-// subject prefix RELAY.API: each is passed on to the server's API, and the
-// server answers the asker directly, unless lose says to lose the answer:
-// then the request still reaches the server (a consumer it asks for is
-// created) and its answer goes nowhere, as when a cluster's lost node
-// eats it.
-type relayed struct {
-	jetstream.JetStream
-	direct jetstream.JetStream // the server's API, not relayed
-
-	mu    sync.Mutex
-	asked []string // API subjects relayed, in order
-}
-
+// relay is a LossyJetStream on a server of its own with stream S on s.>.
 func relay(t *testing.T, lose func(api string, nth int) bool, opts ...jetstream.JetStreamOpt) *relayed {
 	t.Helper()
-	n := testenv.StartNATS(t)
-	nc, relayNC := n.Connect(), n.Connect()
-	r := &relayed{}
-	counts := map[string]int{}
-	_, err := relayNC.Subscribe("RELAY.API.>", func(m *nats.Msg) {
-		api := strings.TrimPrefix(m.Subject, "RELAY.API.")
-		kind := strings.Join(strings.SplitN(api, ".", 3)[:2], ".") // CONSUMER.CREATE, STREAM.INFO…
-		r.mu.Lock()
-		r.asked = append(r.asked, api)
-		counts[kind]++
-		nth := counts[kind]
-		r.mu.Unlock()
-		fwd := &nats.Msg{Subject: "$JS.API." + api, Reply: m.Reply, Header: m.Header, Data: m.Data}
-		if lose(kind, nth) {
-			fwd.Reply = "LOST." + nats.NewInbox() // nobody listens
-		}
-		relayNC.PublishMsg(fwd)
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	relayNC.Flush()
-	if r.JetStream, err = jetstream.NewWithAPIPrefix(nc, "RELAY.API", opts...); err != nil {
-		t.Fatal(err)
-	}
-	if r.direct, err = jetstream.New(nc); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := r.direct.CreateStream(context.Background(), jetstream.StreamConfig{Name: "S", Subjects: []string{"s.>"}}); err != nil {
+	r := &relayed{testenv.LoseJetStreamAnswers(t, testenv.StartNATS(t).Connect(), lose, opts...)}
+	if _, err := r.Direct.CreateStream(context.Background(), jetstream.StreamConfig{Name: "S", Subjects: []string{"s.>"}}); err != nil {
 		t.Fatal(err)
 	}
 	return r
 }
 
-func (r *relayed) creates() int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	n := 0
-	for _, a := range r.asked {
-		if strings.HasPrefix(a, "CONSUMER.CREATE.") {
-			n++
-		}
-	}
-	return n
-}
+type relayed struct{ *testenv.LossyJetStream }
+
+func (r *relayed) creates() int { return r.Asked("CONSUMER.CREATE.") }
 
 // consumers is what the server holds on S: name → inactive threshold.
 func (r *relayed) consumers(t *testing.T) map[string]time.Duration {
 	t.Helper()
 	out := map[string]time.Duration{}
-	s, err := r.direct.Stream(context.Background(), "S")
+	s, err := r.Direct.Stream(context.Background(), "S")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,8 +51,7 @@ func (r *relayed) consumers(t *testing.T) map[string]time.Duration {
 // once JetStream's default timeout passed; OrderedConsumer, which asks
 // again until ctx ends, must not turn that into a wait without end.
 func TestAnUnansweredCreateWithoutADeadlineEndsAsJetStreamsOwnDoes(t *testing.T) {
-	defer func(d time.Duration) { createTimeout = d }(createTimeout)
-	createTimeout = 100 * time.Millisecond
+	defer jsretry.SetPatience(100 * time.Millisecond)()
 	js := relay(t, func(api string, _ int) bool { return api == "CONSUMER.CREATE" }, jetstream.WithDefaultTimeout(300*time.Millisecond))
 
 	began := time.Now()
@@ -130,8 +81,7 @@ func TestAnUnansweredCreateWithoutADeadlineEndsAsJetStreamsOwnDoes(t *testing.T)
 // the server beside the one the caller reads (each is an R1 memory
 // consumer the server keeps for its InactiveThreshold).
 func TestACreateAskedAgainLeavesOneConsumer(t *testing.T) {
-	defer func(d time.Duration) { createTimeout = d }(createTimeout)
-	createTimeout = 200 * time.Millisecond
+	defer jsretry.SetPatience(200 * time.Millisecond)()
 	js := relay(t, func(api string, nth int) bool { return api == "CONSUMER.CREATE" && nth == 1 })
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -220,8 +170,7 @@ func streamOfAStoppedServer(t *testing.T, opts ...nats.Option) (*testenv.NATS, *
 // down (the request buffered for the reconnect, or refused with the
 // buffer off) the asking is paced by the request timeout, not a hot loop.
 func TestOrderedConsumerWhileReconnectingAsksOncePerTimeout(t *testing.T) {
-	defer func(d time.Duration) { createTimeout = d }(createTimeout)
-	createTimeout = 100 * time.Millisecond
+	defer jsretry.SetPatience(100 * time.Millisecond)()
 	for _, buf := range []int{8 << 20, -1} {
 		_, _, js := streamOfAStoppedServer(t, nats.ReconnectBufSize(buf))
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
@@ -239,8 +188,7 @@ func TestOrderedConsumerWhileReconnectingAsksOncePerTimeout(t *testing.T) {
 // while the server was down wait in the connection's reconnect buffer and
 // reach the server when it is back, each creating a consumer nobody reads.
 func TestCreatesAskedDuringAnOutageLeaveNoConsumersBehind(t *testing.T) {
-	defer func(d time.Duration) { createTimeout = d }(createTimeout)
-	createTimeout = 100 * time.Millisecond
+	defer jsretry.SetPatience(100 * time.Millisecond)()
 	n, nc, js := streamOfAStoppedServer(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	c := &counting{JetStream: js}

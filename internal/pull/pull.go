@@ -30,6 +30,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nuid"
+
+	"github.com/toolq/toolq/internal/jsretry"
 )
 
 const (
@@ -79,33 +81,19 @@ func (p *Iter) Stop() { p.it.Stop() }
 // buffered, then jetstream.ErrMsgIteratorClosed.
 func (p *Iter) Drain() { p.it.Drain() }
 
-// createTimeout is how long one request to create an ordered consumer waits
-// for its answer before OrderedConsumer asks again.
-var createTimeout = 5 * time.Second
-
 // OrderedConsumer creates an ordered consumer on stream as
 // js.OrderedConsumer does, and asks again whenever a request goes
-// unanswered for 5s, until ctx ends. In a cluster that has just lost a node
-// (its leader of the stream, or of the cluster's metadata) a create request
-// can go unanswered, and js.OrderedConsumer waits for it until ctx ends: an
-// agent awaiting its results with a deadline of minutes waited that long for
-// nothing, though every result was there. Every request names the same
-// consumer, so that one the server created for an answer that was lost is
-// the one returned, not left behind. Without a deadline on ctx it asks once,
-// and JetStream's own timeout ends the wait, as before.
+// unanswered (jsretry.Do), until ctx ends. In a cluster that has just lost
+// a node (its leader of the stream, or of the cluster's metadata) a create
+// request can go unanswered, and js.OrderedConsumer waits for it until ctx
+// ends: an agent awaiting its results with a deadline of minutes waited
+// that long for nothing, though every result was there. Every request
+// names the same consumer, so that one the server created for an answer
+// that was lost is the one returned, not left behind. Without a deadline on
+// ctx it asks once, and JetStream's own timeout ends the wait, as before.
 func OrderedConsumer(ctx context.Context, js jetstream.JetStream, stream string, cfg jetstream.OrderedConsumerConfig) (jetstream.Consumer, error) {
-	if _, ok := ctx.Deadline(); !ok {
-		return js.OrderedConsumer(ctx, stream, cfg) // one request, bounded by JetStream's default timeout
-	}
 	if cfg.NamePrefix == "" {
 		cfg.NamePrefix = nuid.Next() // every request names the same consumer: one the server made for a lost answer is the one returned
 	}
-	for {
-		attempt, cancel := context.WithTimeout(ctx, createTimeout)
-		cons, err := js.OrderedConsumer(attempt, stream, cfg)
-		cancel()
-		if err == nil || ctx.Err() != nil || !(errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout)) {
-			return cons, err
-		}
-	}
+	return jsretry.Do(ctx, func(ctx context.Context) (jetstream.Consumer, error) { return js.OrderedConsumer(ctx, stream, cfg) })
 }

@@ -1,0 +1,86 @@
+// Package jsretry asks JetStream again when a request goes unanswered.
+//
+// nats.go waits for the answer to a JetStream request (a stream's info, a
+// consumer's, a publish's PubAck) until the caller's context ends, or for
+// its default timeout when the context has no deadline. In a cluster that
+// has just lost a node, a request can go unanswered though the next one is
+// answered at once: an agent awaiting its results, or an operator's replay,
+// with a deadline of minutes waited all of them for nothing. Do asks again
+// after Patience, for as long as the caller's deadline allows.
+//
+// Only requests that can be asked twice are asked through Do: reads, and
+// publishes that carry a message id (JetStream takes the second as a
+// duplicate of the first).
+package jsretry
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// patience is how long one request waits for its answer before Do asks
+// again, in nanoseconds.
+var patience atomic.Int64
+
+func init() { patience.Store(int64(5 * time.Second)) }
+
+// Patience is how long one request waits for its answer before Do asks
+// again: 5s, JetStream's own default timeout.
+func Patience() time.Duration { return time.Duration(patience.Load()) }
+
+// SetPatience sets Patience to d, for tests, and returns what restores it.
+func SetPatience(d time.Duration) (restore func()) {
+	was := patience.Swap(int64(d))
+	return func() { patience.Store(was) }
+}
+
+// unavailablePause is how long Do waits before asking again a cluster that
+// answered that JetStream is unavailable (it has no meta leader yet).
+const unavailablePause = 250 * time.Millisecond
+
+// Do calls ask, and calls it again whenever its answer did not come within
+// Patience or the cluster answered that JetStream is for the moment
+// unavailable, until ctx ends; it returns the first answer, or the last
+// error. Without a deadline on ctx it calls ask once, and JetStream's
+// default timeout bounds the wait, as without Do.
+func Do[T any](ctx context.Context, ask func(context.Context) (T, error)) (T, error) {
+	if _, ok := ctx.Deadline(); !ok {
+		return ask(ctx)
+	}
+	for {
+		attempt, cancel := context.WithTimeout(ctx, Patience())
+		v, err := ask(attempt)
+		cancel()
+		if err == nil || ctx.Err() != nil {
+			return v, err
+		}
+		switch {
+		case unanswered(err):
+		case unavailable(err):
+			select {
+			case <-ctx.Done():
+				return v, err
+			case <-time.After(unavailablePause):
+			}
+		default:
+			return v, err
+		}
+	}
+}
+
+// unanswered is an error that says the answer did not come in time.
+func unanswered(err error) bool {
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout)
+}
+
+// unavailable is JetStream's answer while a cluster has no meta leader
+// (JSClusterNotAvailErr, 10008).
+func unavailable(err error) bool {
+	var api *jetstream.APIError
+	return errors.As(err, &api) && api.ErrorCode == jetstream.ErrorCode(10008)
+}
