@@ -401,7 +401,7 @@ export class Client {
  * approval, its final result is kept too.
  */
 export class ResultsReader {
-  private readonly waiting = new Map<string, Slot>();
+  private readonly waiting = new Map<string, Slot>(); // by slotKey
   private stopped?: Error;
 
   private constructor(
@@ -411,7 +411,16 @@ export class ResultsReader {
 
   /** @internal */
   static async start(client: Client, filter: string): Promise<ResultsReader> {
-    const consumer = await client.js.consumers.get(tenantStream(client.tenant, RESULTS_STREAM), { filter_subjects: [filter], deliver_policy: DeliverPolicy.New });
+    // From the stream's next sequence, not "new": an ordered consumer
+    // recreated before it delivered anything (its server died) starts
+    // again from where this one did, and misses no result published
+    // meanwhile.
+    const from = await client.resultsCursor();
+    const consumer = await client.js.consumers.get(tenantStream(client.tenant, RESULTS_STREAM), {
+      filter_subjects: [filter],
+      deliver_policy: DeliverPolicy.StartSequence,
+      opt_start_seq: from,
+    });
     const reader = new ResultsReader(await consumer.consume(), client.tenant);
     void reader.read();
     return reader;
@@ -428,10 +437,13 @@ export class ResultsReader {
           continue;
         }
         if ((r.tenant ?? "") !== this.tenant) continue; // another tenant's result is never this reader's
-        const slot = this.waiting.get(r.tool_use_id);
+        // The id expected in the result's conversation, else in any.
+        let k = slotKey(r.conversation_id, r.tool_use_id);
+        if (!this.waiting.has(k)) k = slotKey("", r.tool_use_id);
+        const slot = this.waiting.get(k);
         if (!slot) continue;
         if (supersedes(slot.result, r)) slot.result = r;
-        if (isFinal(r.status)) this.waiting.delete(r.tool_use_id); // nothing follows a final result
+        if (isFinal(r.status)) this.waiting.delete(k); // nothing follows a final result
         for (const notify of [...slot.listeners]) notify();
       }
     } catch (e) {
@@ -442,16 +454,24 @@ export class ResultsReader {
     this.waiting.clear();
   }
 
-  /** Starts keeping the results addressed to the ids; call before publishing their jobs. */
-  expect(toolUseIds: string[]): Expected {
-    const slots = toolUseIds.map((id) => {
+  /**
+   * Starts keeping the results addressed to the ids; call before publishing
+   * their jobs. Give the conversation (opts.conversationId) when the reader
+   * reads more than one: a tool_use_id may recur in another conversation (a
+   * framework that numbers its calls, a replayed model response), whose
+   * result must not answer this one. Without it, the id's result in any
+   * conversation the reader reads is taken.
+   */
+  expect(toolUseIds: string[], opts: { conversationId?: string } = {}): Expected {
+    const keys = toolUseIds.map((id) => slotKey(opts.conversationId ?? "", id));
+    const slots = keys.map((k) => {
       const slot: Slot = { listeners: new Set() };
-      if (!this.stopped) this.waiting.set(id, slot);
+      if (!this.stopped) this.waiting.set(k, slot);
       return slot;
     });
     const cancel = () =>
-      toolUseIds.forEach((id, i) => {
-        if (this.waiting.get(id) === slots[i]) this.waiting.delete(id);
+      keys.forEach((k, i) => {
+        if (this.waiting.get(k) === slots[i]) this.waiting.delete(k);
       });
     return {
       cancel,
@@ -488,6 +508,11 @@ export class ResultsReader {
   close(): void {
     this.messages.stop();
   }
+}
+
+/** The key of an expected id: its conversation ("" for any) and the id. */
+function slotKey(conversationId: string, toolUseId: string): string {
+  return `${conversationId}\n${toolUseId}`;
 }
 
 /** The latest result of an expected id, and the waits to tell when it changes. */

@@ -118,7 +118,7 @@ export async function streamTurn(opts: StreamTurnOptions): Promise<StreamedTurn>
           const identity = `${name}|${canonicalizeArgs(args)}`;
           const ordinal = ordinals.get(identity) ?? 0;
           ordinals.set(identity, ordinal + 1);
-          if (opts.results) expected.push(opts.results.expect([id]));
+          if (opts.results) expected.push(opts.results.expect([id], { conversationId: opts.conversationId }));
           // Dispatched now, while the rest of the response still streams.
           const pub = await opts.client.publish({ conversationId: opts.conversationId, turnIndex: opts.turnIndex, ordinal, tool: name, toolUseId: id, args });
           fresh &&= !pub.duplicate;

@@ -241,6 +241,26 @@ test("one results reader serves many calls and drops what nobody expects", async
   assert.equal((await payments("inv_rd_0")).length, 1);
 });
 
+test("a reader of every conversation gives an id expected in one conversation only that conversation's result", async () => {
+  // Frameworks that number their calls reuse tool_use_ids across
+  // conversations: conversation A's result for toolu_shared must not answer
+  // the call conversation B expects under the same id.
+  const reader = await client.results();
+  try {
+    const inB = reader.expect(["toolu_shared"], { conversationId: "conv_ts_shared_b" });
+    const inA = reader.expect(["toolu_shared"], { conversationId: "conv_ts_shared_a" });
+    await client.publish({ conversationId: "conv_ts_shared_a", turnIndex: 0, tool: "send_payment", toolUseId: "toolu_shared", args: '{"invoice_id":"inv_shared_a","amount_cents":1,"currency":"EUR"}' });
+    const [a] = await inA.wait(withTimeout(30_000));
+    assert.equal(a.conversation_id, "conv_ts_shared_a");
+    await client.publish({ conversationId: "conv_ts_shared_b", turnIndex: 0, tool: "send_payment", toolUseId: "toolu_shared", args: '{"invoice_id":"inv_shared_b","amount_cents":1,"currency":"EUR"}' });
+    const [b] = await inB.wait(withTimeout(30_000));
+    assert.equal(b.conversation_id, "conv_ts_shared_b");
+    assert.equal(b.key, callKey({ conversationId: "conv_ts_shared_b", turnIndex: 0, ordinal: 0, tool: "send_payment", args: '{"invoice_id":"inv_shared_b","amount_cents":1,"currency":"EUR"}' }));
+  } finally {
+    reader.close();
+  }
+});
+
 test("a later answer to a call supersedes an earlier one for a reader from the start", async () => {
   // As after an indeterminate call resolved as not run and replayed: two
   // answers to one tool_use_id are in the results stream, the later one ok.
