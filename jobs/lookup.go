@@ -7,10 +7,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
-
-	"github.com/toolq/toolq/internal/jsretry"
 )
 
 // LookupSubject is the subject of the consumers' ledger lookup: a NATS
@@ -65,11 +62,7 @@ var ErrLookupRefused = errors.New("jobs: lookup refused")
 // with the service's code and description), or the request's (no
 // consumer answers: nats.ErrNoResponders).
 func (c *Client) Lookup(ctx context.Context, key string) (*Lookup, error) {
-	// Asked again when unanswered: another consumer of the queue group can
-	// answer for one that is stopped.
-	msg, err := jsretry.Do(ctx, func(ctx context.Context) (*nats.Msg, error) {
-		return c.js.Conn().RequestWithContext(ctx, TenantLookupSubject(c.tenant), []byte(key))
-	})
+	msg, err := c.js.Conn().RequestWithContext(ctx, TenantLookupSubject(c.tenant), []byte(key))
 	if err != nil {
 		return nil, fmt.Errorf("jobs: lookup %s: %w", key, err)
 	}

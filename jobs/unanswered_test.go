@@ -2,12 +2,8 @@ package jobs_test
 
 import (
 	"context"
-	"encoding/json"
-	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/nats-io/nats.go"
 
 	"github.com/toolq/toolq/internal/jsretry"
 	"github.com/toolq/toolq/internal/testenv"
@@ -43,38 +39,5 @@ func TestAnAgentsTurnOutlivesUnansweredJetStreamRequests(t *testing.T) {
 	}
 	if n := len(st.Sandbox.Payments()); n != 1 {
 		t.Fatalf("%d payments, want 1", n)
-	}
-}
-
-// TestALookupAFrozenConsumerDoesNotAnswerIsAskedAgain: the lookup service
-// is a queue group; a request that one member took and never answered (a
-// consumer stopped by SIGSTOP, a lost reply) is asked again, and another
-// member, or the same one back, answers it well within the agent's
-// deadline.
-func TestALookupAFrozenConsumerDoesNotAnswerIsAskedAgain(t *testing.T) {
-	defer jsretry.SetPatience(200 * time.Millisecond)()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	nc := testenv.StartNATS(t).Connect()
-	var asked atomic.Int32
-	sub, err := nc.QueueSubscribe(jobs.LookupSubject, "toolq", func(m *nats.Msg) {
-		if asked.Add(1) == 1 {
-			return // frozen: taken, never answered
-		}
-		body, _ := json.Marshal(jobs.Lookup{Key: string(m.Data), State: jobs.LookupUnknown})
-		m.Respond(body)
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sub.Unsubscribe()
-	js := testenv.LoseJetStreamAnswers(t, nc, func(string, int) bool { return false })
-	began := time.Now()
-	l, err := jobs.NewClient(js).Lookup(ctx, "0123456789abcdef0123456789abcdef")
-	if err != nil || l.State != jobs.LookupUnknown || asked.Load() != 2 {
-		t.Fatalf("the lookup: %+v %v after %d requests", l, err, asked.Load())
-	}
-	if took := time.Since(began); took > 20*time.Second {
-		t.Fatalf("the lookup took %v", took)
 	}
 }

@@ -61,7 +61,7 @@ func Do[T any](ctx context.Context, ask func(context.Context) (T, error)) (T, er
 		}
 		switch {
 		case unanswered(err):
-		case unavailable(err):
+		case unavailable(err), inProcess(err):
 			select {
 			case <-ctx.Done():
 				return v, err
@@ -83,4 +83,12 @@ func unanswered(err error) bool {
 func unavailable(err error) bool {
 	var api *jetstream.APIError
 	return errors.As(err, &api) && api.ErrorCode == jetstream.ErrorCode(10008)
+}
+
+// inProcess is a cluster's answer to a publish asked again while the
+// first, under the same message id, is still being replicated
+// (JSStreamDuplicateMessageConflict, 10158): the first may yet be stored.
+func inProcess(err error) bool {
+	var api *jetstream.APIError
+	return errors.As(err, &api) && api.ErrorCode == jetstream.ErrorCode(10158)
 }
