@@ -61,7 +61,7 @@ func Do[T any](ctx context.Context, ask func(context.Context) (T, error)) (T, er
 		}
 		switch {
 		case unanswered(err):
-		case unavailable(err), inProcess(err):
+		case answeredWith(err, 10008, 10158):
 			select {
 			case <-ctx.Done():
 				return v, err
@@ -78,17 +78,20 @@ func unanswered(err error) bool {
 	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout)
 }
 
-// unavailable is JetStream's answer while a cluster has no meta leader
-// (JSClusterNotAvailErr, 10008).
-func unavailable(err error) bool {
+// answeredWith reports whether err is JetStream's answer with one of
+// codes: 10008 (JSClusterNotAvailErr) while a cluster has no meta leader,
+// 10158 (JSStreamDuplicateMessageConflict) to a publish asked again while
+// the first, under the same message id, is still being replicated and may
+// yet be stored.
+func answeredWith(err error, codes ...jetstream.ErrorCode) bool {
 	var api *jetstream.APIError
-	return errors.As(err, &api) && api.ErrorCode == jetstream.ErrorCode(10008)
-}
-
-// inProcess is a cluster's answer to a publish asked again while the
-// first, under the same message id, is still being replicated
-// (JSStreamDuplicateMessageConflict, 10158): the first may yet be stored.
-func inProcess(err error) bool {
-	var api *jetstream.APIError
-	return errors.As(err, &api) && api.ErrorCode == jetstream.ErrorCode(10158)
+	if !errors.As(err, &api) {
+		return false
+	}
+	for _, c := range codes {
+		if api.ErrorCode == c {
+			return true
+		}
+	}
+	return false
 }
