@@ -74,6 +74,11 @@ type Published struct {
 	Sequence uint64 `json:"seq"`
 	// Duplicate is true when JetStream dropped the message as an exact
 	// re-publication (same key and tool_use_id) inside its duplicate window.
+	// It can also be true for a job's first publication: when the answer to
+	// the first request was lost, the publish is asked again under the same
+	// message id, and JetStream answers the second as a duplicate of the
+	// first (Sequence is the first's). Either way the job is in the stream
+	// once; RunTurn and PublishAndAwait then read results from the start.
 	Duplicate bool `json:"duplicate"`
 }
 

@@ -17,7 +17,6 @@ import (
 
 	"github.com/toolq/toolq/internal/jcs"
 	"github.com/toolq/toolq/internal/jsretry"
-	"github.com/toolq/toolq/internal/pull"
 	"github.com/toolq/toolq/jobs"
 	"github.com/toolq/toolq/ledger"
 )
@@ -101,7 +100,7 @@ func ListDeadLetters(ctx context.Context, js jetstream.JetStream, reason string)
 		filter = jobs.DLQSubject(reason)
 	}
 	var out []DeadLetter
-	err := scanStream(ctx, js, jobs.DLQStream, filter, jetstream.OrderedConsumerConfig{}, nil, func(m jetstream.Msg) (bool, error) {
+	err := scanStream(ctx, js, jobs.DLQStream, filter, jetstream.ConsumerConfig{}, nil, func(m jetstream.Msg) (bool, error) {
 		meta, err := m.Metadata()
 		if err != nil {
 			return false, err
@@ -466,7 +465,7 @@ func Replay(ctx context.Context, js jetstream.JetStream, r ReplayRange, dry bool
 			return nil, fmt.Errorf("operate: replay: from-seq %d is after the last sequence of %s, %d", r.FromSeq, jobs.JobsStream, last)
 		}
 	}
-	cfg := jetstream.OrderedConsumerConfig{}
+	cfg := jetstream.ConsumerConfig{}
 	if bySeq {
 		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, r.FromSeq
 	} else {
@@ -530,65 +529,4 @@ func Replay(ctx context.Context, js jetstream.JetStream, r ReplayRange, dry bool
 // stream's info is a read.
 func streamOf(ctx context.Context, js jetstream.JetStream, name string) (jetstream.Stream, error) {
 	return jsretry.Do(ctx, func(ctx context.Context) (jetstream.Stream, error) { return js.Stream(ctx, name) })
-}
-
-// scanStream reads the messages of stream on filter, from where cfg starts
-// to the last one that existed when it began, calling each until it says
-// stop. It reads no message published after it started (a replay's own).
-// progress, when not nil, is called after each message.
-func scanStream(ctx context.Context, js jetstream.JetStream, stream, filter string, cfg jetstream.OrderedConsumerConfig,
-	progress func(done, total uint64), each func(jetstream.Msg) (bool, error)) error {
-	cfg.FilterSubjects = []string{filter}
-	cons, err := pull.OrderedConsumer(ctx, js, stream, cfg)
-	if err != nil {
-		return fmt.Errorf("operate: read %s: %w", stream, err)
-	}
-	info, err := jsretry.Do(ctx, cons.Info)
-	if err != nil {
-		return fmt.Errorf("operate: read %s: %w", stream, err)
-	}
-	total := info.NumPending
-	var last uint64 // the stream sequence of the last message read
-	for left, empty := total, 0; left > 0; {
-		batch, err := cons.Fetch(int(min(left, 256)), jetstream.FetchMaxWait(jsretry.Patience()))
-		if err != nil {
-			return fmt.Errorf("operate: read %s: %w", stream, err)
-		}
-		got := 0
-		for m := range batch.Messages() {
-			got++
-			left--
-			if meta, err := m.Metadata(); err == nil {
-				last = meta.Sequence.Stream
-			}
-			more, err := each(m)
-			if progress != nil {
-				progress(total-left, total)
-			}
-			if err != nil || !more {
-				return err
-			}
-		}
-		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
-			return fmt.Errorf("operate: read %s: %w", stream, err)
-		}
-		if got > 0 {
-			empty = 0
-			continue
-		}
-		// Nothing came though messages are left: the batch was lost on its
-		// way (the server counts it delivered), or the stream's leader is
-		// moving. Read on from after the last message read, with a consumer
-		// of its own.
-		if empty++; empty == 3 || ctx.Err() != nil {
-			return fmt.Errorf("operate: read %s: stopped with %d message(s) unread", stream, left)
-		}
-		if last > 0 {
-			cfg.DeliverPolicy, cfg.OptStartSeq, cfg.OptStartTime = jetstream.DeliverByStartSequencePolicy, last+1, nil
-		}
-		if cons, err = pull.OrderedConsumer(ctx, js, stream, cfg); err != nil {
-			return fmt.Errorf("operate: read %s: %w", stream, err)
-		}
-	}
-	return nil
 }
