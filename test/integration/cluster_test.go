@@ -21,6 +21,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/toolq/toolq/demo/sandbox"
+	"github.com/toolq/toolq/internal/jsretry"
 	"github.com/toolq/toolq/internal/testenv"
 	"github.com/toolq/toolq/jobs"
 	"github.com/toolq/toolq/ledger"
@@ -108,25 +109,8 @@ func freePorts(t *testing.T, k int) []int {
 // is answered, and every call makes exactly one payment.
 func TestClusterNodeKilledMidRun(t *testing.T) {
 	t.Parallel()
-	ports := freePorts(t, 6)
-	var routes []string
-	for i := range 3 {
-		routes = append(routes, fmt.Sprintf("nats://127.0.0.1:%d", ports[3+i]))
-	}
-	nodes := make([]*natsNode, 3)
-	var urls []string
-	for i := range nodes {
-		nodes[i] = &natsNode{Name: fmt.Sprintf("n%d", i+1), Port: ports[i], ClusterPort: ports[3+i], Routes: strings.Join(routes, ","), Store: t.TempDir()}
-		nodes[i].start(t)
-		urls = append(urls, fmt.Sprintf("nats://127.0.0.1:%d", ports[i]))
-	}
+	nodes, js := startNATSCluster(t)
 	ctx := context.Background()
-	nc, err := nats.Connect(strings.Join(urls, ","), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond), nats.RetryOnFailedConnect(true))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
 	streams := jobs.Streams{Replicas: 3}
 	testenv.Eventually(t, 60*time.Second, "the cluster to take the replicated streams", func() bool {
 		return jobs.ProvisionStreams(ctx, js, streams) == nil
@@ -249,6 +233,116 @@ func TestClusterNodeKilledMidRun(t *testing.T) {
 	stop()
 	if err := <-done; err != nil {
 		t.Fatalf("worker: %v", err)
+	}
+}
+
+// startNATSCluster starts three nats-server processes in a cluster and
+// connects to all three.
+func startNATSCluster(t *testing.T) ([]*natsNode, jetstream.JetStream) {
+	t.Helper()
+	ports := freePorts(t, 6)
+	var routes []string
+	for i := range 3 {
+		routes = append(routes, fmt.Sprintf("nats://127.0.0.1:%d", ports[3+i]))
+	}
+	nodes := make([]*natsNode, 3)
+	var urls []string
+	for i := range nodes {
+		nodes[i] = &natsNode{Name: fmt.Sprintf("n%d", i+1), Port: ports[i], ClusterPort: ports[3+i], Routes: strings.Join(routes, ","), Store: t.TempDir()}
+		nodes[i].start(t)
+		urls = append(urls, nodes[i].url())
+	}
+	nc, err := nats.Connect(strings.Join(urls, ","), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond), nats.RetryOnFailedConnect(true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, _ := jetstream.New(nc)
+	return nodes, js
+}
+
+func (n *natsNode) url() string { return fmt.Sprintf("nats://127.0.0.1:%d", n.Port) }
+
+// TestAPublishWhileTheClusterCannotReplicateItSucceedsOnceItCan: an agent
+// connected to the leader of TOOLQ_JOBS publishes a job while both other
+// servers are stopped (SIGSTOP), so the leader cannot commit it; they are
+// continued 3s later. The publish, asked again after its patience while
+// the first is still in process (JetStream answers 10158), succeeds once
+// the cluster can commit, and the job is in the stream once.
+func TestAPublishWhileTheClusterCannotReplicateItSucceedsOnceItCan(t *testing.T) {
+	defer jsretry.SetPatience(500 * time.Millisecond)()
+	nodes, all := startNATSCluster(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	testenv.Eventually(t, 60*time.Second, "the cluster to take the replicated streams", func() bool {
+		return jobs.ProvisionStreams(context.Background(), all, jobs.Streams{Replicas: 3}) == nil
+	})
+	leader := leaderOf(t, all, jobs.JobsStream, nodes)
+	nc, err := nats.Connect(leader.url())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	client := jobs.NewClient(js)
+	if _, err := client.Publish(ctx, job(conv(t), 0, "send_payment", payment("before"))); err != nil {
+		t.Fatalf("a publish with every server up: %v", err)
+	}
+
+	var followers []*natsNode
+	for _, n := range nodes {
+		if n != leader {
+			followers = append(followers, n)
+			n.cmd.Process.Signal(syscall.SIGSTOP)
+		}
+	}
+	for _, n := range followers {
+		testenv.Eventually(t, 5*time.Second, n.Name+" to be stopped", func() bool {
+			stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", n.cmd.Process.Pid))
+			_, after, _ := strings.Cut(string(stat), ") ")
+			return err == nil && strings.HasPrefix(after, "T")
+		})
+	}
+	continued := time.AfterFunc(3*time.Second, func() {
+		for _, n := range followers {
+			n.cmd.Process.Signal(syscall.SIGCONT)
+		}
+	})
+	defer func() {
+		if continued.Stop() {
+			for _, n := range followers {
+				n.cmd.Process.Signal(syscall.SIGCONT)
+			}
+		}
+	}()
+	j := job(conv(t), 0, "send_payment", payment("while-stopped"))
+	began := time.Now()
+	pub, err := client.Publish(ctx, j)
+	if err != nil {
+		t.Fatalf("the publish while the followers were stopped failed after %v: %v", time.Since(began), err)
+	}
+	t.Logf("published after %v: seq %d, duplicate %v", time.Since(began).Round(time.Millisecond), pub.Sequence, pub.Duplicate)
+	got := 0
+	testenv.Eventually(t, 30*time.Second, "the stream to be read", func() bool {
+		s, err := all.Stream(ctx, jobs.JobsStream)
+		if err != nil {
+			return false
+		}
+		got = 0
+		for seq := uint64(1); seq <= s.CachedInfo().State.LastSeq; seq++ {
+			m, err := s.GetMsg(ctx, seq)
+			if err != nil {
+				return false
+			}
+			var in jobs.Job
+			if json.Unmarshal(m.Data, &in) == nil && in.ToolUseID == j.ToolUseID && in.ConversationID == j.ConversationID {
+				got++
+			}
+		}
+		return true
+	})
+	if got != 1 {
+		t.Fatalf("TOOLQ_JOBS holds the job %d times, want once", got)
 	}
 }
 
