@@ -18,7 +18,9 @@ const scanIdle = 5 * time.Minute
 
 // scanStream reads the messages of stream on filter, from where cfg starts
 // to the last one that existed when it began, calling each until it says
-// stop. It reads no message published after it started (a replay's own).
+// stop. It reads no message published after it began (a replay's own, an
+// agent's new job), and ends at once when messages it was to read were
+// deleted meanwhile (a dead letter requeued, a job past the stream's age).
 // progress, when not nil, is called after each message.
 //
 // It reads through a consumer of its own that nobody acknowledges, in
@@ -29,13 +31,20 @@ const scanIdle = 5 * time.Minute
 // its consumer without the caller's deadline, asking without end.
 func scanStream(ctx context.Context, js jetstream.JetStream, stream, filter string, cfg jetstream.ConsumerConfig,
 	progress func(done, total uint64), each func(jetstream.Msg) (bool, error)) error {
+	s, err := streamOf(ctx, js, stream)
+	if err != nil {
+		return fmt.Errorf("operate: read %s: %w", stream, err)
+	}
+	bound := s.CachedInfo().State.LastSeq // the last message that existed when the scan began
 	cfg.FilterSubjects = []string{filter}
 	cfg.AckPolicy = jetstream.AckNonePolicy
 	cfg.MemoryStorage, cfg.Replicas, cfg.InactiveThreshold = true, 1, scanIdle
 	name := "toolq_scan_" + rand.Text()
 	var made []string
 	defer func() { deleteConsumers(ctx, js, stream, made) }()
-	segment := func() (jetstream.Consumer, error) {
+	// segment creates the next consumer, and says how many messages it
+	// has to deliver.
+	segment := func() (jetstream.Consumer, uint64, error) {
 		cfg.Name = fmt.Sprintf("%s_%d", name, len(made))
 		made = append(made, cfg.Name)
 		// A create asked again under the same name and config finds the
@@ -44,27 +53,20 @@ func scanStream(ctx context.Context, js jetstream.JetStream, stream, filter stri
 			return js.CreateOrUpdateConsumer(ctx, stream, cfg)
 		})
 		if err != nil {
-			return nil, fmt.Errorf("operate: read %s: %w", stream, err)
+			return nil, 0, fmt.Errorf("operate: read %s: %w", stream, err)
 		}
-		return cons, nil
+		return cons, cons.CachedInfo().NumPending, nil
 	}
-	cons, err := segment()
+	cons, pending, err := segment()
 	if err != nil {
 		return err
 	}
-	total := cons.CachedInfo().NumPending
+	total, done := pending, uint64(0)
 	var last uint64      // the stream sequence of the last message read
 	var delivered uint64 // the consumer sequence of the last message read, on this segment
 	var lastErr error    // why the last batch came short
-	for left, short := total, 0; left > 0; {
-		wait := jsretry.Patience()
-		if deadline, ok := ctx.Deadline(); ok {
-			wait = min(wait, time.Until(deadline))
-		}
-		if wait <= 0 || ctx.Err() != nil {
-			return fmt.Errorf("operate: read %s: stopped with %d message(s) unread: %w", stream, left, context.Cause(ctx))
-		}
-		batch, err := cons.Fetch(int(min(left, 256)), jetstream.FetchMaxWait(wait))
+	for short := 0; pending > 0 && last < bound; {
+		batch, stop, err := fetch(ctx, cons, int(min(pending, 256)))
 		if err != nil {
 			return fmt.Errorf("operate: read %s: %w", stream, err)
 		}
@@ -72,25 +74,41 @@ func scanStream(ctx context.Context, js jetstream.JetStream, stream, filter stri
 		for m := range batch.Messages() {
 			meta, err := m.Metadata()
 			if err != nil {
+				stop()
 				return fmt.Errorf("operate: read %s: %w", stream, err)
 			}
 			if meta.Sequence.Consumer != delivered+1 {
 				gap = true // messages delivered before this one were lost on their way
 				break
 			}
+			if meta.Sequence.Stream > bound {
+				stop()
+				return nil // published after the scan began
+			}
 			got++
-			left--
-			delivered, last = meta.Sequence.Consumer, meta.Sequence.Stream
+			done++
+			delivered, last, pending = meta.Sequence.Consumer, meta.Sequence.Stream, meta.NumPending
 			more, err := each(m)
 			if progress != nil {
-				progress(total-left, total)
+				progress(done, max(total, done))
 			}
 			if err != nil || !more {
+				stop()
 				return err
 			}
+			if pending == 0 || last >= bound {
+				break
+			}
 		}
+		stop()
 		if err := batch.Error(); err != nil {
 			lastErr = err
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("operate: read %s: stopped after %d message(s): %w", stream, done, context.Cause(ctx))
+		}
+		if pending == 0 || last >= bound {
+			return nil
 		}
 		if got > 0 && !gap {
 			short = 0
@@ -103,14 +121,15 @@ func scanStream(ctx context.Context, js jetstream.JetStream, stream, filter stri
 			if lastErr == nil {
 				lastErr = errors.New("no messages came")
 			}
-			return fmt.Errorf("operate: read %s: stopped with %d message(s) unread: %w", stream, left, lastErr)
+			return fmt.Errorf("operate: read %s: stopped after %d message(s), %d left: %w", stream, done, pending, lastErr)
 		}
 		// Read on from after the last message read, with a consumer of
-		// its own; the one that lost them is deleted at the end.
+		// its own; the one that lost them is deleted at the end. What it
+		// counts is what is left (messages deleted meanwhile are not).
 		if last > 0 {
 			cfg.DeliverPolicy, cfg.OptStartSeq, cfg.OptStartTime = jetstream.DeliverByStartSequencePolicy, last+1, nil
 		}
-		if cons, err = segment(); err != nil {
+		if cons, pending, err = segment(); err != nil {
 			return err
 		}
 		delivered = 0
@@ -118,10 +137,35 @@ func scanStream(ctx context.Context, js jetstream.JetStream, stream, filter stri
 	return nil
 }
 
-// deleteConsumers deletes a scan's consumers, best effort: one that is
+// fetch asks cons for up to n messages, waiting Patience at most and no
+// longer than ctx allows. stop ends the fetch (call it once the batch is
+// read).
+func fetch(ctx context.Context, cons jetstream.Consumer, n int) (jetstream.MessageBatch, context.CancelFunc, error) {
+	fctx, stop := context.WithTimeout(ctx, jsretry.Patience())
+	if err := ctx.Err(); err != nil {
+		stop()
+		return nil, nil, err
+	}
+	batch, err := cons.Fetch(n, jetstream.FetchContext(fctx))
+	if err != nil {
+		stop()
+		if ctx.Err() != nil {
+			err = context.Cause(ctx)
+		}
+		return nil, nil, err
+	}
+	return batch, stop, nil
+}
+
+// deleteConsumers deletes a scan's consumers, best effort, waiting no
+// longer than ctx allows (a quarter second when it has ended): one that is
 // left is removed by the server once idle for scanIdle.
 func deleteConsumers(ctx context.Context, js jetstream.JetStream, stream string, names []string) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), jsretry.Patience())
+	wait := jsretry.Patience()
+	if deadline, ok := ctx.Deadline(); ok {
+		wait = min(wait, time.Until(deadline))
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), max(wait, 250*time.Millisecond))
 	defer cancel()
 	for _, name := range names {
 		if err := js.DeleteConsumer(ctx, stream, name); err != nil && ctx.Err() != nil {

@@ -277,7 +277,19 @@ func TestAPublishWhileTheClusterCannotReplicateItSucceedsOnceItCan(t *testing.T)
 	testenv.Eventually(t, 60*time.Second, "the cluster to take the replicated streams", func() bool {
 		return jobs.ProvisionStreams(context.Background(), all, jobs.Streams{Replicas: 3}) == nil
 	})
-	leader := leaderOf(t, all, jobs.JobsStream, nodes)
+	var leader *natsNode
+	testenv.Eventually(t, 30*time.Second, "a leader of "+jobs.JobsStream, func() bool {
+		s, err := all.Stream(ctx, jobs.JobsStream)
+		if err != nil || s.CachedInfo().Cluster == nil {
+			return false
+		}
+		for _, n := range nodes {
+			if n.Name == s.CachedInfo().Cluster.Leader {
+				leader = n
+			}
+		}
+		return leader != nil
+	})
 	nc, err := nats.Connect(leader.url())
 	if err != nil {
 		t.Fatal(err)
