@@ -39,14 +39,7 @@ func onFirstPull(t *testing.T, n *testenv.NATS, f func()) *testenv.LossyJetStrea
 // the listing began.
 func TestAListingDoesNotListADeadLetterThatArrivedAfterItBegan(t *testing.T) {
 	defer jsretry.SetPatience(300 * time.Millisecond)()
-	n := testenv.StartNATS(t)
-	direct, _ := jetstream.New(n.Connect())
-	if err := jobs.ProvisionStreams(context.Background(), direct, jobs.Streams{}); err != nil {
-		t.Fatal(err)
-	}
-	for i := range 3 {
-		publishDeadLetter(t, direct, jobs.DLQMaxDeliver, uint64(i+1), `{"tool_use_id":"toolu_`+strconv.Itoa(i+1)+`"}`)
-	}
+	n, direct := withDeadLetters(t, 3)
 	js := onFirstPull(t, n, func() {
 		s, _ := direct.Stream(context.Background(), jobs.DLQStream)
 		if err := s.DeleteMsg(context.Background(), 2); err != nil {
@@ -71,14 +64,7 @@ func TestAListingDoesNotListADeadLetterThatArrivedAfterItBegan(t *testing.T) {
 // wait for a message that is gone and then fail.
 func TestAListingEndsWhenADeadLetterIsRequeuedWhileItReads(t *testing.T) {
 	defer jsretry.SetPatience(300 * time.Millisecond)()
-	n := testenv.StartNATS(t)
-	direct, _ := jetstream.New(n.Connect())
-	if err := jobs.ProvisionStreams(context.Background(), direct, jobs.Streams{}); err != nil {
-		t.Fatal(err)
-	}
-	for i := range 3 {
-		publishDeadLetter(t, direct, jobs.DLQMaxDeliver, uint64(i+1), `{"tool_use_id":"toolu_`+strconv.Itoa(i+1)+`"}`)
-	}
+	n, direct := withDeadLetters(t, 3)
 	js := onFirstPull(t, n, func() {
 		s, _ := direct.Stream(context.Background(), jobs.DLQStream)
 		if err := s.DeleteMsg(context.Background(), 2); err != nil {
@@ -142,12 +128,7 @@ func TestAReplayDoesNotReplayAJobPublishedAfterItBegan(t *testing.T) {
 // deadline (with some slack), not a Fetch's extra second plus a patience
 // of cleaning up later. Patience is JetStream's default, 5s.
 func TestAScanEndsWithinTheCallersDeadline(t *testing.T) {
-	n := testenv.StartNATS(t)
-	direct, _ := jetstream.New(n.Connect())
-	if err := jobs.ProvisionStreams(context.Background(), direct, jobs.Streams{}); err != nil {
-		t.Fatal(err)
-	}
-	publishDeadLetter(t, direct, jobs.DLQMaxDeliver, 1, `{"tool_use_id":"toolu_1"}`)
+	n, _ := withDeadLetters(t, 1)
 	js := testenv.LoseJetStreamAnswers(t, n.Connect(), func(api string, _ int) bool {
 		return api == "CONSUMER.MSG" || api == "CONSUMER.DELETE"
 	})
@@ -172,12 +153,8 @@ func TestAScanEndsWithinTheCallersDeadline(t *testing.T) {
 // the later commands lost nothing.
 func TestARelayLosesWhatItSaysBesideAnotherRelay(t *testing.T) {
 	defer jsretry.SetPatience(300 * time.Millisecond)()
-	n := testenv.StartNATS(t)
-	direct, _ := jetstream.New(n.Connect())
-	if err := jobs.ProvisionStreams(context.Background(), direct, jobs.Streams{}); err != nil {
-		t.Fatal(err)
-	}
-	dead := publishDeadLetter(t, direct, jobs.DLQMaxDeliver, 1, `{"tool_use_id":"toolu_0"}`)
+	n, _ := withDeadLetters(t, 1)
+	const dead = 1
 	first := testenv.LoseJetStreamAnswers(t, n.Connect(), func(_ string, nth int) bool { return nth == 1 })
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
@@ -198,14 +175,7 @@ func TestARelayLosesWhatItSaysBesideAnotherRelay(t *testing.T) {
 // when a batch is lost on its way (the server delivers a pull's batch only
 // to a reply someone listens on).
 func TestABatchTheRelayLosesIsDeliveredAndCounted(t *testing.T) {
-	n := testenv.StartNATS(t)
-	direct, _ := jetstream.New(n.Connect())
-	if err := jobs.ProvisionStreams(context.Background(), direct, jobs.Streams{}); err != nil {
-		t.Fatal(err)
-	}
-	for i := range 3 {
-		publishDeadLetter(t, direct, jobs.DLQMaxDeliver, uint64(i+1), `{}`)
-	}
+	n, direct := withDeadLetters(t, 3)
 	ctx := context.Background()
 	if _, err := direct.CreateOrUpdateConsumer(ctx, jobs.DLQStream, jetstream.ConsumerConfig{Name: "probe", AckPolicy: jetstream.AckNonePolicy}); err != nil {
 		t.Fatal(err)
@@ -239,15 +209,8 @@ func TestABatchTheRelayLosesIsDeliveredAndCounted(t *testing.T) {
 // every dead letter once, in order.
 func TestAListingReadsAgainWhatWasLostMidBatch(t *testing.T) {
 	defer jsretry.SetPatience(300 * time.Millisecond)()
-	n := testenv.StartNATS(t)
+	n, _ := withDeadLetters(t, 3)
 	nc := n.Connect()
-	direct, _ := jetstream.New(nc)
-	if err := jobs.ProvisionStreams(context.Background(), direct, jobs.Streams{}); err != nil {
-		t.Fatal(err)
-	}
-	for i := range 3 {
-		publishDeadLetter(t, direct, jobs.DLQMaxDeliver, uint64(i+1), `{"tool_use_id":"toolu_`+strconv.Itoa(i+1)+`"}`)
-	}
 	if _, err := nc.Subscribe("STOLEN.>", func(*nats.Msg) {}); err != nil {
 		t.Fatal(err)
 	}
@@ -279,4 +242,19 @@ func TestAListingReadsAgainWhatWasLostMidBatch(t *testing.T) {
 	if js.Asked("CONSUMER.CREATE.") != 2 {
 		t.Fatalf("%d consumers created, want 2 (the second from before the loss)", js.Asked("CONSUMER.CREATE."))
 	}
+}
+
+// withDeadLetters starts a server with toolq's streams and k dead letters,
+// at sequences 1 to k, of the calls toolu_1 to toolu_k.
+func withDeadLetters(t *testing.T, k int) (*testenv.NATS, jetstream.JetStream) {
+	t.Helper()
+	n := testenv.StartNATS(t)
+	direct, _ := jetstream.New(n.Connect())
+	if err := jobs.ProvisionStreams(context.Background(), direct, jobs.Streams{}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range k {
+		publishDeadLetter(t, direct, jobs.DLQMaxDeliver, uint64(i+1), `{"tool_use_id":"toolu_`+strconv.Itoa(i+1)+`"}`)
+	}
+	return n, direct
 }

@@ -79,16 +79,10 @@ func TestOperatorsCommandsOutliveUnansweredJetStreamRequests(t *testing.T) {
 // letter is listed once, in order.
 func TestAScanWhoseBatchWasLostKeepsTheCallersDeadlineAndPatience(t *testing.T) {
 	defer jsretry.SetPatience(300 * time.Millisecond)()
-	n := testenv.StartNATS(t)
-	direct, _ := jetstream.New(n.Connect())
-	if err := jobs.ProvisionStreams(context.Background(), direct, jobs.Streams{}); err != nil {
-		t.Fatal(err)
-	}
+	n, direct := withDeadLetters(t, 300) // more than one batch
 	var want []string
-	for i := range 300 { // more than one batch
-		id := "toolu_" + strconv.Itoa(i)
-		publishDeadLetter(t, direct, jobs.DLQMaxDeliver, uint64(i+1), `{"tool_use_id":"`+id+`"}`)
-		want = append(want, id)
+	for i := range 300 {
+		want = append(want, "toolu_"+strconv.Itoa(i+1))
 	}
 	firstBatchLost := func(api string, nth int) bool { return api == "CONSUMER.MSG" && nth == 1 }
 
