@@ -328,7 +328,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	for _, l := range runs {
 		b.profileName = fmt.Sprintf("latency-%d", l.rate)
-		if l.of != nil && l.of.bin == cfg.CompareBin {
+		if l.of == &other { // not by its path: a build compared with itself measures the noise
 			b.profileName += "-compared"
 		}
 		lat, _, err := b.latencyTraced(ctx, l.rate, l.of, nil)

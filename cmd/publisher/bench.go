@@ -71,6 +71,11 @@ func runBench(ctx context.Context, args []string, stdio cli.IO, getenv func(stri
 	if *quick {
 		cfg.Jobs, cfg.Reps, cfg.LatencyFor = 2000, 1, 3*time.Second
 	}
+	if cfg.ProfileDir != "" {
+		if err := os.MkdirAll(cfg.ProfileDir, 0o755); err != nil {
+			return fmt.Errorf("bench: --profile: %w", err)
+		}
+	}
 	if cfg.Settle <= 0 {
 		cfg.Settle = -1 // the flag's 0 is the config's "no wait"
 	}

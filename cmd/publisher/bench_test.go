@@ -38,7 +38,7 @@ func TestBenchMeasuresWhatItSays(t *testing.T) {
 	out, err := runPublisher(t, "", "bench", "--json", "--nats-url", nats.URL, "--database-url", testenv.Postgres(t),
 		"--jobs", "300", "--reps", "1", "--concurrency", "8", "--latency-for", "500ms", "--rate", "200", "--settle", "300ms",
 		"--consumer", filepath.Join(dir, "consumer"), "--processes", "1,2", "--memory-for", "3s",
-		"--compare", filepath.Join(dir, "consumer"))
+		"--compare", filepath.Join(dir, "consumer"), "--profile", filepath.Join(dir, "prof", "run"))
 	if err != nil {
 		t.Fatalf("bench: %v\n%s", err, out)
 	}
@@ -133,5 +133,17 @@ func TestBenchMeasuresWhatItSays(t *testing.T) {
 	}
 	if !strings.Contains(out, "slow tool:") || !strings.Contains(out, "duplicate") {
 		t.Errorf("no table for people:\n%s", out)
+	}
+	// --profile made its directory, and a CPU profile of each scenario's
+	// consumer and a trace of each latency run are in it.
+	for _, name := range []string{"fresh-1.prof", "duplicate-1.prof", "fresh-1.allocs", "latency-200.trace"} {
+		if fi, err := os.Stat(filepath.Join(dir, "prof", "run", name)); err != nil || fi.Size() == 0 {
+			entries, _ := os.ReadDir(filepath.Join(dir, "prof", "run"))
+			var names []string
+			for _, e := range entries {
+				names = append(names, e.Name())
+			}
+			t.Errorf("--profile: %s: %v (the directory holds %v)", name, err, names)
+		}
 	}
 }
