@@ -484,7 +484,9 @@ func Replay(ctx context.Context, js jetstream.JetStream, r ReplayRange, dry bool
 		if (r.ToSeq > 0 && seq > r.ToSeq) || (!r.Until.IsZero() && meta.Timestamp.After(r.Until)) {
 			return false, nil
 		}
-		if m.Headers().Get(jobs.HeaderReplayOf) != "" {
+		// A consumer on a server still catching up finds the start time
+		// among what it has stored, which can be before it.
+		if m.Headers().Get(jobs.HeaderReplayOf) != "" || meta.Timestamp.Before(r.Since) {
 			return true, nil
 		}
 		rep := Replayed{Seq: seq, Subject: m.Subject(), Key: m.Headers().Get(jobs.HeaderKey), ToolUseID: toolUseIDOf(m.Data())}

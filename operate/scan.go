@@ -1,6 +1,7 @@
 package operate
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"errors"
@@ -36,6 +37,13 @@ func scanStream(ctx context.Context, js jetstream.JetStream, stream, filter stri
 		return fmt.Errorf("operate: read %s: %w", stream, err)
 	}
 	bound := s.CachedInfo().State.LastSeq // the last message that existed when the scan began
+	// A batch of 256 jobs near the largest payload would be more than the
+	// server buffers for a connection (it closes it as a slow consumer):
+	// a batch is bounded by bytes too, room for two of the largest.
+	maxBytes := 16 << 20
+	if nc := js.Conn(); nc != nil {
+		maxBytes = max(maxBytes, 2*int(nc.MaxPayload())+4096)
+	}
 	cfg.FilterSubjects = []string{filter}
 	cfg.AckPolicy = jetstream.AckNonePolicy
 	cfg.MemoryStorage, cfg.Replicas, cfg.InactiveThreshold = true, 1, scanIdle
@@ -62,11 +70,39 @@ func scanStream(ctx context.Context, js jetstream.JetStream, stream, filter stri
 		return err
 	}
 	total, done := pending, uint64(0)
-	var last uint64      // the stream sequence of the last message read
-	var delivered uint64 // the consumer sequence of the last message read, on this segment
-	var lastErr error    // why the last batch came short
-	for short := 0; pending > 0 && last < bound; {
-		batch, stop, err := fetch(ctx, cons, int(min(pending, 256)))
+	var last uint64                                // the stream sequence of the last message read
+	var delivered uint64                           // the consumer sequence of the last message read, on this segment
+	var lastErr error                              // why the last batch came short
+	next := cons.CachedInfo().Delivered.Stream + 1 // where the scan reads on
+	// left says whether messages before the bound are left to read. The
+	// consumer counts what its server has stored: one placed on a server
+	// still catching up counts 0 though the stream has more, so a 0 is
+	// asked again of the stream's leader.
+	left := func() (bool, error) {
+		if last >= bound {
+			return false, nil
+		}
+		if pending > 0 {
+			return true, nil
+		}
+		m, err := jsretry.Do(ctx, func(ctx context.Context) (*jetstream.RawStreamMsg, error) {
+			return s.GetMsg(ctx, next, jetstream.WithGetMsgSubject(filter))
+		})
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return false, nil
+		}
+		if err != nil {
+			return false, fmt.Errorf("operate: read %s: stopped after %d message(s): %w", stream, done, err)
+		}
+		return m.Sequence <= bound, nil
+	}
+	for short := 0; ; {
+		if more, err := left(); err != nil || !more {
+			return err
+		}
+		// pending is 0 when the stream's leader has more than the consumer:
+		// read on as its server catches up.
+		batch, stop, err := fetch(ctx, cons, int(min(cmp.Or(pending, 256), 256)), maxBytes)
 		if err != nil {
 			return fmt.Errorf("operate: read %s: %w", stream, err)
 		}
@@ -88,6 +124,7 @@ func scanStream(ctx context.Context, js jetstream.JetStream, stream, filter stri
 			got++
 			done++
 			delivered, last, pending = meta.Sequence.Consumer, meta.Sequence.Stream, meta.NumPending
+			next = last + 1
 			more, err := each(m)
 			if progress != nil {
 				progress(done, max(total, done))
@@ -104,11 +141,11 @@ func scanStream(ctx context.Context, js jetstream.JetStream, stream, filter stri
 		if err := batch.Error(); err != nil {
 			lastErr = err
 		}
+		if last >= bound {
+			return nil
+		}
 		if ctx.Err() != nil {
 			return fmt.Errorf("operate: read %s: stopped after %d message(s): %w", stream, done, context.Cause(ctx))
-		}
-		if pending == 0 || last >= bound {
-			return nil
 		}
 		if got > 0 && !gap {
 			short = 0
@@ -121,7 +158,7 @@ func scanStream(ctx context.Context, js jetstream.JetStream, stream, filter stri
 			if lastErr == nil {
 				lastErr = errors.New("no messages came")
 			}
-			return fmt.Errorf("operate: read %s: stopped after %d message(s), %d left: %w", stream, done, pending, lastErr)
+			return fmt.Errorf("operate: read %s: stopped after %d message(s), more left: %w", stream, done, lastErr)
 		}
 		// Read on from after the last message read, with a consumer of
 		// its own; the one that lost them is deleted at the end. What it
@@ -132,21 +169,23 @@ func scanStream(ctx context.Context, js jetstream.JetStream, stream, filter stri
 		if cons, pending, err = segment(); err != nil {
 			return err
 		}
+		if last == 0 {
+			next = cons.CachedInfo().Delivered.Stream + 1
+		}
 		delivered = 0
 	}
-	return nil
 }
 
-// fetch asks cons for up to n messages, waiting Patience at most and no
-// longer than ctx allows. stop ends the fetch (call it once the batch is
-// read).
-func fetch(ctx context.Context, cons jetstream.Consumer, n int) (jetstream.MessageBatch, context.CancelFunc, error) {
+// fetch asks cons for up to n messages, of maxBytes at most, waiting
+// Patience at most and no longer than ctx allows. stop ends the fetch (call
+// it once the batch is read).
+func fetch(ctx context.Context, cons jetstream.Consumer, n, maxBytes int) (jetstream.MessageBatch, context.CancelFunc, error) {
 	fctx, stop := context.WithTimeout(ctx, jsretry.Patience())
 	if err := ctx.Err(); err != nil {
 		stop()
 		return nil, nil, err
 	}
-	batch, err := cons.Fetch(n, jetstream.FetchContext(fctx))
+	batch, err := cons.Fetch(n, jetstream.FetchContext(fctx), jetstream.FetchMaxBytes(maxBytes))
 	if err != nil {
 		stop()
 		if ctx.Err() != nil {
