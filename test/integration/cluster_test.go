@@ -112,9 +112,6 @@ func TestClusterNodeKilledMidRun(t *testing.T) {
 	nodes, js := startNATSCluster(t)
 	ctx := context.Background()
 	streams := jobs.Streams{Replicas: 3}
-	testenv.Eventually(t, 60*time.Second, "the cluster to take the replicated streams", func() bool {
-		return jobs.ProvisionStreams(ctx, js, streams) == nil
-	})
 
 	logs := &testenv.Buffer{}
 	logger := slog.New(slog.NewTextHandler(logs, nil))
@@ -236,8 +233,9 @@ func TestClusterNodeKilledMidRun(t *testing.T) {
 	}
 }
 
-// startNATSCluster starts three nats-server processes in a cluster and
-// connects to all three.
+// startNATSCluster starts three nats-server processes in a cluster,
+// connects to all three, and provisions toolq's streams with three
+// replicas.
 func startNATSCluster(t *testing.T) ([]*natsNode, jetstream.JetStream) {
 	t.Helper()
 	ports := freePorts(t, 6)
@@ -258,6 +256,9 @@ func startNATSCluster(t *testing.T) ([]*natsNode, jetstream.JetStream) {
 	}
 	t.Cleanup(nc.Close)
 	js, _ := jetstream.New(nc)
+	testenv.Eventually(t, 60*time.Second, "the cluster to take the replicated streams", func() bool {
+		return jobs.ProvisionStreams(context.Background(), js, jobs.Streams{Replicas: 3}) == nil
+	})
 	return nodes, js
 }
 
@@ -274,22 +275,7 @@ func TestAPublishWhileTheClusterCannotReplicateItSucceedsOnceItCan(t *testing.T)
 	nodes, all := startNATSCluster(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	testenv.Eventually(t, 60*time.Second, "the cluster to take the replicated streams", func() bool {
-		return jobs.ProvisionStreams(context.Background(), all, jobs.Streams{Replicas: 3}) == nil
-	})
-	var leader *natsNode
-	testenv.Eventually(t, 30*time.Second, "a leader of "+jobs.JobsStream, func() bool {
-		s, err := all.Stream(ctx, jobs.JobsStream)
-		if err != nil || s.CachedInfo().Cluster == nil {
-			return false
-		}
-		for _, n := range nodes {
-			if n.Name == s.CachedInfo().Cluster.Leader {
-				leader = n
-			}
-		}
-		return leader != nil
-	})
+	leader := leaderOf(t, all, jobs.JobsStream, nodes)
 	nc, err := nats.Connect(leader.url())
 	if err != nil {
 		t.Fatal(err)
@@ -358,26 +344,25 @@ func TestAPublishWhileTheClusterCannotReplicateItSucceedsOnceItCan(t *testing.T)
 	}
 }
 
-// leaderOf is the node leading the stream's replicas.
+// leaderOf is the node leading the stream's replicas, once it has one.
 func leaderOf(t *testing.T, js jetstream.JetStream, stream string, nodes []*natsNode) *natsNode {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	s, err := js.Stream(ctx, stream)
-	if err != nil {
-		t.Fatal(err)
-	}
-	info, err := s.Info(ctx)
-	if err != nil || info.Cluster == nil {
-		t.Fatalf("stream %s: %v", stream, err)
-	}
-	for _, n := range nodes {
-		if n.Name == info.Cluster.Leader {
-			return n
+	var leader *natsNode
+	testenv.Eventually(t, 30*time.Second, "a leader of "+stream, func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		s, err := js.Stream(ctx, stream)
+		if err != nil || s.CachedInfo().Cluster == nil {
+			return false
 		}
-	}
-	t.Fatalf("no node leads %s (%q)", stream, info.Cluster.Leader)
-	return nil
+		for _, n := range nodes {
+			if n.Name == s.CachedInfo().Cluster.Leader {
+				leader = n
+			}
+		}
+		return leader != nil
+	})
+	return leader
 }
 
 // linesWith is the lines of s that hold any of words.

@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/toolq/toolq/internal/testenv"
 	"github.com/toolq/toolq/jobs"
 	"github.com/toolq/toolq/operate"
 )
@@ -24,22 +23,13 @@ func TestAListingOnANodeThatIsCatchingUpListsEveryDeadLetter(t *testing.T) {
 	nodes, js := startNATSCluster(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
-	testenv.Eventually(t, 60*time.Second, "the cluster to take the replicated streams", func() bool {
-		return jobs.ProvisionStreams(context.Background(), js, jobs.Streams{Replicas: 3}) == nil
-	})
+	leader := leaderOf(t, js, jobs.DLQStream, nodes)
 	var follower *natsNode
-	testenv.Eventually(t, 30*time.Second, "a leader of "+jobs.DLQStream, func() bool {
-		s, err := js.Stream(ctx, jobs.DLQStream)
-		if err != nil || s.CachedInfo().Cluster == nil || s.CachedInfo().Cluster.Leader == "" {
-			return false
+	for _, n := range nodes {
+		if n != leader {
+			follower = n
 		}
-		for _, n := range nodes {
-			if n.Name != s.CachedInfo().Cluster.Leader {
-				follower = n
-			}
-		}
-		return true
-	})
+	}
 	follower.cmd.Process.Signal(syscall.SIGTERM) // a clean shutdown: the others know it is gone
 	follower.cmd.Wait()
 	pad := []byte(strings.Repeat("x", 32<<10))
