@@ -301,22 +301,33 @@ func runReplay(ctx context.Context, args []string, stdio cli.IO, getenv func(str
 	}
 	bar := progress.New(stdio.Err, verb, 0)
 	opts = append(opts, operate.WithProgress(func(done, total uint64) { bar.Set(int64(done), int64(total)) }))
-	replayed, err := operate.Replay(ctx, js, r, *dry, opts...)
+	replayed, failed := operate.Replay(ctx, js, r, *dry, opts...)
 	bar.Finish()
-	if err != nil {
-		return err
+	if failed != nil && len(replayed) == 0 {
+		return failed
 	}
+	// A replay that failed part way shows what it did before the error:
+	// those jobs are published again, and a second replay of the range
+	// would publish them once more.
 	summary := operate.Summary(replayed)
 	if *asJSON {
 		if replayed == nil {
 			replayed = []operate.Replayed{}
 		}
-		return cli.PrintJSON(stdio.Out, struct {
+		errText := ""
+		if failed != nil {
+			errText = failed.Error()
+		}
+		if err := cli.PrintJSON(stdio.Out, struct {
 			DryRun          bool                    `json:"dry_run"`
 			LedgerConsulted bool                    `json:"ledger_consulted"`
 			Jobs            []operate.Replayed      `json:"jobs"`
 			Summary         map[operate.Outcome]int `json:"summary"`
-		}{*dry, consulted, replayed, summary})
+			Error           string                  `json:"error,omitempty"`
+		}{*dry, consulted, replayed, summary, errText}); err != nil {
+			return err
+		}
+		return failed
 	}
 	w := cli.NewTable(stdio.Out)
 	fmt.Fprintln(w, "SEQ\tNEW SEQ\tSUBJECT\tKEY\tTOOL_USE_ID\tLEDGER\tOUTCOME")
@@ -333,6 +344,9 @@ func runReplay(ctx context.Context, args []string, stdio cli.IO, getenv func(str
 	}
 	w.Flush()
 	printSummary(stdio.Out, *dry, consulted, len(replayed), summary)
+	if failed != nil {
+		return fmt.Errorf("the replay stopped after the jobs above: %w", failed)
+	}
 	return nil
 }
 

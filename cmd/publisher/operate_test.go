@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"strings"
@@ -227,5 +228,55 @@ func TestRequeueRefusesWhatAPurgeMayHaveDeleted(t *testing.T) {
 	out, warn, err := runPublisherEnv(t, map[string]string{"NATS_URL": n.URL, "TOOLQ_DATA_DIR": t.TempDir()}, "dlq", "requeue", "3")
 	if err != nil || !strings.Contains(out, "dead letter 3 requeued") || !strings.Contains(warn, "warning: no ledger") {
 		t.Fatalf("requeue without a ledger: %q %q %v", out, warn, err)
+	}
+}
+
+// TestAReplayThatFailsPartWayShowsWhatItPublished: TOOLQ_JOBS holds three
+// jobs and takes one message more (a stream that refuses new messages
+// when full): the replay publishes the first again, is refused the
+// second, and says so, with the job it did publish (JSON and table), so
+// that the operator replays the rest and not that one again.
+func TestAReplayThatFailsPartWayShowsWhatItPublished(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	n := testenv.StartNATS(t)
+	js, _ := jetstream.New(n.Connect())
+	if err := jobs.ProvisionStreams(ctx, js, jobs.Streams{}); err != nil {
+		t.Fatal(err)
+	}
+	c := jobs.NewClient(js)
+	for i := range 3 {
+		if _, err := c.Publish(ctx, &jobs.Job{ConversationID: "c", TurnIndex: int64(i), Tool: "send_payment",
+			ToolUseID: fmt.Sprintf("toolu_%d", i), Args: json.RawMessage(`{}`)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s, err := js.Stream(ctx, jobs.JobsStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := s.CachedInfo().Config
+	cfg.MaxMsgs, cfg.Discard = 4, jetstream.DiscardNew
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+
+	out, err := runPublisher(t, "", "replay", "--subject", "toolq.jobs.>", "--from-seq", "1", "--json", "--nats-url", n.URL)
+	var got struct {
+		Jobs  []operate.Replayed `json:"jobs"`
+		Error string             `json:"error"`
+	}
+	if jerr := json.Unmarshal([]byte(out), &got); jerr != nil || err == nil || len(got.Jobs) != 1 || got.Jobs[0].Seq != 1 ||
+		got.Jobs[0].NewSeq != 4 || !strings.Contains(got.Error, "replay of 2") {
+		t.Fatalf("replay --json: err %v, out %s", err, out)
+	}
+	cfg.MaxMsgs = 5
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	out, err = runPublisher(t, "", "replay", "--subject", "toolq.jobs.>", "--from-seq", "2", "--nats-url", n.URL)
+	if err == nil || !strings.Contains(err.Error(), "stopped after the jobs above") || !strings.Contains(out, "replayed 1 job(s)") ||
+		!strings.Contains(out, "toolu_1") || strings.Contains(out, "toolu_2") {
+		t.Fatalf("replay: err %v, out:\n%s", err, out)
 	}
 }
