@@ -516,6 +516,10 @@ func Replay(ctx context.Context, js jetstream.JetStream, r ReplayRange, dry bool
 			ack, err := jsretry.Do(ctx, func(ctx context.Context) (*jetstream.PubAck, error) {
 				return js.PublishMsg(ctx, msg, jetstream.WithMsgID(fmt.Sprintf("replay:%d:%d", seq, stamp)), jetstream.WithExpectStream(jobs.JobsStream))
 			})
+			if err != nil && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) || errors.Is(err, nats.ErrTimeout)) {
+				// Unanswered: the server may have stored it.
+				return false, fmt.Errorf("operate: replay of %d: it may have been published (no answer came): %w", seq, err)
+			}
 			if err != nil {
 				return false, fmt.Errorf("operate: replay of %d: %w", seq, err)
 			}

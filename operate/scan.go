@@ -37,6 +37,12 @@ func scanStream(ctx context.Context, js jetstream.JetStream, stream, filter stri
 		return fmt.Errorf("operate: read %s: %w", stream, err)
 	}
 	bound := s.CachedInfo().State.LastSeq // the last message that existed when the scan began
+	// left asks the stream's leader (STREAM.MSG.GET): a direct get, on a
+	// stream that allows them, is answered by any replica or mirror, one
+	// still catching up (nothing left, said too soon) or one that keeps
+	// what the stream deleted (a message left that no consumer delivers).
+	// This handle is the scan's own.
+	s.CachedInfo().Config.AllowDirect = false
 	// A batch of 256 jobs near the largest payload would be more than the
 	// server buffers for a connection (it closes it as a slow consumer):
 	// a batch is bounded by bytes too, room for two of the largest.
@@ -102,7 +108,15 @@ func scanStream(ctx context.Context, js jetstream.JetStream, stream, filter stri
 		}
 		// pending is 0 when the stream's leader has more than the consumer:
 		// read on as its server catches up.
-		batch, stop, err := fetch(ctx, cons, int(min(cmp.Or(pending, 256), 256)), maxBytes)
+		// After a batch that came empty, one message is asked for, of any
+		// size: one larger than maxBytes (stored through a server that
+		// allows larger payloads than the one asked) is answered with 409,
+		// which the client takes for an empty batch.
+		n, size := int(min(cmp.Or(pending, 256), 256)), maxBytes
+		if short > 0 {
+			n, size = 1, 0
+		}
+		batch, stop, err := fetch(ctx, cons, n, size)
 		if err != nil {
 			return fmt.Errorf("operate: read %s: %w", stream, err)
 		}
@@ -176,7 +190,7 @@ func scanStream(ctx context.Context, js jetstream.JetStream, stream, filter stri
 	}
 }
 
-// fetch asks cons for up to n messages, of maxBytes at most, waiting
+// fetch asks cons for up to n messages, of maxBytes at most (0: any), waiting
 // Patience at most and no longer than ctx allows. stop ends the fetch (call
 // it once the batch is read).
 func fetch(ctx context.Context, cons jetstream.Consumer, n, maxBytes int) (jetstream.MessageBatch, context.CancelFunc, error) {
@@ -185,7 +199,11 @@ func fetch(ctx context.Context, cons jetstream.Consumer, n, maxBytes int) (jetst
 		stop()
 		return nil, nil, err
 	}
-	batch, err := cons.Fetch(n, jetstream.FetchContext(fctx), jetstream.FetchMaxBytes(maxBytes))
+	opts := []jetstream.FetchOpt{jetstream.FetchContext(fctx)}
+	if maxBytes > 0 {
+		opts = append(opts, jetstream.FetchMaxBytes(maxBytes))
+	}
+	batch, err := cons.Fetch(n, opts...)
 	if err != nil {
 		stop()
 		if ctx.Err() != nil {

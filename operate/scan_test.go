@@ -49,11 +49,7 @@ func TestAListingDoesNotListADeadLetterThatArrivedAfterItBegan(t *testing.T) {
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	got, err := operate.ListDeadLetters(ctx, js, "")
-	var seqs []uint64
-	for _, d := range got {
-		seqs = append(seqs, d.Seq)
-	}
+	seqs, err := listedSeqs(ctx, js)
 	if err != nil || len(seqs) != 2 || seqs[0] != 1 || seqs[1] != 3 {
 		t.Fatalf("listed dead letters %v (%v); want [1 3]: 2 was requeued, 4 arrived after the listing began", seqs, err)
 	}
@@ -231,11 +227,7 @@ func TestAListingReadsAgainWhatWasLostMidBatch(t *testing.T) {
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	got, err := operate.ListDeadLetters(ctx, js, "")
-	var seqs []uint64
-	for _, d := range got {
-		seqs = append(seqs, d.Seq)
-	}
+	seqs, err := listedSeqs(ctx, js)
 	if err != nil || !slices.Equal(seqs, []uint64{1, 2, 3}) {
 		t.Fatalf("listed %v (%v); want 1, 2 and 3 once each, in order", seqs, err)
 	}
@@ -257,4 +249,14 @@ func withDeadLetters(t *testing.T, k int) (*testenv.NATS, jetstream.JetStream) {
 		publishDeadLetter(t, direct, jobs.DLQMaxDeliver, uint64(i+1), `{"tool_use_id":"toolu_`+strconv.Itoa(i+1)+`"}`)
 	}
 	return n, direct
+}
+
+// listedSeqs lists the dead letters, by their sequences.
+func listedSeqs(ctx context.Context, js jetstream.JetStream) ([]uint64, error) {
+	got, err := operate.ListDeadLetters(ctx, js, "")
+	var seqs []uint64
+	for _, d := range got {
+		seqs = append(seqs, d.Seq)
+	}
+	return seqs, err
 }
