@@ -216,3 +216,26 @@ async def test_a_tenants_call_runs_apart_from_the_default_tenants_same_call(cons
     finally:
         await nc.close()
         await default.nc.close()
+
+
+async def test_a_results_reader_recreated_before_its_first_result_reads_nothing_older(consumer: Consumer) -> None:
+    """nats-py recreates an ordered consumer that missed its heartbeats
+    (reset_ordered_consumer, as it calls it), from the sequence after the
+    last it delivered: before any delivery that was the stream's first, and
+    the reader re-read every result of every conversation."""
+    client = await connect(consumer)
+    for i in range(50):
+        await client.js.publish(f"toolq.results.py-old-{i}", b"{}")
+    reader = await client.results()
+    try:
+        jsi = reader._sub._sub._jsi
+        await jsi.reset_ordered_consumer(jsi._sseq + 1)
+        [fut] = reader.expect("toolu_py_after_reset")
+        await client.publish(toolq.Job("py-reset", 0, "send_payment", "toolu_py_after_reset", PAYMENT % "inv_py_reset"))
+        r = await asyncio.wait_for(fut, 30)
+        assert r.status == "ok"
+        read = reader._sub._sub.delivered  # the result, and any heartbeat
+        assert read < 50, f"the recreated reader read {read} messages: the 50 older ones again"
+    finally:
+        await reader.close()
+        await client.nc.close()

@@ -17,6 +17,7 @@ from typing import Any, Literal
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import api
+from nats.js.client import JetStreamContext
 from nats.js.errors import NoStreamResponseError
 
 from toolq.key import RESERVED_TENANTS, Args, FieldError, call_material, canonicalize, key_of, valid_tenant
@@ -491,15 +492,8 @@ class Client:
         def enough(r: Result | None) -> bool:
             return r is not None and (not final or is_final(r.status))
 
-        config = api.ConsumerConfig(deliver_policy=api.DeliverPolicy.ALL)
-        if from_seq > 0:
-            config = api.ConsumerConfig(deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=from_seq)
-        sub = await self.js.subscribe(
-            tenant_result_subject(self.tenant, conversation_id),
-            stream=tenant_stream(self.tenant, RESULTS_STREAM),
-            ordered_consumer=True,
-            config=config,
-        )
+        subject, stream = tenant_result_subject(self.tenant, conversation_id), tenant_stream(self.tenant, RESULTS_STREAM)
+        sub = await _ordered(self.js, subject, stream, from_seq)
 
         async def read() -> None:
             caught_up = False
@@ -590,6 +584,21 @@ class Client:
         return await ResultsReader.start(self, subject or f"{_tenant_prefix(self.tenant)}results.>")
 
 
+async def _ordered(js: JetStreamContext, subject: str, stream: str, from_seq: int) -> Any:
+    """An ordered consumer of stream on subject from stream sequence
+    from_seq (0 or 1: the first). nats-py recreates an ordered consumer
+    that missed its heartbeats from the sequence after the last one it
+    delivered, and from sequence 1 when it delivered none: told where this
+    one started, it re-reads nothing before from_seq."""
+    config = api.ConsumerConfig(deliver_policy=api.DeliverPolicy.ALL)
+    if from_seq > 1:
+        config = api.ConsumerConfig(deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=from_seq)
+    sub: Any = await js.subscribe(subject, stream=stream, ordered_consumer=True, config=config)
+    if from_seq > 1:
+        sub._sub._jsi._sseq = from_seq - 1
+    return sub
+
+
 def _pending(msg: Msg) -> int:
     try:
         return int(msg.metadata.num_pending)
@@ -648,12 +657,10 @@ class ResultsReader:
     async def start(cls, client: Client, subject: str) -> ResultsReader:
         r = cls()
         r._tenant = client.tenant
-        r._sub = await client.js.subscribe(
-            subject,
-            stream=tenant_stream(client.tenant, RESULTS_STREAM),
-            ordered_consumer=True,
-            config=api.ConsumerConfig(deliver_policy=api.DeliverPolicy.NEW),
-        )
+        # From the stream's next sequence rather than DeliverPolicy.NEW: an
+        # ordered consumer recreated before its first delivery starts where
+        # this one did, not at what is new by then.
+        r._sub = await _ordered(client.js, subject, tenant_stream(client.tenant, RESULTS_STREAM), await client.results_cursor())
         r._task = asyncio.create_task(r._read())
         return r
 
