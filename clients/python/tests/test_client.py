@@ -10,6 +10,7 @@ import pytest
 from conftest import Consumer
 
 import toolq
+from toolq.client import _ordered
 
 PAYMENT = '{"invoice_id":"%s","amount_cents":500,"currency":"EUR"}'
 
@@ -238,4 +239,38 @@ async def test_a_results_reader_recreated_before_its_first_result_reads_nothing_
         assert read < 50, f"the recreated reader read {read} messages: the 50 older ones again"
     finally:
         await reader.close()
+        await client.nc.close()
+
+
+async def test_an_ordered_consumer_recreated_before_its_first_delivery_starts_at_its_sequence(consumer: Consumer) -> None:
+    """Reset before any delivery, by missed heartbeats (activity_check) or
+    by a sequence mismatch on the first message: the consumer starts again
+    at from_seq, reads the message published there, and resets once."""
+    client = await connect(consumer)
+    subject = "toolq.results.py-ordered-reset"
+    try:
+        for _ in range(20):
+            await client.js.publish(subject, b"{}")
+        from_seq = await client.results_cursor()
+        sub = await _ordered(client.js, subject, toolq.RESULTS_STREAM, from_seq)
+        jsi = sub._sub._jsi
+        await jsi.reset_ordered_consumer(jsi._sseq + 1)  # what activity_check does
+        await asyncio.sleep(0.2)
+        jsi._dseq = 7  # the next delivery mismatches: process_msg resets at _sseq + 1
+        resets = 0
+        reset = jsi.reset_ordered_consumer
+
+        async def counted(sseq: int | None) -> bool:
+            nonlocal resets
+            resets += 1
+            assert sseq == from_seq
+            return await reset(sseq)
+
+        jsi.reset_ordered_consumer = counted
+        ack = await client.js.publish(subject, b'{"after":1}')
+        msg = await sub.next_msg(timeout=10)
+        assert msg.metadata.sequence.stream == ack.seq == from_seq
+        assert resets == 1 and jsi._sseq == from_seq
+        await sub.unsubscribe()
+    finally:
         await client.nc.close()

@@ -594,8 +594,11 @@ async def _ordered(js: JetStreamContext, subject: str, stream: str, from_seq: in
     if from_seq > 1:
         config = api.ConsumerConfig(deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=from_seq)
     sub: Any = await js.subscribe(subject, stream=stream, ordered_consumer=True, config=config)
-    if from_seq > 1:
-        sub._sub._jsi._sseq = from_seq - 1
+    # nats-py's own state (2.16): a release without it re-reads from the
+    # first message, as before, and loses nothing.
+    jsi: Any = getattr(getattr(sub, "_sub", None), "_jsi", None)
+    if from_seq > 1 and hasattr(jsi, "_sseq"):
+        jsi._sseq = from_seq - 1
     return sub
 
 
