@@ -10,6 +10,7 @@ const state = {
   events: null,
   refreshing: null,
   again: false,
+  more: 0, // pending calls the server did not list
 };
 
 // el makes an element; children are elements or strings (text).
@@ -204,12 +205,19 @@ function renderPending(calls, more) {
     }
     prev = card;
   }
-  $('pending-count').textContent = String(calls.length + more);
-  $('pending-empty').hidden = calls.length > 0;
+  state.more = more;
+  showCount();
   $('pending-more').hidden = more === 0;
   $('pending-more').textContent = `${more} more ${more === 1 ? 'call awaits' : 'calls await'} your approval, not listed here: ` +
     'they expire after these. Decide these, and the next come.';
   tick();
+}
+
+// showCount counts the cards shown and the calls not listed: at once when
+// a card goes, not only when the lists are read again.
+function showCount() {
+  $('pending-count').textContent = String(state.cards.size + (state.more || 0));
+  $('pending-empty').hidden = state.cards.size > 0;
 }
 
 function renderCall(c) {
@@ -262,6 +270,7 @@ function renderCall(c) {
       notice(`${c.tool} ${c.key.slice(0, 8)}… ${got.status} by ${state.me.name}.`);
       card.remove();
       state.cards.delete(c.key);
+      showCount();
       refresh();
     } catch (err) {
       error.textContent = err.message;
