@@ -59,11 +59,14 @@ func scanStream(ctx context.Context, js jetstream.JetStream, stream, filter stri
 	// segment creates the next consumer, and says how many messages it
 	// has to deliver.
 	segment := func() (jetstream.Consumer, uint64, error) {
-		cfg.Name = fmt.Sprintf("%s_%d", name, len(made))
-		made = append(made, cfg.Name)
-		// A create asked again under the same name and config finds the
-		// consumer the first made.
+		// A create asked again is asked under a new name: the cluster
+		// places a consumer on one server when it is first asked for, and
+		// the same name asked again goes to the same server, one that may
+		// have just died. What an unanswered create made is deleted with
+		// the rest.
 		cons, err := jsretry.Do(ctx, func(ctx context.Context) (jetstream.Consumer, error) {
+			cfg.Name = fmt.Sprintf("%s_%d", name, len(made))
+			made = append(made, cfg.Name)
 			return js.CreateOrUpdateConsumer(ctx, stream, cfg)
 		})
 		if err != nil {

@@ -61,7 +61,7 @@ func Do[T any](ctx context.Context, ask func(context.Context) (T, error)) (T, er
 		}
 		switch {
 		case unanswered(err):
-		case answeredWith(err, 10008, 10158):
+		case answeredWith(err, 10008, 10158), errors.Is(err, jetstream.ErrNoStreamResponse):
 			select {
 			case <-ctx.Done():
 				return v, err
@@ -77,6 +77,10 @@ func Do[T any](ctx context.Context, ask func(context.Context) (T, error)) (T, er
 func unanswered(err error) bool {
 	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout)
 }
+
+// A publish that no stream took (jetstream.ErrNoStreamResponse: nobody
+// listened on its subject, as while a stream's replicas elect a leader) did
+// not reach a stream: it is asked again after the same pause.
 
 // answeredWith reports whether err is JetStream's answer with one of
 // codes: 10008 (JSClusterNotAvailErr) while a cluster has no meta leader,

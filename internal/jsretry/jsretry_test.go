@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/toolq/toolq/internal/jsretry"
+	"github.com/toolq/toolq/internal/testenv"
 )
 
 // server answers the first `silent` requests with nothing (they wait for
@@ -107,5 +108,32 @@ func TestWithoutADeadlineItAsksOnce(t *testing.T) {
 	s := &server{first: []error{nats.ErrTimeout}}
 	if _, err := jsretry.Do(context.Background(), s.ask); !errors.Is(err, nats.ErrTimeout) || s.calls != 1 {
 		t.Fatalf("%v after %d requests, want the one timeout", err, s.calls)
+	}
+}
+
+// TestAPublishNoStreamTookIsAskedAgainAfterAPause: a publish with a
+// message id, made while no stream listens on its subject (a stream's
+// replicas electing a leader after its leader died: "no response from
+// stream"), is asked again after a pause until a stream takes it, and is
+// stored once.
+func TestAPublishNoStreamTookIsAskedAgainAfterAPause(t *testing.T) {
+	n := testenv.StartNATS(t)
+	js, _ := jetstream.New(n.Connect())
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	time.AfterFunc(time.Second, func() {
+		if _, err := js.CreateStream(context.Background(), jetstream.StreamConfig{Name: "S", Subjects: []string{"s.>"}}); err != nil {
+			t.Error(err)
+		}
+	})
+	ack, err := jsretry.Do(ctx, func(ctx context.Context) (*jetstream.PubAck, error) {
+		return js.Publish(ctx, "s.job", []byte("x"), jetstream.WithMsgID("job-1"))
+	})
+	if err != nil {
+		t.Fatalf("the publish before the stream was there: %v", err)
+	}
+	s, err := js.Stream(ctx, "S")
+	if err != nil || ack.Sequence != 1 || s.CachedInfo().State.Msgs != 1 {
+		t.Fatalf("stored at %d, the stream holds %+v (%v)", ack.Sequence, s.CachedInfo().State, err)
 	}
 }

@@ -25,6 +25,7 @@ package pull
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -87,13 +88,43 @@ func (p *Iter) Drain() { p.it.Drain() }
 // a node (its leader of the stream, or of the cluster's metadata) a create
 // request can go unanswered, and js.OrderedConsumer waits for it until ctx
 // ends: an agent awaiting its results with a deadline of minutes waited
-// that long for nothing, though every result was there. Every request
-// names the same consumer, so that one the server created for an answer
-// that was lost is the one returned, not left behind. Without a deadline on
-// ctx it asks once, and JetStream's own timeout ends the wait, as before.
+// that long for nothing, though every result was there. Each request names
+// a consumer of its own: the cluster places a consumer on a server when it
+// is first asked for, and the same name asked again goes to that server,
+// which may be the one that just died. The consumers of the requests whose
+// answers were lost are deleted (all of them when none was answered: ones
+// asked while the server was down reach it when it is back). Without a deadline
+// on ctx it asks once, and JetStream's own timeout ends the wait, as before.
 func OrderedConsumer(ctx context.Context, js jetstream.JetStream, stream string, cfg jetstream.OrderedConsumerConfig) (jetstream.Consumer, error) {
-	if cfg.NamePrefix == "" {
-		cfg.NamePrefix = nuid.Next() // every request names the same consumer: one the server made for a lost answer is the one returned
+	prefix := cfg.NamePrefix
+	if prefix == "" {
+		prefix = nuid.Next()
 	}
-	return jsretry.Do(ctx, func(ctx context.Context) (jetstream.Consumer, error) { return js.OrderedConsumer(ctx, stream, cfg) })
+	var asked []string // the name prefixes asked for, in order
+	cons, err := jsretry.Do(ctx, func(ctx context.Context) (jetstream.Consumer, error) {
+		cfg.NamePrefix = fmt.Sprintf("%s_%d", prefix, len(asked))
+		asked = append(asked, cfg.NamePrefix)
+		return js.OrderedConsumer(ctx, stream, cfg)
+	})
+	if err == nil {
+		asked = asked[:len(asked)-1]
+	}
+	deleteUnanswered(js, stream, asked)
+	return cons, err
+}
+
+// deleteUnanswered deletes, best effort and without waiting, the consumers
+// that the creates of the name prefixes may have made though their answers
+// were lost (an ordered consumer's first is <prefix>_1). Each delete is
+// sent at once: on a connection that is down it waits in the reconnect
+// buffer behind the create it undoes. One left is removed by the server
+// once idle.
+func deleteUnanswered(js jetstream.JetStream, stream string, prefixes []string) {
+	for _, p := range prefixes {
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), jsretry.Patience())
+			defer cancel()
+			js.DeleteConsumer(ctx, stream, p+"_1")
+		}()
+	}
 }
