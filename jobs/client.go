@@ -124,7 +124,7 @@ func (c *Client) Publish(ctx context.Context, j *Job) (Published, error) {
 	c.propagator.Inject(ctx, HeaderCarrier(msg.Header))
 	// Asked again when unanswered: the message id makes a second publish
 	// of the job a duplicate JetStream drops.
-	ack, err := jsretry.Do(ctx, func(ctx context.Context) (*jetstream.PubAck, error) {
+	ack, err := jsretry.Publish(ctx, c.js, JobsStream, func(ctx context.Context) (*jetstream.PubAck, error) {
 		return c.js.PublishMsg(ctx, msg, jetstream.WithMsgID(msgID), jetstream.WithExpectStream(JobsStream))
 	})
 	if err != nil {

@@ -513,7 +513,7 @@ func Replay(ctx context.Context, js jetstream.JetStream, r ReplayRange, dry bool
 			msg.Header.Set(jobs.HeaderReplayOf, strconv.FormatUint(seq, 10))
 			// Asked again when unanswered: its id makes a second publish a
 			// duplicate JetStream drops, and answers with the first's sequence.
-			ack, err := jsretry.Do(ctx, func(ctx context.Context) (*jetstream.PubAck, error) {
+			ack, err := jsretry.Publish(ctx, js, jobs.JobsStream, func(ctx context.Context) (*jetstream.PubAck, error) {
 				return js.PublishMsg(ctx, msg, jetstream.WithMsgID(fmt.Sprintf("replay:%d:%d", seq, stamp)), jetstream.WithExpectStream(jobs.JobsStream))
 			})
 			if err != nil && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) || errors.Is(err, nats.ErrTimeout)) {

@@ -61,6 +61,8 @@ func Do[T any](ctx context.Context, ask func(context.Context) (T, error)) (T, er
 		}
 		switch {
 		case unanswered(err):
+		case errors.As(err, new(noStream)):
+			return v, err
 		case answeredWith(err, 10008, 10158), errors.Is(err, jetstream.ErrNoStreamResponse):
 			select {
 			case <-ctx.Done():
@@ -80,7 +82,34 @@ func unanswered(err error) bool {
 
 // A publish that no stream took (jetstream.ErrNoStreamResponse: nobody
 // listened on its subject, as while a stream's replicas elect a leader) did
-// not reach a stream: it is asked again after the same pause.
+// not reach a stream: it is asked again after the same pause, unless it is
+// a noStream (see Publish).
+
+// Publish is Do for a publish to stream. A publish that no stream took is
+// asked again only while stream exists (its replicas electing a leader):
+// when JetStream answers that there is no such stream (no consumer created
+// the streams yet, a wrong NATS URL) the error is returned at once, still
+// jetstream.ErrNoStreamResponse, rather than at the caller's deadline.
+func Publish(ctx context.Context, js jetstream.JetStream, stream string, publish func(context.Context) (*jetstream.PubAck, error)) (*jetstream.PubAck, error) {
+	return Do(ctx, func(ctx context.Context) (*jetstream.PubAck, error) {
+		ack, err := publish(ctx)
+		if !errors.Is(err, jetstream.ErrNoStreamResponse) {
+			return ack, err
+		}
+		check, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		if _, serr := js.Stream(check, stream); errors.Is(serr, jetstream.ErrStreamNotFound) || errors.Is(serr, jetstream.ErrJetStreamNotEnabled) {
+			return ack, noStream{err}
+		}
+		return ack, err
+	})
+}
+
+// noStream is a publish's jetstream.ErrNoStreamResponse when its stream
+// does not exist: Do does not ask it again.
+type noStream struct{ error }
+
+func (e noStream) Unwrap() error { return e.error }
 
 // answeredWith reports whether err is JetStream's answer with one of
 // codes: 10008 (JSClusterNotAvailErr) while a cluster has no meta leader,

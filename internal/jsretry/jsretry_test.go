@@ -111,11 +111,11 @@ func TestWithoutADeadlineItAsksOnce(t *testing.T) {
 	}
 }
 
-// TestAPublishNoStreamTookIsAskedAgainAfterAPause: a publish with a
-// message id, made while no stream listens on its subject (a stream's
-// replicas electing a leader after its leader died: "no response from
-// stream"), is asked again after a pause until a stream takes it, and is
-// stored once.
+// TestAPublishNoStreamTookIsAskedAgainAfterAPause: Do asks a publish with
+// a message id that no stream listened for ("no response from stream", as
+// while a stream's replicas elect a leader) again after a pause until a
+// stream takes it (here one created a second later), and it is stored
+// once. Publish asks again only while the stream exists (below).
 func TestAPublishNoStreamTookIsAskedAgainAfterAPause(t *testing.T) {
 	n := testenv.StartNATS(t)
 	js, _ := jetstream.New(n.Connect())
@@ -135,5 +135,46 @@ func TestAPublishNoStreamTookIsAskedAgainAfterAPause(t *testing.T) {
 	s, err := js.Stream(ctx, "S")
 	if err != nil || ack.Sequence != 1 || s.CachedInfo().State.Msgs != 1 {
 		t.Fatalf("stored at %d, the stream holds %+v (%v)", ack.Sequence, s.CachedInfo().State, err)
+	}
+}
+
+// TestAPublishToAStreamThatDoesNotExistFailsAtOnce: a publish no stream
+// takes because there is no stream at all (no consumer created the streams
+// yet, a wrong NATS URL) is not asked again until the caller's deadline:
+// its "no response from stream" comes back at once, to be explained.
+func TestAPublishToAStreamThatDoesNotExistFailsAtOnce(t *testing.T) {
+	n := testenv.StartNATS(t)
+	js, _ := jetstream.New(n.Connect())
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	start := time.Now()
+	_, err := jsretry.Publish(ctx, js, "S", func(ctx context.Context) (*jetstream.PubAck, error) {
+		return js.Publish(ctx, "s.job", []byte("x"), jetstream.WithMsgID("job-1"), jetstream.WithExpectStream("S"))
+	})
+	if !errors.Is(err, jetstream.ErrNoStreamResponse) || time.Since(start) > 2*time.Second {
+		t.Fatalf("%v after %v, want no response from stream at once", err, time.Since(start))
+	}
+}
+
+// TestAPublishNoStreamTookWhileItsStreamExistsIsAskedAgain: the stream
+// exists but nobody took the publish (its replicas electing a leader): it is
+// asked again, and stored once.
+func TestAPublishNoStreamTookWhileItsStreamExistsIsAskedAgain(t *testing.T) {
+	n := testenv.StartNATS(t)
+	js, _ := jetstream.New(n.Connect())
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"s.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	calls := 0
+	ack, err := jsretry.Publish(ctx, js, "S", func(ctx context.Context) (*jetstream.PubAck, error) {
+		if calls++; calls <= 2 {
+			return nil, jetstream.ErrNoStreamResponse // a leader being elected
+		}
+		return js.Publish(ctx, "s.job", []byte("x"), jetstream.WithMsgID("job-1"), jetstream.WithExpectStream("S"))
+	})
+	if err != nil || calls != 3 || ack.Sequence != 1 {
+		t.Fatalf("%+v, %v after %d publishes", ack, err, calls)
 	}
 }
