@@ -169,7 +169,9 @@ func (s *Store) whyNot(ctx context.Context, op string, f Fence, takeover bool) e
 		return fmt.Errorf("%w: %s (%s)", ErrNotFound, f.Key, op)
 	case err != nil:
 		return err
-	case row.Attempt == f.Attempt && row.ClaimToken == f.Token && row.State == InFlight && takeover && !row.LeaseExpired():
+	case row.Attempt == f.Attempt && row.ClaimToken == f.Token && row.State == InFlight && takeover:
+		// The takeover matched the claim and was refused: its lease ran
+		// then, though it may have ended since (LeaseRemaining 0).
 		return fmt.Errorf("%w: %s has %s left (%s)", ErrLeaseHeld, f.Key, row.LeaseRemaining.Round(time.Millisecond), op)
 	case row.Attempt == f.Attempt && row.ClaimToken != f.Token:
 		return fmt.Errorf("%w: %s %s with attempt %d, the row is %s at that attempt under another claim (the database lost the first in a crash)",

@@ -5,10 +5,13 @@ package ledger
 // lease) and read as Unix milliseconds. A text argument compared with ''
 // is cast (@state::text): Postgres cannot infer its type from the literal.
 
-// pgCols are the columns scanRow reads.
+// pgCols are the columns scanRow reads. The lease's remaining time is
+// rounded up to the millisecond: rounded to the nearest, a lease with under
+// half a millisecond left read as expired while lease_until <= now() (the
+// takeover's test) was still false.
 const pgCols = `key, conversation_id, turn_index, tool, ordinal, args_digest, state, attempt, owner,
 	(extract(epoch from lease_until) * 1000)::bigint,
-	greatest(0, (extract(epoch from (lease_until - now())) * 1000)::bigint),
+	greatest(0, ceil(extract(epoch from (lease_until - now())) * 1000)::bigint),
 	first_tool_use_id, trace_id, span_id, result, error,
 	(extract(epoch from created_at) * 1000)::bigint, (extract(epoch from updated_at) * 1000)::bigint,
 	history, failures, claim_token, (extract(epoch from answered_at) * 1000)::bigint,
