@@ -112,16 +112,23 @@ type Throughput struct {
 	JobsPerS float64 `json:"jobs_per_s"`
 	// CPUPer1000 is the consumer's: the consumer processes (or the naive
 	// dispatcher's), or this whole process when they run in it.
-	CPUPer1000    float64   `json:"cpu_s_per_1000"`
-	DriverCPU     float64   `json:"driver_cpu_s_per_1000"`      // this process: publishing, the result watch, the sandbox (0 in process)
-	NATSCPU       float64   `json:"nats_cpu_s_per_1000"`        // the nats-server process (0: not known)
-	PostgresCPU   float64   `json:"postgres_cpu_s_per_1000"`    // the ledger's Postgres server, every process of it (0: not known)
-	MachineCPU    float64   `json:"machine_cpu_s_per_1000"`     // the whole machine
-	CommitsPerJob float64   `json:"ledger_commits_per_job"`     // Postgres transactions per job (pg_stat_database)
-	FlushesPerJob float64   `json:"ledger_wal_flushes_per_job"` // WAL flushes to disk per job (pg_stat_wal)
-	PeakRSSMiB    float64   `json:"peak_rss_mib"`
-	Payments      int       `json:"payments"` // payments the sandbox made in the run reported (a duplicate makes none)
-	Runs          []float64 `json:"runs_jobs_per_s"`
+	CPUPer1000    float64 `json:"cpu_s_per_1000"`
+	DriverCPU     float64 `json:"driver_cpu_s_per_1000"`      // this process: publishing, the result watch, the sandbox (0 in process)
+	NATSCPU       float64 `json:"nats_cpu_s_per_1000"`        // the nats-server process (0: not known)
+	PostgresCPU   float64 `json:"postgres_cpu_s_per_1000"`    // the ledger's Postgres server, every process of it (0: not known)
+	MachineCPU    float64 `json:"machine_cpu_s_per_1000"`     // the whole machine
+	CommitsPerJob float64 `json:"ledger_commits_per_job"`     // Postgres transactions per job (pg_stat_database)
+	FlushesPerJob float64 `json:"ledger_wal_flushes_per_job"` // WAL flushes to disk per job (pg_stat_wal)
+	PeakRSSMiB    float64 `json:"peak_rss_mib"`
+	Payments      int     `json:"payments"` // payments the sandbox made in the run reported (a duplicate makes none)
+	// AllocsPerJob and AllocBytesPerJob are the heap objects and bytes the
+	// consumer processes (or the naive dispatcher's) allocated per job while
+	// the run took its jobs (0: not known; in process). Unlike time and
+	// CPU they hardly move with the machine, so a comparison of two builds
+	// shows a change of a few per cent in them.
+	AllocsPerJob     float64   `json:"consumer_allocs_per_job"`
+	AllocBytesPerJob float64   `json:"consumer_alloc_bytes_per_job"`
+	Runs             []float64 `json:"runs_jobs_per_s"`
 	// NaiveRatios are each run's jobs/s ÷ the naive dispatcher's run made
 	// just before it, for the runs that follow one (every fresh and
 	// duplicate run of the consumer; not every run of a compared build):
@@ -212,6 +219,9 @@ type bench struct {
 	profileName         string  // the profile files' name for the run under way
 	toolsFile           string  // the consumer processes' registry
 	childCPU, childPeak float64 // the last run's processes under test: CPU seconds, peak RSS MiB
+	// childMallocs and childAllocBytes are the heap objects and bytes the
+	// last run's processes allocated while it ran (0: not known).
+	childMallocs, childAllocBytes float64
 }
 
 // build is one consumer build under test: its binary ("" in process) and
@@ -285,24 +295,12 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if r.InProcess {
 		a.bin = ""
 	}
-	// The naive dispatcher runs before fresh and again before duplicate, so
-	// that each of toolq's runs has a naive run right before it to be
-	// divided by.
-	scenarios := []scenario{
-		{"naive", &r.Naive, b.naiveRun},
-		{"fresh", &r.Fresh, b.freshRun(a, 0)},
-		{"naive", &r.Naive, b.naiveRun},
-		{"duplicate", &r.Duplicate, b.duplicateRun(a, 0)},
-		{"slow", &r.Slow, b.slowRun(a)},
-	}
 	var other build
 	if cfg.CompareBin != "" {
 		other = build{bin: cfg.CompareBin, pay: "pay_b"}
 		r.Compare = &Comparison{Bin: cfg.CompareBin}
-		scenarios = append(scenarios,
-			scenario{"fresh (compared)", &r.Compare.Fresh, b.freshRun(other, 500)},
-			scenario{"duplicate (compared)", &r.Compare.Duplicate, b.duplicateRun(other, 500)})
 	}
+	scenarios := b.scenarios(r, a, other)
 	if err := b.measure(ctx, scenarios); err != nil {
 		return nil, err
 	}
@@ -311,31 +309,8 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if rate <= 0 {
 		rate = max(int(r.Fresh.JobsPerS/2), 1)
 	}
-	type latencyRun struct {
-		into *Latency
-		rate int
-		of   *build // nil: the naive dispatcher
-	}
-	// At each rate, the naive dispatcher, then the consumer, then (in a
-	// comparison) the compared build right after it.
-	runs := []latencyRun{{&r.NaiveLat, rate, nil}, {&r.ToolqLat, rate, &a}}
-	if r.Compare != nil {
-		runs = append(runs, latencyRun{&r.Compare.Lat, rate, &other})
-	}
-	runs = append(runs, latencyRun{&r.NaiveLat100, 100, nil}, latencyRun{&r.ToolqLat100, 100, &a})
-	if r.Compare != nil {
-		runs = append(runs, latencyRun{&r.Compare.Lat100, 100, &other})
-	}
-	for _, l := range runs {
-		b.profileName = fmt.Sprintf("latency-%d", l.rate)
-		if l.of == &other { // not by its path: a build compared with itself measures the noise
-			b.profileName += "-compared"
-		}
-		lat, _, err := b.latencyTraced(ctx, l.rate, l.of, nil)
-		if err != nil {
-			return nil, fmt.Errorf("bench: latency at %d/s: %w", l.rate, err)
-		}
-		*l.into = lat
+	if err := b.latencies(ctx, r, rate, a, other); err != nil {
+		return nil, err
 	}
 	if r.Phases, err = b.phases(ctx, rate); err != nil {
 		return nil, fmt.Errorf("bench: latency phases at %d/s: %w", rate, err)
@@ -348,7 +323,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	for _, n := range cfg.Processes {
 		p := Processes{N: n}
-		if err := b.measure(ctx, []scenario{{fmt.Sprintf("processes-%d", n), &p.Throughput, b.processesRun(n)}}); err != nil {
+		if err := b.measure(ctx, []scenario{{name: fmt.Sprintf("processes-%d", n), into: &p.Throughput, run: b.processesRun(n)}}); err != nil {
 			return nil, err
 		}
 		r.Processes = append(r.Processes, p)
@@ -366,10 +341,39 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 
 // scenario is one throughput scenario: its run for rep returns how long it
 // took and how many of its jobs that time covers (0: all of them).
+// Compared marks the runs of a comparison's second build, with the naive
+// runs made before them.
 type scenario struct {
-	name string
-	into *Throughput
-	run  func(ctx context.Context, rep int) (time.Duration, int, error)
+	name     string
+	into     *Throughput
+	run      func(ctx context.Context, rep int) (time.Duration, int, error)
+	compared bool
+}
+
+// scenarios are the throughput scenarios of one rep. The naive dispatcher
+// runs before fresh and again before duplicate, so that each of toolq's
+// runs has a naive run right before it to be divided by. The compared
+// build (r.Compare set) runs the same sequence: its runs then follow what
+// the first build's follow, which is what makes the two comparable (when
+// its duplicate followed its fresh run directly, and the first build's
+// followed a naive run, the same build compared with itself ran
+// duplicates 1.14 × as fast).
+func (b *bench) scenarios(r *Report, a, other build) []scenario {
+	s := []scenario{
+		{name: "naive", into: &r.Naive, run: b.naiveRun},
+		{name: "fresh", into: &r.Fresh, run: b.freshRun(a, 0)},
+		{name: "naive", into: &r.Naive, run: b.naiveRun},
+		{name: "duplicate", into: &r.Duplicate, run: b.duplicateRun(a, 0)},
+		{name: "slow", into: &r.Slow, run: b.slowRun(a)},
+	}
+	if r.Compare == nil {
+		return s
+	}
+	return append(s,
+		scenario{name: "naive", into: &r.Naive, run: b.naiveRun, compared: true},
+		scenario{name: "fresh (compared)", into: &r.Compare.Fresh, run: b.freshRun(other, 500), compared: true},
+		scenario{name: "naive", into: &r.Naive, run: b.naiveRun, compared: true},
+		scenario{name: "duplicate (compared)", into: &r.Compare.Duplicate, run: b.duplicateRun(other, 500), compared: true})
 }
 
 // measure runs each scenario Reps times, the scenarios of one rep one after
@@ -378,6 +382,7 @@ type scenario struct {
 func (b *bench) measure(ctx context.Context, scenarios []scenario) error {
 	type sample struct {
 		perS, cpu, driver, nats, postgres, machine, commits, flushes, peak float64
+		allocs, allocBytes                                                 float64
 		payments                                                           int
 	}
 	samples := map[*Throughput][]sample{} // a scenario may run twice a rep (the naive dispatcher's)
@@ -395,7 +400,7 @@ func (b *bench) measure(ctx context.Context, scenarios []scenario) error {
 			var elapsed time.Duration
 			var counted int
 			var err error
-			b.childCPU, b.childPeak = 0, 0
+			b.childCPU, b.childPeak, b.childMallocs, b.childAllocBytes = 0, 0, 0, 0
 			b.profileName = fmt.Sprintf("%s-%d", strings.ReplaceAll(strings.Trim(s.name, ")"), " (", "-"), rep+1)
 			// The scenario labels its samples in a CPU profile (go tool pprof
 			// -tagfocus scenario=duplicate).
@@ -412,7 +417,8 @@ func (b *bench) measure(ctx context.Context, scenarios []scenario) error {
 			m := sample{perS: float64(counted) / elapsed.Seconds(), driver: per(cpu1.driver - cpu0.driver), nats: per(cpu1.nats - cpu0.nats),
 				postgres: per(cpu1.postgres - cpu0.postgres), machine: per(cpu1.machine - cpu0.machine),
 				commits: float64(b.commits(ctx)-commits0) / float64(n), flushes: float64(b.walFlushes(ctx)-flushes0) / float64(n),
-				payments: len(b.sandbox.Payments()) - payments0, peak: b.childPeak}
+				payments: len(b.sandbox.Payments()) - payments0, peak: b.childPeak,
+				allocs: b.childMallocs / float64(n), allocBytes: b.childAllocBytes / float64(n)}
 			if b.childCPU > 0 { // processes of their own
 				m.cpu = per(b.childCPU)
 			} else { // in this process: everything it did
@@ -441,28 +447,40 @@ func (b *bench) measure(ctx context.Context, scenarios []scenario) error {
 		m := ss[len(ss)/2]
 		*t = Throughput{JobsPerS: m.perS, CPUPer1000: m.cpu, DriverCPU: m.driver, NATSCPU: m.nats, PostgresCPU: m.postgres, MachineCPU: m.machine,
 			CommitsPerJob: m.commits, FlushesPerJob: m.flushes, PeakRSSMiB: m.peak, Payments: m.payments, Runs: t.Runs, NaiveRatios: t.NaiveRatios}
+		// Allocations hardly move with the machine's speed: their median
+		// of their own, not the median run's.
+		t.AllocsPerJob = median(ss, func(s sample) float64 { return s.allocs })
+		t.AllocBytesPerJob = median(ss, func(s sample) float64 { return s.allocBytes })
 	}
 	return nil
 }
 
+// median is the median of f over ss.
+func median[T any](ss []T, f func(T) float64) float64 {
+	v := make([]float64, len(ss))
+	for i, s := range ss {
+		v[i] = f(s)
+	}
+	slices.Sort(v)
+	return v[len(v)/2]
+}
+
 // order is the order of the scenarios' runs in rep: as given, but in a
-// comparison every other rep runs the compared build's first, so that
-// neither build always runs on a machine the other has just warmed.
+// comparison every other rep runs the compared build's sequence first, so
+// that neither build always runs on a machine the other has just warmed.
 func (b *bench) order(scenarios []scenario, rep int) []int {
 	var mine, compared []int
 	for i, s := range scenarios {
-		if strings.HasSuffix(s.name, "(compared)") {
+		if s.compared {
 			compared = append(compared, i)
 		} else {
 			mine = append(mine, i)
 		}
 	}
-	if rep%2 == 0 || len(compared) == 0 {
+	if rep%2 == 0 {
 		return append(mine, compared...)
 	}
-	// The naive run first, as always, and again before the consumer's runs,
-	// so that they too follow a naive run.
-	return append(append(mine[:1:1], compared...), mine...)
+	return append(compared, mine...)
 }
 
 // The scenarios. Each publishes its jobs first (a backlog), then starts
@@ -655,12 +673,28 @@ func (b *bench) toolqStarter(of build, tool string, n int, tp trace.TracerProvid
 			return nil, err
 		}
 		name := b.profileName
-		return &running{ready: time.Now(), exited: exited(procs), stop: func() (float64, float64, error) {
+		ready := time.Now()
+		allocs := b.countAllocs(ctx, procs)
+		return &running{ready: ready, exited: exited(procs), stop: func() (float64, float64, error) {
+			allocs()
 			if b.cfg.ProfileDir != "" {
 				b.saveAllocs(ctx, procs, name)
 			}
 			return stopProcs(procs)
 		}}, nil
+	}
+}
+
+// countAllocs reads how much the processes have allocated, and returns
+// the function that, called before they stop, sets the run's allocations
+// (childMallocs, childAllocBytes) to what they allocated in between. Both
+// stay 0 if a process did not answer.
+func (b *bench) countAllocs(ctx context.Context, procs []*consumerProc) func() {
+	objects0, bytes0, ok0 := b.mallocs(ctx, procs)
+	return func() {
+		if objects1, bytes1, ok1 := b.mallocs(ctx, procs); ok0 && ok1 {
+			b.childMallocs, b.childAllocBytes = objects1-objects0, bytes1-bytes0
+		}
 	}
 }
 
@@ -684,7 +718,13 @@ func (b *bench) naiveStarter(tool string) starter {
 		if err != nil {
 			return nil, err
 		}
-		return &running{ready: time.Now(), exited: exited([]*consumerProc{p}), stop: func() (float64, float64, error) { return stopProcs([]*consumerProc{p}) }}, nil
+		procs := []*consumerProc{p}
+		ready := time.Now()
+		allocs := b.countAllocs(ctx, procs)
+		return &running{ready: ready, exited: exited(procs), stop: func() (float64, float64, error) {
+			allocs()
+			return stopProcs(procs)
+		}}, nil
 	}
 }
 
@@ -737,22 +777,89 @@ func (b *bench) startToolqTraced(ctx context.Context, tool string, tp trace.Trac
 	return func() { cancel(); <-done; store.Close() }, nil
 }
 
+// latencies makes the latency runs at rate and at 100/s: at each, the
+// naive dispatcher, then the consumer. In a comparison each build's run is
+// made in two halves, in the order first, compared, compared, first, and
+// each build's halves are counted as one run: so neither build always
+// runs second, on a machine the other has just warmed (when the compared
+// build always ran right after the first, the same build compared with
+// itself had a p99 0.71–0.81 × the first's).
+func (b *bench) latencies(ctx context.Context, r *Report, rate int, a, other build) error {
+	for _, at := range []struct {
+		rate         int
+		naive, toolq *Latency
+		compared     *Latency
+	}{{rate, &r.NaiveLat, &r.ToolqLat, nil}, {100, &r.NaiveLat100, &r.ToolqLat100, nil}} {
+		if r.Compare != nil {
+			at.compared = &r.Compare.Lat
+			if at.rate == 100 {
+				at.compared = &r.Compare.Lat100
+			}
+		}
+		n := max(int(float64(at.rate)*b.cfg.LatencyFor.Seconds()), 1)
+		type part struct {
+			of   *build // nil: the naive dispatcher
+			into *Latency
+			n    int
+		}
+		parts := []part{{nil, at.naive, n}, {&a, at.toolq, n}}
+		if at.compared != nil {
+			half := max(n/2, 1)
+			parts = []part{{nil, at.naive, n}, {&a, at.toolq, half}, {&other, at.compared, half}, {&other, at.compared, n - half}, {&a, at.toolq, n - half}}
+		}
+		samples := map[*Latency][]float64{}
+		ledgers := map[*Latency][][]StatementTime{}
+		for _, p := range parts {
+			b.profileName = fmt.Sprintf("latency-%d", at.rate)
+			if p.of == &other { // not by its path: a build compared with itself measures the noise
+				b.profileName += "-compared"
+			}
+			if len(samples[p.into]) > 0 {
+				b.profileName += "-2"
+			}
+			lat, _, ledger, err := b.latencyRun(ctx, at.rate, p.of, nil, p.n)
+			if err != nil {
+				return fmt.Errorf("bench: latency at %d/s: %w", at.rate, err)
+			}
+			samples[p.into] = append(samples[p.into], lat...)
+			if ledger != nil {
+				ledgers[p.into] = append(ledgers[p.into], ledger)
+			}
+		}
+		for into, lat := range samples {
+			*into = latencyOf(at.rate, lat, mergeStatements(ledgers[into]))
+		}
+	}
+	return nil
+}
+
 // latencyTraced publishes fresh jobs at rate for LatencyFor, to the naive
 // dispatcher (of nil) or to toolq, its spans going to tp (set: a worker in
 // this process), and returns the publish-to-result percentiles and when
 // each job was sent, by tool_use_id.
 func (b *bench) latencyTraced(ctx context.Context, rate int, of *build, tp trace.TracerProvider) (Latency, map[string]time.Time, error) {
+	lat, sent, ledger, err := b.latencyRun(ctx, rate, of, tp, max(int(float64(rate)*b.cfg.LatencyFor.Seconds()), 1))
+	if err != nil {
+		return Latency{}, nil, err
+	}
+	return latencyOf(rate, lat, ledger), sent, nil
+}
+
+// latencyRun publishes n fresh jobs at rate, as latencyTraced does, and
+// returns each one's publish-to-result milliseconds, when each was sent,
+// and the ledger's statements in the run (toolq's runs, on a Postgres
+// server that times them).
+func (b *bench) latencyRun(ctx context.Context, rate int, of *build, tp trace.TracerProvider, n int) ([]float64, map[string]time.Time, []StatementTime, error) {
 	tool, start := "naive_pay", b.naiveStarter("naive_pay")
 	if of != nil {
 		tool, start = of.pay, b.toolqStarter(*of, of.pay, 1, tp)
 	}
 	r, err := start(ctx)
 	if err != nil {
-		return Latency{}, nil, err
+		return nil, nil, nil, err
 	}
 	defer r.stop()
 	timed := b.resetStatements(ctx)
-	n := max(int(float64(rate)*b.cfg.LatencyFor.Seconds()), 1)
 	batch := b.jobsFor(tool, 1000+int(b.seq.Load()), n, false)
 	want := make(map[string]bool, n)
 	for _, j := range batch {
@@ -773,25 +880,55 @@ func (b *bench) latencyTraced(ctx context.Context, rate int, of *build, tp trace
 	select {
 	case <-done:
 	case <-r.exited:
-		return Latency{}, nil, errors.New("what took the jobs stopped on its own")
+		return nil, nil, nil, errors.New("what took the jobs stopped on its own")
 	case <-b.results.failed:
-		return Latency{}, nil, b.results.err
+		return nil, nil, nil, b.results.err
 	case <-time.After(2 * time.Minute):
-		return Latency{}, nil, fmt.Errorf("%d results missing", b.results.missing())
+		return nil, nil, nil, fmt.Errorf("%d results missing", b.results.missing())
 	}
+	mu.Lock()
+	defer mu.Unlock()
 	lat := make([]float64, 0, n)
 	for id, at := range b.results.arrivals(want) {
 		lat = append(lat, at.Sub(sent[id]).Seconds()*1000)
 	}
-	slices.Sort(lat)
-	pct := func(p float64) float64 { return lat[min(int(p*float64(len(lat))), len(lat)-1)] }
-	mu.Lock()
-	defer mu.Unlock()
-	l := Latency{Rate: rate, Jobs: n, P50ms: pct(0.50), P90ms: pct(0.90), P99ms: pct(0.99), MaxMs: lat[len(lat)-1]}
+	var ledger []StatementTime
 	if timed && of != nil {
-		l.Ledger = b.statements(ctx)
+		ledger = b.statements(ctx)
 	}
-	return l, sent, nil
+	return lat, sent, ledger, nil
+}
+
+// latencyOf is the percentiles of the publish-to-result milliseconds lat
+// (at least one).
+func latencyOf(rate int, lat []float64, ledger []StatementTime) Latency {
+	lat = slices.Sorted(slices.Values(lat))
+	pct := func(p float64) float64 { return lat[min(int(p*float64(len(lat))), len(lat)-1)] }
+	return Latency{Rate: rate, Jobs: len(lat), P50ms: pct(0.50), P90ms: pct(0.90), P99ms: pct(0.99), MaxMs: lat[len(lat)-1], Ledger: ledger}
+}
+
+// mergeStatements counts the statements of several runs as one run's.
+func mergeStatements(runs [][]StatementTime) []StatementTime {
+	if len(runs) == 1 {
+		return runs[0]
+	}
+	var out []StatementTime
+	for _, run := range runs {
+		for _, st := range run {
+			i := slices.IndexFunc(out, func(o StatementTime) bool { return o.Kind == st.Kind })
+			if i < 0 {
+				out = append(out, st)
+				continue
+			}
+			o := &out[i]
+			if calls := o.Calls + st.Calls; calls > 0 {
+				o.MeanMs = (o.MeanMs*float64(o.Calls) + st.MeanMs*float64(st.Calls)) / float64(calls)
+				o.Calls = calls
+			}
+			o.MaxMs = max(o.MaxMs, st.MaxMs)
+		}
+	}
+	return out
 }
 
 // StatementTime is one kind of ledger statement as the Postgres server

@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"log/slog"
+	"math"
 	"os/exec"
 	"testing"
 	"time"
@@ -34,12 +35,12 @@ func measureSetup(t *testing.T, cfg Config) *bench {
 }
 
 // TestEachRunIsDividedByTheNaiveRunJustBeforeIt: with --compare, every
-// rep, each of toolq's fresh and duplicate runs is divided by a naive run
-// made right before it, as the report says ("× naive: of each run's ratio
-// to the naive run just before it"): not by one made before the compared
-// build's runs.
+// rep, each fresh and duplicate run of either build is made right after a
+// naive run and divided by it, as the report says ("× naive: of each run's
+// ratio to the naive run just before it"); and the builds take turns at
+// running first, so that neither always follows the other.
 func TestEachRunIsDividedByTheNaiveRunJustBeforeIt(t *testing.T) {
-	b := measureSetup(t, Config{Jobs: 1000, Reps: 2, Concurrency: 8})
+	b := measureSetup(t, Config{Jobs: 1000, Reps: 4, Concurrency: 8})
 	type ran struct {
 		name string
 		perS float64
@@ -55,34 +56,28 @@ func TestEachRunIsDividedByTheNaiveRunJustBeforeIt(t *testing.T) {
 		}
 	}
 	r := &Report{Compare: &Comparison{}}
-	// Run's scenarios, in a comparison.
-	scenarios := []scenario{
-		{"naive", &r.Naive, run("naive")},
-		{"fresh", &r.Fresh, run("fresh")},
-		{"naive", &r.Naive, run("naive")},
-		{"duplicate", &r.Duplicate, run("duplicate")},
-		{"slow", &r.Slow, run("slow")},
-		{"fresh (compared)", &r.Compare.Fresh, run("fresh (compared)")},
-		{"duplicate (compared)", &r.Compare.Duplicate, run("duplicate (compared)")},
+	scenarios := b.scenarios(r, build{}, build{})
+	for i := range scenarios { // Run's scenarios, in a comparison, each run counted
+		scenarios[i].run = run(scenarios[i].name)
 	}
 	if err := b.measure(context.Background(), scenarios); err != nil {
 		t.Fatal(err)
 	}
+	order := make([]string, len(runs))
+	for i, x := range runs {
+		order[i] = x.name
+	}
 	for _, c := range []struct {
 		name string
 		t    Throughput
-	}{{"fresh", r.Fresh}, {"duplicate", r.Duplicate}} {
+	}{{"fresh", r.Fresh}, {"duplicate", r.Duplicate}, {"fresh (compared)", r.Compare.Fresh}, {"duplicate (compared)", r.Compare.Duplicate}} {
 		var want []float64
 		for i, x := range runs {
 			if x.name == c.name && i > 0 && runs[i-1].name == "naive" {
 				want = append(want, x.perS/runs[i-1].perS)
 			}
 		}
-		if len(c.t.NaiveRatios) != len(c.t.Runs) || len(want) != len(c.t.Runs) {
-			order := make([]string, len(runs))
-			for i, x := range runs {
-				order[i] = x.name
-			}
+		if len(c.t.NaiveRatios) != len(c.t.Runs) || len(want) != len(c.t.Runs) || len(want) != b.cfg.Reps {
 			t.Fatalf("%s: %d runs, %d ratios reported, %d of them right after a naive run; the runs in order: %q; ratios %v",
 				c.name, len(c.t.Runs), len(c.t.NaiveRatios), len(want), order, c.t.NaiveRatios)
 		}
@@ -91,6 +86,19 @@ func TestEachRunIsDividedByTheNaiveRunJustBeforeIt(t *testing.T) {
 				t.Errorf("%s run %d: × naive %.3f, want %.3f (÷ the naive run just before it)", c.name, i+1, c.t.NaiveRatios[i], want[i])
 			}
 		}
+	}
+	firstFresh := map[string]int{}
+	perRep := len(runs) / b.cfg.Reps
+	for rep := range b.cfg.Reps {
+		for _, name := range order[rep*perRep : (rep+1)*perRep] {
+			if name == "fresh" || name == "fresh (compared)" {
+				firstFresh[name]++
+				break
+			}
+		}
+	}
+	if firstFresh["fresh"] != b.cfg.Reps/2 || firstFresh["fresh (compared)"] != b.cfg.Reps/2 {
+		t.Errorf("over %d reps, the build whose fresh run came first: %v; want each half the time (runs in order: %q)", b.cfg.Reps, firstFresh, order)
 	}
 }
 
@@ -112,7 +120,7 @@ func TestTheSettleWaitIsNotChargedToTheRun(t *testing.T) {
 			return 100 * time.Millisecond, 0, nil // measure has waited to settle before
 		}
 		began := time.Now()
-		if err := b.measure(context.Background(), []scenario{{"fresh", &r, run}}); err != nil {
+		if err := b.measure(context.Background(), []scenario{{name: "fresh", into: &r, run: run}}); err != nil {
 			t.Fatal(err)
 		}
 		return r.MachineCPU, time.Since(began)
@@ -124,5 +132,25 @@ func TestTheSettleWaitIsNotChargedToTheRun(t *testing.T) {
 	}
 	if waited-unwaited > 0.5 {
 		t.Errorf("machine CPU s/1000 jobs: %.2f after waiting to settle, %.2f without the wait: the wait's %.2f is charged to the run", waited, unwaited, waited-unwaited)
+	}
+}
+
+// TestALatencyRunMadeInHalvesReportsTheStatementsOfBoth: the ledger's
+// statements of a build's two half runs are counted as one run's: calls
+// added, the mean weighted by calls, the longest kept.
+func TestALatencyRunMadeInHalvesReportsTheStatementsOfBoth(t *testing.T) {
+	got := mergeStatements([][]StatementTime{
+		{{Kind: "claim", Calls: 300, MeanMs: 0.2, MaxMs: 3}, {Kind: "complete", Calls: 100, MeanMs: 0.1, MaxMs: 1}},
+		{{Kind: "claim", Calls: 100, MeanMs: 0.6, MaxMs: 2}, {Kind: "other", Calls: 2, MeanMs: 0.01, MaxMs: 0.01}},
+	})
+	want := []StatementTime{{Kind: "claim", Calls: 400, MeanMs: 0.3, MaxMs: 3}, {Kind: "complete", Calls: 100, MeanMs: 0.1, MaxMs: 1},
+		{Kind: "other", Calls: 2, MeanMs: 0.01, MaxMs: 0.01}}
+	if len(got) != len(want) {
+		t.Fatalf("got %+v, want %+v", got, want)
+	}
+	for i := range want {
+		if g, w := got[i], want[i]; g.Kind != w.Kind || g.Calls != w.Calls || math.Abs(g.MeanMs-w.MeanMs) > 1e-9 || g.MaxMs != w.MaxMs {
+			t.Errorf("%s: got %+v, want %+v", w.Kind, g, w)
+		}
 	}
 }

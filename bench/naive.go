@@ -8,7 +8,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
+	"net/http/pprof"
 	"sync"
 	"time"
 
@@ -31,6 +33,9 @@ type NaiveConfig struct {
 	Durable     string
 	Workers     int
 	Concurrency int
+	// DebugAddr, when set, serves Go's profiles (/debug/pprof/) of the
+	// process RunNaive runs in, as the consumer's --debug-pprof does.
+	DebugAddr string
 }
 
 // naive is a running naive dispatcher.
@@ -137,6 +142,17 @@ func RunNaive(ctx context.Context, cfg NaiveConfig, ready io.Writer) error {
 	n, err := startNaive(ctx, js, toolClient(cfg.Concurrency), cfg, slog.Default())
 	if err != nil {
 		return err
+	}
+	if cfg.DebugAddr != "" { // Go's profiles, as the consumer's --debug-pprof serves them
+		ln, err := net.Listen("tcp", cfg.DebugAddr)
+		if err != nil {
+			return err
+		}
+		mux := http.NewServeMux()
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		srv := &http.Server{Handler: mux}
+		go srv.Serve(ln)
+		defer srv.Close()
 	}
 	fmt.Fprintln(ready, "ready")
 	<-ctx.Done()

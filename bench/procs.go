@@ -137,9 +137,14 @@ func (p *consumerProc) start() error {
 // startNaiveProc starts the naive dispatcher as a process of its own
 // (Config.NaiveCmd) and returns once it is pulling.
 func (b *bench) startNaiveProc(ctx context.Context, cfg NaiveConfig) (*consumerProc, error) {
+	port, err := testenv.FreePort()
+	if err != nil {
+		return nil, err
+	}
+	p := &consumerProc{health: fmt.Sprintf("127.0.0.1:%d", port), stderr: &strings.Builder{}}
 	args := append(slices.Clone(b.cfg.NaiveCmd[1:]), "--nats-url", cfg.NATSURL, "--tool-url", cfg.ToolURL, "--tool", cfg.Tool,
-		"--durable", cfg.Durable, "--workers", strconv.Itoa(cfg.Workers), "--concurrency", strconv.Itoa(cfg.Concurrency))
-	p := &consumerProc{stderr: &strings.Builder{}}
+		"--durable", cfg.Durable, "--workers", strconv.Itoa(cfg.Workers), "--concurrency", strconv.Itoa(cfg.Concurrency),
+		"--debug-addr", p.health)
 	p.cmd = exec.CommandContext(ctx, b.cfg.NaiveCmd[0], args...)
 	out, err := p.cmd.StdoutPipe()
 	if err != nil {
@@ -164,6 +169,59 @@ func (b *bench) startNaiveProc(ctx context.Context, cfg NaiveConfig) (*consumerP
 	}
 	stopProcs([]*consumerProc{p})
 	return nil, fmt.Errorf("the naive dispatcher process was not ready:\n%s", p.stderr)
+}
+
+// mallocs is how many heap objects the processes have allocated, and how
+// many bytes, since they started (runtime.MemStats, from their
+// /debug/pprof/allocs); ok is false if a process did not answer.
+func (b *bench) mallocs(ctx context.Context, procs []*consumerProc) (objects, bytes float64, ok bool) {
+	for _, p := range procs {
+		req, _ := http.NewRequestWithContext(ctx, "GET", "http://"+p.health+"/debug/pprof/allocs?debug=1", nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			b.cfg.Logger.Warn("bench: allocations", "error", err)
+			return 0, 0, false
+		}
+		o, n, err := memStats(resp.Body)
+		resp.Body.Close()
+		if err != nil {
+			b.cfg.Logger.Warn("bench: allocations", "error", err)
+			return 0, 0, false
+		}
+		objects, bytes = objects+o, bytes+n
+	}
+	return objects, bytes, true
+}
+
+// memStats reads the "# Mallocs = N" and "# TotalAlloc = N" lines that
+// close a text allocation profile.
+func memStats(r io.Reader) (mallocs, totalAlloc float64, err error) {
+	found := 0
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 0, 64*1024), 1<<20)
+	for sc.Scan() {
+		name, value, ok := strings.Cut(strings.TrimPrefix(sc.Text(), "# "), " = ")
+		if !ok || (name != "Mallocs" && name != "TotalAlloc") {
+			continue
+		}
+		v, perr := strconv.ParseFloat(value, 64)
+		if perr != nil {
+			return 0, 0, fmt.Errorf("allocation profile: %s = %q", name, value)
+		}
+		if name == "Mallocs" {
+			mallocs = v
+		} else {
+			totalAlloc = v
+		}
+		found++
+	}
+	if err := sc.Err(); err != nil {
+		return 0, 0, err
+	}
+	if found != 2 {
+		return 0, 0, errors.New("allocation profile: no Mallocs and TotalAlloc lines")
+	}
+	return mallocs, totalAlloc, nil
 }
 
 // stopProcs drains and stops the processes, and returns their CPU seconds

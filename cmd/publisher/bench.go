@@ -12,6 +12,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime/pprof"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -38,7 +39,8 @@ runs as a process of its own with the same settings: the consumer binary beside 
 With no --nats-url it starts a nats-server process of its own; with no --database-url a
 throwaway Postgres cluster with fsync and synchronous commit on (initdb and pg_ctl must
 be installed). --compare runs the fresh, duplicate and latency scenarios with a second
-consumer build too, each run beside the first build's, and prints the ratios. The JSON line
+consumer build too, each run beside the first build's, and prints the ratios: of the two
+builds' × naive rep by rep, and of their medians. The JSON line
 (--json) is printed last.`
 
 func runBench(ctx context.Context, args []string, stdio cli.IO, getenv func(string) string) error {
@@ -154,7 +156,7 @@ func printBench(stdio cli.IO, r *bench.Report) {
 	fmt.Fprintf(stdio.Out, "%d jobs a run, %d in flight, %d tool calls at once, median of %d runs (× naive: of each run's ratio to the naive run just before it); %s\n",
 		r.Jobs, 4*r.Concurrency, r.Concurrency, len(r.Fresh.Runs), where)
 	w := cli.NewTable(stdio.Out)
-	fmt.Fprintf(w, "scenario\tjobs/s\t× naive\tCPU s/1000 jobs: consumer\tdriver\tnats\tpostgres\tmachine\tledger commits/job\tWAL flushes/job\tpeak RSS MiB\n")
+	fmt.Fprintf(w, "scenario\tjobs/s\t× naive\tCPU s/1000 jobs: consumer\tdriver\tnats\tpostgres\tmachine\tledger commits/job\tWAL flushes/job\tpeak RSS MiB\tallocs/job\tKiB/job\n")
 	for _, row := range []struct {
 		name string
 		t    bench.Throughput
@@ -163,9 +165,9 @@ func printBench(stdio cli.IO, r *bench.Report) {
 		if x == 0 {
 			x = row.t.JobsPerS / r.Naive.JobsPerS
 		}
-		fmt.Fprintf(w, "%s\t%.0f\t%.2f\t%.3f\t%s\t%s\t%s\t%.3f\t%.2f\t%.3f\t%.0f\n", row.name, row.t.JobsPerS, x,
+		fmt.Fprintf(w, "%s\t%.0f\t%.2f\t%.3f\t%s\t%s\t%s\t%.3f\t%.2f\t%.3f\t%.0f\t%s\t%s\n", row.name, row.t.JobsPerS, x,
 			row.t.CPUPer1000, known(row.t.DriverCPU), known(row.t.NATSCPU), known(row.t.PostgresCPU), row.t.MachineCPU,
-			row.t.CommitsPerJob, row.t.FlushesPerJob, row.t.PeakRSSMiB)
+			row.t.CommitsPerJob, row.t.FlushesPerJob, row.t.PeakRSSMiB, knownInt(row.t.AllocsPerJob), knownInt(row.t.AllocBytesPerJob/1024))
 	}
 	w.Flush()
 	if len(r.Fresh.NaiveRatios) > 1 {
@@ -194,24 +196,38 @@ func printBench(stdio cli.IO, r *bench.Report) {
 		w.Flush()
 	}
 	if c := r.Compare; c != nil {
-		fmt.Fprintf(stdio.Out, "\ncompared: %s (throughput runs interleaved with the consumer's, each latency run right after the consumer's)\n", c.Bin)
+		fmt.Fprintf(stdio.Out, "\ncompared: %s (the same runs as the consumer's, each after a naive run, the two builds taking turns at going first; each latency run in two halves, consumer, compared, compared, consumer)\n", c.Bin)
 		w = cli.NewTable(stdio.Out)
-		fmt.Fprintf(w, "figure\tconsumer\tcompared\tcompared ÷ consumer\tper run\n")
+		fmt.Fprintf(w, "figure\tconsumer\tcompared\tcompared ÷ consumer\tper rep\n")
+		// The throughput rows compare the two builds' × naive, rep by rep:
+		// each run divided by the naive run just before it cancels the
+		// machine's drift, which moved one build's fresh runs by a fifth
+		// within a minute.
 		for _, row := range []struct {
-			name   string
-			a, b   float64
-			ra, rb []float64
-		}{{"fresh jobs/s", r.Fresh.JobsPerS, c.Fresh.JobsPerS, r.Fresh.Runs, c.Fresh.Runs},
-			{"duplicate jobs/s", r.Duplicate.JobsPerS, c.Duplicate.JobsPerS, r.Duplicate.Runs, c.Duplicate.Runs},
-			{"fresh CPU s/1000: consumer", r.Fresh.CPUPer1000, c.Fresh.CPUPer1000, nil, nil},
-			{"fresh CPU s/1000: postgres", r.Fresh.PostgresCPU, c.Fresh.PostgresCPU, nil, nil},
-			{"fresh CPU s/1000: machine", r.Fresh.MachineCPU, c.Fresh.MachineCPU, nil, nil},
-			{"duplicate CPU s/1000: consumer", r.Duplicate.CPUPer1000, c.Duplicate.CPUPer1000, nil, nil},
-			{"duplicate CPU s/1000: postgres", r.Duplicate.PostgresCPU, c.Duplicate.PostgresCPU, nil, nil},
-			{"duplicate CPU s/1000: machine", r.Duplicate.MachineCPU, c.Duplicate.MachineCPU, nil, nil},
-			{fmt.Sprintf("p99 ms at %d/s", r.ToolqLat.Rate), r.ToolqLat.P99ms, c.Lat.P99ms, nil, nil},
-			{"p99 ms at 100/s", r.ToolqLat100.P99ms, c.Lat100.P99ms, nil, nil}} {
-			fmt.Fprintf(w, "%s\t%.3f\t%.3f\t%.2f\t%s\n", row.name, row.a, row.b, row.b/row.a, perRun(row.rb, row.ra))
+			name string
+			a, b bench.Throughput
+		}{{"fresh × naive", r.Fresh, c.Fresh}, {"duplicate × naive", r.Duplicate, c.Duplicate}} {
+			ratio, reps := repRatios(row.b.NaiveRatios, row.a.NaiveRatios)
+			fmt.Fprintf(w, "%s\t%.3f\t%.3f\t%.2f\t%s\n", row.name, row.a.XNaive(), row.b.XNaive(), ratio, reps)
+		}
+		for _, row := range []struct {
+			name string
+			a, b float64
+		}{{"fresh allocs/job: consumer", r.Fresh.AllocsPerJob, c.Fresh.AllocsPerJob},
+			{"fresh KiB/job: consumer", r.Fresh.AllocBytesPerJob / 1024, c.Fresh.AllocBytesPerJob / 1024},
+			{"duplicate allocs/job: consumer", r.Duplicate.AllocsPerJob, c.Duplicate.AllocsPerJob},
+			{"duplicate KiB/job: consumer", r.Duplicate.AllocBytesPerJob / 1024, c.Duplicate.AllocBytesPerJob / 1024},
+			{"fresh jobs/s", r.Fresh.JobsPerS, c.Fresh.JobsPerS},
+			{"duplicate jobs/s", r.Duplicate.JobsPerS, c.Duplicate.JobsPerS},
+			{"fresh CPU s/1000: consumer", r.Fresh.CPUPer1000, c.Fresh.CPUPer1000},
+			{"fresh CPU s/1000: postgres", r.Fresh.PostgresCPU, c.Fresh.PostgresCPU},
+			{"fresh CPU s/1000: machine", r.Fresh.MachineCPU, c.Fresh.MachineCPU},
+			{"duplicate CPU s/1000: consumer", r.Duplicate.CPUPer1000, c.Duplicate.CPUPer1000},
+			{"duplicate CPU s/1000: postgres", r.Duplicate.PostgresCPU, c.Duplicate.PostgresCPU},
+			{"duplicate CPU s/1000: machine", r.Duplicate.MachineCPU, c.Duplicate.MachineCPU},
+			{fmt.Sprintf("p99 ms at %d/s", r.ToolqLat.Rate), r.ToolqLat.P99ms, c.Lat.P99ms},
+			{"p99 ms at 100/s", r.ToolqLat100.P99ms, c.Lat100.P99ms}} {
+			fmt.Fprintf(w, "%s\t%.3f\t%.3f\t%.2f\t\n", row.name, row.a, row.b, row.b/row.a)
 		}
 		w.Flush()
 	}
@@ -274,6 +290,14 @@ func known(v float64) string {
 	return fmt.Sprintf("%.3f", v)
 }
 
+// knownInt prints v to the unit, or "-" for 0 (not known).
+func knownInt(v float64) string {
+	if v == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.0f", v)
+}
+
 // ratios prints ratios to two decimals.
 func ratios(rs []float64) string {
 	out := make([]string, len(rs))
@@ -283,13 +307,20 @@ func ratios(rs []float64) string {
 	return strings.Join(out, " ")
 }
 
-// perRun is each of a's runs divided by b's run of the same rep.
-func perRun(a, b []float64) string {
+// repRatios divides each of b's figures by a's of the same rep, and
+// returns the median of those ratios and the ratios, printed.
+func repRatios(b, a []float64) (float64, string) {
+	var ratios []float64
 	var out []string
 	for i := range min(len(a), len(b)) {
-		out = append(out, fmt.Sprintf("%.2f", a[i]/b[i]))
+		ratios = append(ratios, b[i]/a[i])
+		out = append(out, fmt.Sprintf("%.2f", b[i]/a[i]))
 	}
-	return strings.Join(out, " ")
+	if len(ratios) == 0 {
+		return 0, ""
+	}
+	slices.Sort(ratios)
+	return ratios[len(ratios)/2], strings.Join(out, " ")
 }
 
 // naiveCommand is the hidden command the bench re-executes this binary
@@ -307,6 +338,7 @@ func runNaive(ctx context.Context, args []string, stdio cli.IO, getenv func(stri
 	fs.StringVar(&cfg.Durable, "durable", "", "")
 	fs.IntVar(&cfg.Workers, "workers", 256, "")
 	fs.IntVar(&cfg.Concurrency, "concurrency", 64, "")
+	fs.StringVar(&cfg.DebugAddr, "debug-addr", "", "")
 	if err := cli.ParseNone(fs, args); err != nil {
 		return err
 	}

@@ -2,9 +2,11 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -66,9 +68,10 @@ func TestBenchMeasuresWhatItSays(t *testing.T) {
 			t.Errorf("%s: %d payments, want %d", name, want[0], want[1])
 		}
 	}
-	// The naive dispatcher ran twice, before fresh and before duplicate, and
-	// each of toolq's runs is divided by the naive run just before it.
-	if len(r.Naive.Runs) != 2 || len(r.Fresh.NaiveRatios) != 1 || len(r.Duplicate.NaiveRatios) != 1 ||
+	// The naive dispatcher ran before fresh and before duplicate, for each
+	// build, and each of toolq's runs is divided by the naive run just
+	// before it.
+	if len(r.Naive.Runs) != 4 || len(r.Fresh.NaiveRatios) != 1 || len(r.Duplicate.NaiveRatios) != 1 ||
 		r.Fresh.NaiveRatios[0] != r.Fresh.Runs[0]/r.Naive.Runs[0] || r.Duplicate.NaiveRatios[0] != r.Duplicate.Runs[0]/r.Naive.Runs[1] {
 		t.Errorf("naive runs %v; fresh %v × naive %v; duplicate %v × naive %v", r.Naive.Runs, r.Fresh.Runs, r.Fresh.NaiveRatios, r.Duplicate.Runs, r.Duplicate.NaiveRatios)
 	}
@@ -85,14 +88,41 @@ func TestBenchMeasuresWhatItSays(t *testing.T) {
 			t.Errorf("%s: no figures of its own process: %+v", name, th)
 		}
 	}
+	// What each process allocated per job while it took the jobs: some
+	// objects for every job (a tool call, a result, an ack each), and a
+	// fresh call more than a duplicate (the tool call, its ledger writes).
+	for name, th := range map[string]bench.Throughput{"naive": r.Naive, "fresh": r.Fresh, "duplicate": r.Duplicate, "compared fresh": r.Compare.Fresh} {
+		if th.AllocsPerJob < 10 || th.AllocBytesPerJob < 1000 || th.AllocsPerJob > 100000 {
+			t.Errorf("%s: %.0f allocations, %.0f bytes per job", name, th.AllocsPerJob, th.AllocBytesPerJob)
+		}
+	}
+	if r.Fresh.AllocsPerJob <= r.Duplicate.AllocsPerJob {
+		t.Errorf("a fresh call allocated %.0f objects, a duplicate %.0f: the fresh call's tool call and ledger writes are missing", r.Fresh.AllocsPerJob, r.Duplicate.AllocsPerJob)
+	}
 	// The second build compared ran the same calls of its own: paid once
 	// each when fresh, never when duplicated, and was timed at both rates.
 	if c := r.Compare; c == nil || c.Fresh.Payments != 300 || c.Duplicate.Payments != 0 || c.Fresh.JobsPerS <= 0 || c.Duplicate.JobsPerS <= 0 ||
 		c.Lat.P99ms <= 0 || c.Lat100.P99ms <= 0 || c.Lat.Rate != 200 {
 		t.Errorf("comparison: %+v", r.Compare)
 	}
+	// Each build's latency run at a rate, made in two halves, counts every
+	// job of both: as many jobs as the naive dispatcher's one run.
+	if c := r.Compare; c != nil && (c.Lat.Jobs != 100 || r.ToolqLat.Jobs != 100 || r.NaiveLat.Jobs != 100 || c.Lat100.Jobs != 50 || r.ToolqLat100.Jobs != 50) {
+		t.Errorf("latency jobs: naive %d, consumer %d and %d, compared %d and %d; want 100 at 200/s, 50 at 100/s",
+			r.NaiveLat.Jobs, r.ToolqLat.Jobs, r.ToolqLat100.Jobs, c.Lat.Jobs, c.Lat100.Jobs)
+	}
 	if !strings.Contains(out, "compared ÷ consumer") {
 		t.Errorf("no table for the comparison:\n%s", out)
+	}
+	// The comparison's throughput is the two builds' × naive, each run
+	// divided by the naive run just before it, divided rep by rep.
+	if c := r.Compare; c != nil && len(c.Fresh.NaiveRatios) == 1 && len(r.Fresh.NaiveRatios) == 1 {
+		want := fmt.Sprintf("%.2f", c.Fresh.NaiveRatios[0]/r.Fresh.NaiveRatios[0])
+		if !regexp.MustCompile(`fresh × naive\s+[0-9.]+\s+[0-9.]+\s+` + regexp.QuoteMeta(want) + `\s+` + regexp.QuoteMeta(want) + `\n`).MatchString(out) {
+			t.Errorf("the comparison's fresh × naive row does not give %s (the compared build's × naive ÷ the consumer's):\n%s", want, out)
+		}
+	} else {
+		t.Errorf("the compared build's runs were not each divided by a naive run: %+v", r.Compare)
 	}
 	if r.Fresh.PostgresCPU <= 0 {
 		t.Errorf("fresh: no Postgres CPU: %+v", r.Fresh)
@@ -136,7 +166,7 @@ func TestBenchMeasuresWhatItSays(t *testing.T) {
 	}
 	// --profile made its directory, and a CPU profile of each scenario's
 	// consumer and a trace of each latency run are in it.
-	for _, name := range []string{"fresh-1.prof", "duplicate-1.prof", "fresh-1.allocs", "latency-200.trace"} {
+	for _, name := range []string{"fresh-1.prof", "duplicate-1.prof", "fresh-1.allocs", "latency-200.trace", "latency-200-2.trace", "latency-200-compared.trace", "latency-200-compared-2.trace"} {
 		if fi, err := os.Stat(filepath.Join(dir, "prof", "run", name)); err != nil || fi.Size() == 0 {
 			entries, _ := os.ReadDir(filepath.Join(dir, "prof", "run"))
 			var names []string
