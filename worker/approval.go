@@ -66,7 +66,7 @@ func (d *delivery) needsApproval(row ledger.Row) bool {
 // requestApproval turns the claimed row into one awaiting approval, with
 // the canonical args that will run, and answers the delivery pending.
 func (d *delivery) requestApproval(row ledger.Row) verdict {
-	ctx, span := d.child(d.runCtx, "toolq.approval request", trace.SpanKindClient, d.w.ledgerAttrs("await_approval")...)
+	ctx, span := d.child(d.runCtx, "toolq.approval request", trace.SpanKindClient, d.w.ledgerAttrs("await_approval"))
 	defer span.End()
 	if n := len(d.material.Canonical); n > d.approvalRoom() {
 		// Asked for, it could never be answered nor run: say so now.
@@ -134,7 +134,9 @@ func (d *delivery) pending(row ledger.Row) verdict {
 	if row.FirstToolUseID != d.job.ToolUseID {
 		r.Duplicate, r.OriginalToolUseID = true, row.FirstToolUseID
 	}
-	d.span.SetAttributes(tracing.KeyResultStatus.String(string(r.Status)))
+	if d.span.IsRecording() {
+		d.span.SetAttributes(tracing.KeyResultStatus.String(string(r.Status)))
+	}
 	return d.publish(r, OutcomeAwaitingApproval)
 }
 

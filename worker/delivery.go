@@ -183,7 +183,7 @@ func (d *delivery) refuse(r *refusal) verdict {
 // claim asks the group-commit batcher for this job's claim, riding out a
 // ledger outage until the drain starts.
 func (d *delivery) claim() (ledger.ClaimResult, error) {
-	ctx, span := d.child(d.runCtx, "toolq.claim", trace.SpanKindClient, d.w.ledgerAttrs("claim")...)
+	ctx, span := d.child(d.runCtx, "toolq.claim", trace.SpanKindClient, d.w.ledgerAttrs("claim"))
 	defer span.End()
 	start := time.Now()
 	d.leaseSince = start // the first try's: a lost answer's claim may be the one that committed
@@ -363,7 +363,7 @@ func (d *delivery) execute(row ledger.Row) verdict {
 	out, result, te := d.runTool(fence.Attempt, keep)
 	keep.stop()
 	d.hook(DuringTool)
-	ctx, span := d.child(d.runCtx, "toolq.settle", trace.SpanKindClient, append(d.w.ledgerAttrs("settle"), tracing.KeyToolOutcome.String(result.String()))...)
+	ctx, span := d.child(d.runCtx, "toolq.settle", trace.SpanKindClient, d.w.ledgerAttrs("settle", tracing.KeyToolOutcome.String(result.String())))
 	defer span.End()
 	store := d.w.cfg.Ledger
 	label := OutcomeOK
@@ -434,7 +434,7 @@ func (d *delivery) execute(row ledger.Row) verdict {
 func (d *delivery) executeTx(row ledger.Row) verdict {
 	fence := row.Fence()
 	out, te, err := d.runToolTx(fence)
-	ctx, span := d.child(d.runCtx, "toolq.settle", trace.SpanKindClient, append(d.w.ledgerAttrs("settle"), tracing.KeyToolOutcome.String(outcomeOf(te, err).String()))...)
+	ctx, span := d.child(d.runCtx, "toolq.settle", trace.SpanKindClient, d.w.ledgerAttrs("settle", tracing.KeyToolOutcome.String(outcomeOf(te, err).String())))
 	defer span.End()
 	store := d.w.cfg.Ledger
 	label := OutcomeOK
@@ -525,11 +525,7 @@ func (d *delivery) runToolTx(fence ledger.Fence) (out json.RawMessage, te *tools
 	keep := d.heartbeat(fence, d.leaseSince)
 	stopKeep := sync.OnceFunc(keep.stop)
 	defer stopKeep()
-	ctx, span := d.child(d.startCtx, "execute_tool "+d.tool.Name, trace.SpanKindInternal,
-		tracing.ExecuteTool, tracing.GenAIToolName.String(d.tool.Name), tracing.GenAIToolCallID.String(d.job.ToolUseID),
-		tracing.GenAIToolType.String("function"),
-		tracing.KeyTool.String(d.tool.Name), tracing.KeyToolClass.String(string(d.tool.Class)),
-		tracing.KeyDownstream.String(d.tool.Downstream), tracing.KeyAttempt.Int64(fence.Attempt))
+	ctx, span := d.child(d.startCtx, "execute_tool "+d.tool.Name, trace.SpanKindInternal, d.toolAttrs(fence.Attempt))
 	defer span.End()
 	start := time.Now()
 	defer func() { d.w.observeTool(d, start, outcomeOf(te, err)) }()
@@ -555,10 +551,14 @@ func (d *delivery) runToolTx(fence ledger.Fence) (out json.RawMessage, te *tools
 	case errors.Is(err, ledger.ErrTxEnded):
 		te, err = tools.AmbiguousError(tools.CodeTxEnded, "the executor ended the transaction it was given: what it wrote may have committed without the call's ledger row", 0, err), nil
 	}
-	span.SetAttributes(tracing.KeyToolOutcome.String(outcomeOf(te, err).String()))
+	if span.IsRecording() {
+		span.SetAttributes(tracing.KeyToolOutcome.String(outcomeOf(te, err).String()))
+	}
 	switch {
 	case te != nil:
-		span.SetAttributes(tracing.KeyErrorCode.String(te.Code))
+		if span.IsRecording() {
+			span.SetAttributes(tracing.KeyErrorCode.String(te.Code))
+		}
 		span.SetStatus(codes.Error, te.Code)
 	case err != nil:
 		span.RecordError(err)
@@ -621,19 +621,19 @@ func (d *delivery) runUnclaimed() verdict {
 // panicking executor is recovered and counts as ambiguous: the call may
 // have taken effect.
 func (d *delivery) runTool(attempt int64, keep *keepalive) (out json.RawMessage, result tools.Outcome, te *tools.Error) {
-	ctx, span := d.child(d.startCtx, "execute_tool "+d.tool.Name, trace.SpanKindInternal,
-		tracing.ExecuteTool, tracing.GenAIToolName.String(d.tool.Name), tracing.GenAIToolCallID.String(d.job.ToolUseID),
-		tracing.GenAIToolType.String("function"),
-		tracing.KeyTool.String(d.tool.Name), tracing.KeyToolClass.String(string(d.tool.Class)),
-		tracing.KeyDownstream.String(d.tool.Downstream), tracing.KeyAttempt.Int64(attempt))
+	ctx, span := d.child(d.startCtx, "execute_tool "+d.tool.Name, trace.SpanKindInternal, d.toolAttrs(attempt))
 	defer span.End()
 	start := time.Now()
 	defer func() { d.w.observeTool(d, start, result) }()
 	out, err := d.callTool(ctx, attempt, keep)
 	result, te = tools.Classify(err)
-	span.SetAttributes(tracing.KeyToolOutcome.String(result.String()))
+	if span.IsRecording() {
+		span.SetAttributes(tracing.KeyToolOutcome.String(result.String()))
+	}
 	if te != nil {
-		span.SetAttributes(tracing.KeyErrorCode.String(te.Code))
+		if span.IsRecording() {
+			span.SetAttributes(tracing.KeyErrorCode.String(te.Code))
+		}
 		if result != tools.Success {
 			span.SetStatus(codes.Error, te.Code)
 		}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/toolq/toolq/jobs"
@@ -32,12 +33,15 @@ import (
 // the job ends in the DLQ rather than looping.
 func (d *delivery) publish(r *jobs.Result, label Outcome) verdict {
 	subject, msgID := jobs.TenantResultSubject(d.job.Tenant, d.job.ConversationID), jobs.ResultMsgID(d.key, d.job.ToolUseID, answerID(r, d.tool != nil && d.tool.UsesLedger, d.jobSeq()))
-	ctx, span := d.child(d.runCtx, "publish toolq.results", trace.SpanKindProducer,
-		tracing.MessagingSystem.String("nats"), tracing.MessagingDestination.String(subject),
-		tracing.MessagingMessageID.String(msgID), tracing.MessagingOperation.String("send"),
-		tracing.KeyResultStatus.String(string(r.Status)), tracing.KeyDuplicate.Bool(r.Duplicate))
+	ctx, span := d.child(d.runCtx, "publish toolq.results", trace.SpanKindProducer, func() []attribute.KeyValue {
+		return []attribute.KeyValue{tracing.MessagingSystem.String("nats"), tracing.MessagingDestination.String(subject),
+			tracing.MessagingMessageID.String(msgID), tracing.MessagingOperation.String("send"),
+			tracing.KeyResultStatus.String(string(r.Status)), tracing.KeyDuplicate.Bool(r.Duplicate)}
+	})
 	defer span.End()
-	d.span.SetAttributes(tracing.KeyResultStatus.String(string(r.Status)), tracing.KeyDuplicate.Bool(r.Duplicate))
+	if d.span.IsRecording() {
+		d.span.SetAttributes(tracing.KeyResultStatus.String(string(r.Status)), tracing.KeyDuplicate.Bool(r.Duplicate))
+	}
 	msg := nats.NewMsg(subject)
 	msg.Header.Set(jobs.HeaderKey, d.key)
 	d.w.propagator.Inject(ctx, jobs.HeaderCarrier(msg.Header))

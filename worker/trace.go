@@ -36,6 +36,11 @@ const (
 func (d *delivery) startSpan() {
 	w := d.w
 	parent := w.propagator.Extract(d.runCtx, jobs.HeaderCarrier(d.msg.Headers()))
+	d.ctx, d.span = w.tracer.Start(parent, "process "+d.msg.Subject(), trace.WithSpanKind(trace.SpanKindConsumer))
+	w.metrics.inFlight.Add(context.Background(), 1) // until record
+	if !d.span.IsRecording() {                      // no attributes to build: most deliveries when a fraction is sampled, all without tracing
+		return
+	}
 	attrs := []attribute.KeyValue{
 		tracing.MessagingSystem.String("nats"),
 		tracing.MessagingDestination.String(d.msg.Subject()),
@@ -51,8 +56,7 @@ func (d *delivery) startSpan() {
 	if d.tool != nil {
 		attrs = append(attrs, tracing.KeyToolClass.String(string(d.tool.Class)))
 	}
-	d.ctx, d.span = w.tracer.Start(parent, "process "+d.msg.Subject(), trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(attrs...))
-	w.metrics.inFlight.Add(context.Background(), 1) // until record
+	d.span.SetAttributes(attrs...)
 }
 
 // Why a duplicate ran nothing, on its toolq.duplicate event.
@@ -67,6 +71,12 @@ const (
 // original's tool_use_id (beside the link noteFinding adds), and the
 // route the duplicate came by for the metrics. row is nil for a collision.
 func (d *delivery) explainDuplicate(found finding, row *ledger.Row) {
+	if row != nil {
+		d.dupRoute = d.route(*row)
+	}
+	if !d.span.IsRecording() {
+		return
+	}
 	reason := reasonCompletedBefore
 	attrs := []attribute.KeyValue{}
 	switch {
@@ -78,29 +88,48 @@ func (d *delivery) explainDuplicate(found finding, row *ledger.Row) {
 		reason = reasonWaitedInFlight
 	}
 	if row != nil {
-		d.dupRoute = d.route(*row)
 		attrs = append(attrs, tracing.KeyOriginalToolUseID.String(row.FirstToolUseID), tracing.KeyRoute.String(d.dupRoute),
 			tracing.KeyAttempt.String(strconv.FormatInt(row.Attempt, 10)))
 	}
 	d.span.AddEvent("toolq.duplicate", trace.WithAttributes(append(attrs, tracing.KeyReason.String(reason))...))
 }
 
+// toolAttrs are the attributes of the span of a tool call's attempt.
+func (d *delivery) toolAttrs(attempt int64) func() []attribute.KeyValue {
+	return func() []attribute.KeyValue {
+		return []attribute.KeyValue{tracing.ExecuteTool, tracing.GenAIToolName.String(d.tool.Name), tracing.GenAIToolCallID.String(d.job.ToolUseID),
+			tracing.GenAIToolType.String("function"),
+			tracing.KeyTool.String(d.tool.Name), tracing.KeyToolClass.String(string(d.tool.Class)),
+			tracing.KeyDownstream.String(d.tool.Downstream), tracing.KeyAttempt.Int64(attempt)}
+	}
+}
+
 // ledgerAttrs are the database attributes of a span of the ledger
 // operation op (claim, settle).
-func (w *Worker) ledgerAttrs(op string) []attribute.KeyValue {
-	return []attribute.KeyValue{tracing.DBSystemName(w.cfg.Ledger.Backend()), tracing.DBCollection.String("toolq_ledger"), tracing.DBOperation.String(op)}
+func (w *Worker) ledgerAttrs(op string, more ...attribute.KeyValue) func() []attribute.KeyValue {
+	return func() []attribute.KeyValue {
+		return append([]attribute.KeyValue{tracing.DBSystemName(w.cfg.Ledger.Backend()), tracing.DBCollection.String("toolq_ledger"), tracing.DBOperation.String(op)}, more...)
+	}
 }
 
 // child starts a span under the delivery's process span, on ctx's
-// deadlines and cancellation.
-func (d *delivery) child(ctx context.Context, name string, kind trace.SpanKind, attrs ...attribute.KeyValue) (context.Context, trace.Span) {
-	return d.w.tracer.Start(trace.ContextWithSpan(ctx, d.span), name, trace.WithSpanKind(kind), trace.WithAttributes(attrs...))
+// deadlines and cancellation, with the attributes attrs makes if it
+// records (set after the start: toolq's samplers do not read them).
+func (d *delivery) child(ctx context.Context, name string, kind trace.SpanKind, attrs func() []attribute.KeyValue) (context.Context, trace.Span) {
+	ctx, span := d.w.tracer.Start(trace.ContextWithSpan(ctx, d.span), name, trace.WithSpanKind(kind))
+	if span.IsRecording() {
+		span.SetAttributes(attrs()...)
+	}
+	return ctx, span
 }
 
 // noteFinding records what the claim found on the process span; for a
 // row another delivery claimed it links to that delivery's span, so a trace
 // viewer goes from the duplicate to the original execution.
 func (d *delivery) noteFinding(found finding, row *ledger.Row) {
+	if !d.span.IsRecording() {
+		return
+	}
 	d.span.SetAttributes(tracing.KeyLedgerOutcome.String(string(found)))
 	if row == nil || row.TraceID == "" {
 		return
@@ -116,6 +145,10 @@ func (d *delivery) noteFinding(found finding, row *ledger.Row) {
 // endSpan ends the process span with the delivery's verdict.
 func (d *delivery) endSpan(o verdict) {
 	if d.span == nil {
+		return
+	}
+	if !d.span.IsRecording() {
+		d.span.End()
 		return
 	}
 	d.span.SetAttributes(tracing.KeyVerdict.String(o.verb.String()), tracing.KeyOutcome.String(string(o.label)))
