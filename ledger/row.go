@@ -157,41 +157,48 @@ func encodeError(e ErrorInfo) string {
 }
 
 // scanRow reads the columns of queries.cols, after the leading ones if any.
+// What the columns are read into is one value, so that a row costs one
+// allocation for them (each local whose address the scan takes was one of
+// its own); the JSON columns are read as bytes, copied once.
 func scanRow(sc scanner, r *Row, leading ...any) error {
-	var state, result, errText, history, approvalStatus, approval, waiters string
-	var leaseMS, remainingMS, createdMS, updatedMS, answeredMS, expiresMS int64
-	dest := append(leading, &r.Key, &r.ConversationID, &r.TurnIndex, &r.Tool, &r.Ordinal, &r.ArgsDigest, &state,
-		&r.Attempt, &r.Owner, &leaseMS, &remainingMS, &r.FirstToolUseID, &r.TraceID, &r.SpanID, &result,
-		&errText, &createdMS, &updatedMS, &history, &r.Failures, &r.ClaimToken, &answeredMS,
-		&approvalStatus, &expiresMS, &approval, &waiters, &r.ApprovalAttempt, &r.Tenant)
+	var v struct {
+		state, approvalStatus, approval, waiters                          string
+		result, errText, history                                          []byte
+		leaseMS, remainingMS, createdMS, updatedMS, answeredMS, expiresMS int64
+		dest                                                              [29]any // the 28 columns and one leading
+	}
+	dest := append(append(v.dest[:0], leading...), &r.Key, &r.ConversationID, &r.TurnIndex, &r.Tool, &r.Ordinal, &r.ArgsDigest, &v.state,
+		&r.Attempt, &r.Owner, &v.leaseMS, &v.remainingMS, &r.FirstToolUseID, &r.TraceID, &r.SpanID, &v.result,
+		&v.errText, &v.createdMS, &v.updatedMS, &v.history, &r.Failures, &r.ClaimToken, &v.answeredMS,
+		&v.approvalStatus, &v.expiresMS, &v.approval, &v.waiters, &r.ApprovalAttempt, &r.Tenant)
 	if err := sc.Scan(dest...); err != nil {
 		return err
 	}
-	scanApproval(r, approvalStatus, expiresMS, approval, waiters)
+	scanApproval(r, v.approvalStatus, v.expiresMS, v.approval, v.waiters)
 	r.History = nil
-	if history != "" && history != "[]" {
-		if err := json.Unmarshal([]byte(history), &r.History); err != nil {
-			r.History = []Event{{Action: "unreadable", Reason: history}}
+	if len(v.history) > 0 && string(v.history) != "[]" {
+		if err := json.Unmarshal(v.history, &r.History); err != nil {
+			r.History = []Event{{Action: "unreadable", Reason: string(v.history)}}
 		}
 	}
-	r.State = State(state)
-	r.LeaseUntil = time.UnixMilli(leaseMS).UTC()
-	r.LeaseRemaining = time.Duration(max(remainingMS, 0)) * time.Millisecond
-	r.CreatedAt = time.UnixMilli(createdMS).UTC()
-	r.UpdatedAt = time.UnixMilli(updatedMS).UTC()
+	r.State = State(v.state)
+	r.LeaseUntil = time.UnixMilli(v.leaseMS).UTC()
+	r.LeaseRemaining = time.Duration(max(v.remainingMS, 0)) * time.Millisecond
+	r.CreatedAt = time.UnixMilli(v.createdMS).UTC()
+	r.UpdatedAt = time.UnixMilli(v.updatedMS).UTC()
 	r.AnsweredAt = time.Time{}
-	if answeredMS > 0 {
-		r.AnsweredAt = time.UnixMilli(answeredMS).UTC()
+	if v.answeredMS > 0 {
+		r.AnsweredAt = time.UnixMilli(v.answeredMS).UTC()
 	}
 	r.Result = nil
-	if result != "" {
-		r.Result = json.RawMessage(result)
+	if len(v.result) > 0 {
+		r.Result = json.RawMessage(v.result)
 	}
 	r.Error = nil
-	if errText != "" {
+	if len(v.errText) > 0 {
 		r.Error = new(ErrorInfo)
-		if json.Unmarshal([]byte(errText), r.Error) != nil {
-			r.Error = &ErrorInfo{Code: "unknown", Message: errText}
+		if json.Unmarshal(v.errText, r.Error) != nil {
+			r.Error = &ErrorInfo{Code: "unknown", Message: string(v.errText)}
 		}
 	}
 	return nil
