@@ -222,6 +222,7 @@ type bench struct {
 	// childMallocs and childAllocBytes are the heap objects and bytes the
 	// last run's processes allocated while it ran (0: not known).
 	childMallocs, childAllocBytes float64
+	childJobs                     int // the results that arrived while they were counted
 }
 
 // build is one consumer build under test: its binary ("" in process) and
@@ -330,6 +331,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	if cfg.MemoryFor > 0 {
 		b.cfg.Logger.Info("bench memory run", "rate", rate, "for", cfg.MemoryFor)
+		b.profileName = "memory"
 		m, err := b.memory(ctx, rate, cfg.MemoryFor)
 		if err != nil {
 			return nil, fmt.Errorf("bench: memory run: %w", err)
@@ -400,7 +402,7 @@ func (b *bench) measure(ctx context.Context, scenarios []scenario) error {
 			var elapsed time.Duration
 			var counted int
 			var err error
-			b.childCPU, b.childPeak, b.childMallocs, b.childAllocBytes = 0, 0, 0, 0
+			b.childCPU, b.childPeak, b.childMallocs, b.childAllocBytes, b.childJobs = 0, 0, 0, 0, 0
 			b.profileName = fmt.Sprintf("%s-%d", strings.ReplaceAll(strings.Trim(s.name, ")"), " (", "-"), rep+1)
 			// The scenario labels its samples in a CPU profile (go tool pprof
 			// -tagfocus scenario=duplicate).
@@ -418,7 +420,7 @@ func (b *bench) measure(ctx context.Context, scenarios []scenario) error {
 				postgres: per(cpu1.postgres - cpu0.postgres), machine: per(cpu1.machine - cpu0.machine),
 				commits: float64(b.commits(ctx)-commits0) / float64(n), flushes: float64(b.walFlushes(ctx)-flushes0) / float64(n),
 				payments: len(b.sandbox.Payments()) - payments0, peak: b.childPeak,
-				allocs: b.childMallocs / float64(n), allocBytes: b.childAllocBytes / float64(n)}
+				allocs: perJob(b.childMallocs, b.childJobs), allocBytes: perJob(b.childAllocBytes, b.childJobs)}
 			if b.childCPU > 0 { // processes of their own
 				m.cpu = per(b.childCPU)
 			} else { // in this process: everything it did
@@ -448,21 +450,35 @@ func (b *bench) measure(ctx context.Context, scenarios []scenario) error {
 		*t = Throughput{JobsPerS: m.perS, CPUPer1000: m.cpu, DriverCPU: m.driver, NATSCPU: m.nats, PostgresCPU: m.postgres, MachineCPU: m.machine,
 			CommitsPerJob: m.commits, FlushesPerJob: m.flushes, PeakRSSMiB: m.peak, Payments: m.payments, Runs: t.Runs, NaiveRatios: t.NaiveRatios}
 		// Allocations hardly move with the machine's speed: their median
-		// of their own, not the median run's.
-		t.AllocsPerJob = median(ss, func(s sample) float64 { return s.allocs })
-		t.AllocBytesPerJob = median(ss, func(s sample) float64 { return s.allocBytes })
+		// of their own, not the median run's, over the runs that have them.
+		t.AllocsPerJob = knownMedian(ss, func(s sample) float64 { return s.allocs })
+		t.AllocBytesPerJob = knownMedian(ss, func(s sample) float64 { return s.allocBytes })
 	}
 	return nil
 }
 
-// median is the median of f over ss.
-func median[T any](ss []T, f func(T) float64) float64 {
-	v := make([]float64, len(ss))
-	for i, s := range ss {
-		v[i] = f(s)
+// knownMedian is the median of f over ss, leaving out 0 (not known); 0
+// if none is known.
+func knownMedian[T any](ss []T, f func(T) float64) float64 {
+	var v []float64
+	for _, s := range ss {
+		if x := f(s); x != 0 {
+			v = append(v, x)
+		}
+	}
+	if len(v) == 0 {
+		return 0
 	}
 	slices.Sort(v)
 	return v[len(v)/2]
+}
+
+// perJob is total over jobs, or 0 (not known) without either.
+func perJob(total float64, jobs int) float64 {
+	if total <= 0 || jobs <= 0 {
+		return 0
+	}
+	return total / float64(jobs)
 }
 
 // order is the order of the scenarios' runs in rep: as given, but in a
@@ -624,7 +640,7 @@ func (b *bench) timed(ctx context.Context, batch []*jobs.Job, start starter) (ti
 	if err != nil {
 		return 0, 0, err
 	}
-	b.childCPU, b.childPeak = cpu, peak
+	b.childCPU, b.childPeak, b.childJobs = cpu, peak, counted
 	if counted < len(batch)/2 {
 		return last.Sub(started), len(batch), nil
 	}
@@ -673,8 +689,8 @@ func (b *bench) toolqStarter(of build, tool string, n int, tp trace.TracerProvid
 			return nil, err
 		}
 		name := b.profileName
-		ready := time.Now()
 		allocs := b.countAllocs(ctx, procs)
+		ready := time.Now() // after the count began: the jobs timed are the jobs counted
 		return &running{ready: ready, exited: exited(procs), stop: func() (float64, float64, error) {
 			allocs()
 			if b.cfg.ProfileDir != "" {
@@ -687,13 +703,17 @@ func (b *bench) toolqStarter(of build, tool string, n int, tp trace.TracerProvid
 
 // countAllocs reads how much the processes have allocated, and returns
 // the function that, called before they stop, sets the run's allocations
-// (childMallocs, childAllocBytes) to what they allocated in between. Both
-// stay 0 if a process did not answer.
+// (childMallocs, childAllocBytes) to what they allocated in between, less
+// what a reading itself allocates (measured by reading twice at the
+// start). Both stay 0 if a process did not answer. The jobs they are
+// divided by are the results that arrived in between (timed).
 func (b *bench) countAllocs(ctx context.Context, procs []*consumerProc) func() {
+	objectsA, bytesA, okA := b.mallocs(ctx, procs)
 	objects0, bytes0, ok0 := b.mallocs(ctx, procs)
 	return func() {
-		if objects1, bytes1, ok1 := b.mallocs(ctx, procs); ok0 && ok1 {
-			b.childMallocs, b.childAllocBytes = objects1-objects0, bytes1-bytes0
+		if objects1, bytes1, ok1 := b.mallocs(ctx, procs); okA && ok0 && ok1 {
+			b.childMallocs = max(objects1-objects0-(objects0-objectsA), 0)
+			b.childAllocBytes = max(bytes1-bytes0-(bytes0-bytesA), 0)
 		}
 	}
 }
@@ -719,8 +739,8 @@ func (b *bench) naiveStarter(tool string) starter {
 			return nil, err
 		}
 		procs := []*consumerProc{p}
-		ready := time.Now()
 		allocs := b.countAllocs(ctx, procs)
+		ready := time.Now()
 		return &running{ready: ready, exited: exited(procs), stop: func() (float64, float64, error) {
 			allocs()
 			return stopProcs(procs)
@@ -790,9 +810,9 @@ func (b *bench) latencies(ctx context.Context, r *Report, rate int, a, other bui
 		naive, toolq *Latency
 		compared     *Latency
 	}{{rate, &r.NaiveLat, &r.ToolqLat, nil}, {100, &r.NaiveLat100, &r.ToolqLat100, nil}} {
-		if r.Compare != nil {
+		if r.Compare != nil { // by place, not by rate: the fixed rate may be 100/s too
 			at.compared = &r.Compare.Lat
-			if at.rate == 100 {
+			if at.toolq == &r.ToolqLat100 {
 				at.compared = &r.Compare.Lat100
 			}
 		}
@@ -811,6 +831,9 @@ func (b *bench) latencies(ctx context.Context, r *Report, rate int, a, other bui
 		ledgers := map[*Latency][][]StatementTime{}
 		for _, p := range parts {
 			b.profileName = fmt.Sprintf("latency-%d", at.rate)
+			if at.rate == 100 && at.toolq == &r.ToolqLat {
+				b.profileName = "latency-fixed-100" // not the 100/s run's files
+			}
 			if p.of == &other { // not by its path: a build compared with itself measures the noise
 				b.profileName += "-compared"
 			}

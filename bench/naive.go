@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"expvar"
 	"fmt"
 	"io"
 	"log/slog"
@@ -33,8 +34,9 @@ type NaiveConfig struct {
 	Durable     string
 	Workers     int
 	Concurrency int
-	// DebugAddr, when set, serves Go's profiles (/debug/pprof/) of the
-	// process RunNaive runs in, as the consumer's --debug-pprof does.
+	// DebugAddr, when set, serves Go's profiles (/debug/pprof/) and memory
+	// statistics (/debug/vars) of the process RunNaive runs in, as the
+	// consumer's --debug-pprof does.
 	DebugAddr string
 }
 
@@ -150,6 +152,7 @@ func RunNaive(ctx context.Context, cfg NaiveConfig, ready io.Writer) error {
 		}
 		mux := http.NewServeMux()
 		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.Handle("/debug/vars", expvar.Handler())
 		srv := &http.Server{Handler: mux}
 		go srv.Serve(ln)
 		defer srv.Close()

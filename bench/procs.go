@@ -3,6 +3,7 @@ package bench
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -173,55 +174,31 @@ func (b *bench) startNaiveProc(ctx context.Context, cfg NaiveConfig) (*consumerP
 
 // mallocs is how many heap objects the processes have allocated, and how
 // many bytes, since they started (runtime.MemStats, from their
-// /debug/pprof/allocs); ok is false if a process did not answer.
+// /debug/vars); ok is false if a process did not answer.
 func (b *bench) mallocs(ctx context.Context, procs []*consumerProc) (objects, bytes float64, ok bool) {
+	client := http.Client{Timeout: 5 * time.Second}
 	for _, p := range procs {
-		req, _ := http.NewRequestWithContext(ctx, "GET", "http://"+p.health+"/debug/pprof/allocs?debug=1", nil)
-		resp, err := http.DefaultClient.Do(req)
+		req, _ := http.NewRequestWithContext(ctx, "GET", "http://"+p.health+"/debug/vars", nil)
+		resp, err := client.Do(req)
 		if err != nil {
 			b.cfg.Logger.Warn("bench: allocations", "error", err)
 			return 0, 0, false
 		}
-		o, n, err := memStats(resp.Body)
+		var vars struct {
+			MemStats *struct{ Mallocs, TotalAlloc float64 } `json:"memstats"`
+		}
+		err = json.NewDecoder(resp.Body).Decode(&vars)
 		resp.Body.Close()
+		if err == nil && vars.MemStats == nil {
+			err = errors.New("no memstats in /debug/vars")
+		}
 		if err != nil {
 			b.cfg.Logger.Warn("bench: allocations", "error", err)
 			return 0, 0, false
 		}
-		objects, bytes = objects+o, bytes+n
+		objects, bytes = objects+vars.MemStats.Mallocs, bytes+vars.MemStats.TotalAlloc
 	}
 	return objects, bytes, true
-}
-
-// memStats reads the "# Mallocs = N" and "# TotalAlloc = N" lines that
-// close a text allocation profile.
-func memStats(r io.Reader) (mallocs, totalAlloc float64, err error) {
-	found := 0
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 0, 64*1024), 1<<20)
-	for sc.Scan() {
-		name, value, ok := strings.Cut(strings.TrimPrefix(sc.Text(), "# "), " = ")
-		if !ok || (name != "Mallocs" && name != "TotalAlloc") {
-			continue
-		}
-		v, perr := strconv.ParseFloat(value, 64)
-		if perr != nil {
-			return 0, 0, fmt.Errorf("allocation profile: %s = %q", name, value)
-		}
-		if name == "Mallocs" {
-			mallocs = v
-		} else {
-			totalAlloc = v
-		}
-		found++
-	}
-	if err := sc.Err(); err != nil {
-		return 0, 0, err
-	}
-	if found != 2 {
-		return 0, 0, errors.New("allocation profile: no Mallocs and TotalAlloc lines")
-	}
-	return mallocs, totalAlloc, nil
 }
 
 // stopProcs drains and stops the processes, and returns their CPU seconds

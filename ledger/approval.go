@@ -310,18 +310,27 @@ func (s *Store) FailApproved(ctx context.Context, key string, info ErrorInfo) (R
 
 // ApprovalStatusOf is where the approval of key stands: the row's
 // ApprovalStatus, and ApprovalExpired for a call still awaiting past its
-// expiry (the sweep has not reached it). Errors: ErrNotFound.
+// expiry (the sweep has not reached it), by the database's clock, which
+// Decide reads: a call said to be expired can no longer be approved.
+// Errors: ErrNotFound.
 func (s *Store) ApprovalStatusOf(ctx context.Context, key string) (ApprovalStatus, error) {
 	ctx, cancel := withDefaultTimeout(ctx)
 	defer cancel()
-	row, err := s.getAny(ctx, key)
-	if err != nil {
-		return "", err
-	}
-	if row.State == AwaitingApproval && !row.ApprovalExpiresAt.After(time.Now()) {
+	var status string
+	var expired, found bool
+	err := s.db.queryRows(ctx, s.db.sql().approvalStatus, namedArgs{"key": key}, func(sc scanner) error {
+		found = true
+		return sc.Scan(&status, &expired)
+	})
+	switch {
+	case err != nil:
+		return "", s.translate("approval status", err)
+	case !found:
+		return "", fmt.Errorf("%w: %s", ErrNotFound, key)
+	case expired:
 		return ApprovalExpired, nil
 	}
-	return row.ApprovalStatus, nil
+	return ApprovalStatus(status), nil
 }
 
 // ApprovedNotRun returns the row of key when a person approved the call

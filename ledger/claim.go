@@ -158,6 +158,12 @@ func (s *Store) Takeover(ctx context.Context, f Fence, owner, token string, leas
 	if found {
 		return row, nil
 	}
+	// A takeover asked again after its answer was lost finds the row it
+	// took, under its token (refused as fenced, the worker would hand the
+	// job back and nobody would run the call until the new lease ran out).
+	if again, err := s.Get(ctx, f.Key); err == nil && again.State == InFlight && again.Attempt == f.Attempt+1 && again.ClaimToken == token {
+		return again, nil
+	}
 	return Row{}, s.whyNot(ctx, "takeover", f, true)
 }
 

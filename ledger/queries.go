@@ -23,6 +23,9 @@ type queries struct {
 
 	// Approvals (approval.go).
 	awaitApproval, addWaiter, approve, deny, expire, unanswered, waitersAnswered, approvalPublished, failApproved string
+	// approvalStatus is a row's approval status and whether it awaits past
+	// its expiry, by the clock approve and expire read.
+	approvalStatus string
 
 	// Retention.
 	purge, purgeCount, recordPurge, lastPurge string

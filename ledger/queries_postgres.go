@@ -91,8 +91,9 @@ var postgresQueries = &queries{
 		WHERE key = @key AND state IN ('completed', 'failed', 'indeterminate')
 			AND greatest(answered_at, updated_at) < now() - @every_ms::bigint * interval '1 millisecond'`,
 
-	get:    `SELECT ` + pgCols + ` FROM toolq_ledger WHERE key = @key AND state <> 'released'`,
-	getAny: `SELECT ` + pgCols + ` FROM toolq_ledger WHERE key = @key`,
+	get:            `SELECT ` + pgCols + ` FROM toolq_ledger WHERE key = @key AND state <> 'released'`,
+	getAny:         `SELECT ` + pgCols + ` FROM toolq_ledger WHERE key = @key`,
+	approvalStatus: `SELECT approval_status, state = 'awaiting_approval' AND approval_expires_at <= now() FROM toolq_ledger WHERE key = @key`,
 
 	list:           `SELECT ` + pgCols + ` FROM toolq_ledger WHERE ` + pgListFilter + ` ORDER BY updated_at DESC, key LIMIT @limit`,
 	listByExpiry:   `SELECT ` + pgCols + ` FROM toolq_ledger WHERE ` + pgListFilter + ` ORDER BY approval_expires_at, key LIMIT @limit`,

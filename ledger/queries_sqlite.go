@@ -64,8 +64,9 @@ var sqliteQueries = &queries{
 	answered: `UPDATE toolq_ledger SET answered_at = ` + sqliteNow + `
 		WHERE key = @key AND state IN ('completed', 'failed', 'indeterminate') AND max(answered_at, updated_at) < ` + sqliteNow + ` - @every_ms`,
 
-	get:    `SELECT ` + sqliteCols + ` FROM toolq_ledger WHERE key = @key AND state <> 'released'`,
-	getAny: `SELECT ` + sqliteCols + ` FROM toolq_ledger WHERE key = @key`,
+	get:            `SELECT ` + sqliteCols + ` FROM toolq_ledger WHERE key = @key AND state <> 'released'`,
+	getAny:         `SELECT ` + sqliteCols + ` FROM toolq_ledger WHERE key = @key`,
+	approvalStatus: `SELECT approval_status, state = 'awaiting_approval' AND approval_expires_at <= ` + sqliteNow + ` FROM toolq_ledger WHERE key = @key`,
 
 	list:         `SELECT ` + sqliteCols + ` FROM toolq_ledger WHERE ` + sqliteListFilter + ` ORDER BY updated_at DESC, key LIMIT @limit`,
 	listByExpiry: `SELECT ` + sqliteCols + ` FROM toolq_ledger WHERE ` + sqliteListFilter + ` ORDER BY approval_expires_at, key LIMIT @limit`,

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"expvar"
 	"fmt"
 	"io"
 	"log/slog"
@@ -52,7 +53,7 @@ func runWorker(ctx context.Context, args []string, stdio cli.IO, getenv func(str
 	mcpListen := fs.String("mcp-listen", "", "serve the registry's tools as an MCP server (Streamable HTTP) at /mcp on this address; empty: off")
 	var inboxf inboxFlags
 	inboxf.register(fs)
-	debugPprof := fs.Bool("debug-pprof", false, "also serve Go's profiles under /debug/pprof/ on --health-addr (heap, goroutine, profile)")
+	debugPprof := fs.Bool("debug-pprof", false, "also serve Go's profiles under /debug/pprof/ on --health-addr (heap, goroutine, profile), and its memory statistics under /debug/vars")
 	cpuProfile := fs.String("debug-cpuprofile", "", "write a CPU profile of this process, from start to exit, to this file (go tool pprof)")
 	execTrace := fs.String("debug-trace", "", "write an execution trace of this process, from start to exit, to this file (go tool trace; large at high rates)")
 	shutdownTimeout := fs.Duration("shutdown-timeout", 30*time.Second, "on SIGTERM, how long running tools may finish")
@@ -370,6 +371,7 @@ func serveHealth(addr string, probe *readiness, metrics http.Handler, debugPprof
 		mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
 		mux.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
 		mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
+		mux.Handle("GET /debug/vars", expvar.Handler()) // runtime.MemStats: what publisher bench counts a job's allocations by
 	}
 	l, err := net.Listen("tcp", addr)
 	if err != nil {

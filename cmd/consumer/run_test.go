@@ -187,7 +187,7 @@ func TestDebugPprof(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer stop()
-	for path, want := range map[string]string{"/debug/pprof/": "heap", "/debug/pprof/goroutine?debug=1": "goroutine profile: total"} {
+	for path, want := range map[string]string{"/debug/pprof/": "heap", "/debug/pprof/goroutine?debug=1": "goroutine profile: total", "/debug/vars": `"Mallocs":`} {
 		resp, err := http.Get("http://" + addr + path)
 		if err != nil {
 			t.Fatal(err)

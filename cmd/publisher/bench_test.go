@@ -96,6 +96,14 @@ func TestBenchMeasuresWhatItSays(t *testing.T) {
 			t.Errorf("%s: %.0f allocations, %.0f bytes per job", name, th.AllocsPerJob, th.AllocBytesPerJob)
 		}
 	}
+	// The scaling runs take the same calls on 1 and 2 processes: about as
+	// many allocations a job on both, counted over every job each took
+	// (the jobs the first process took while the second started too).
+	if len(r.Processes) == 2 {
+		if one, two := r.Processes[0].AllocsPerJob, r.Processes[1].AllocsPerJob; two < 0.8*one || two > 1.25*one {
+			t.Errorf("allocations a job: %.0f on 1 process, %.0f on 2: the jobs taken before the count began are divided in", one, two)
+		}
+	}
 	if r.Fresh.AllocsPerJob <= r.Duplicate.AllocsPerJob {
 		t.Errorf("a fresh call allocated %.0f objects, a duplicate %.0f: the fresh call's tool call and ledger writes are missing", r.Fresh.AllocsPerJob, r.Duplicate.AllocsPerJob)
 	}

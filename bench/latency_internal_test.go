@@ -1,0 +1,88 @@
+package bench
+
+import (
+	"context"
+	"log/slog"
+	"net"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolq/toolq/demo/sandbox"
+	"github.com/toolq/toolq/internal/testenv"
+	"github.com/toolq/toolq/jobs"
+	"github.com/toolq/toolq/ledger"
+)
+
+// latencySetup is a bench with what its latency runs need, the consumer
+// and the naive dispatcher in this process: NATS, the ledger's Postgres, a
+// sandbox and the result watch.
+func latencySetup(t *testing.T, cfg Config) *bench {
+	t.Helper()
+	ctx := context.Background()
+	cfg.NATSURL, cfg.DatabaseURL, cfg.InProcess = testenv.StartNATS(t).URL, testenv.Postgres(t), true
+	cfg.fill()
+	cfg.Logger = slog.New(slog.DiscardHandler)
+	b := &bench{cfg: cfg, quiet: cfg.Logger}
+	var err error
+	if b.nc, err = nats.Connect(cfg.NATSURL); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b.nc.Close)
+	if b.js, err = jetstream.New(b.nc); err != nil {
+		t.Fatal(err)
+	}
+	if b.store, err = ledger.Open(ctx, cfg.DatabaseURL, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b.store.Close)
+	if err := b.store.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if b.pg, err = pgx.Connect(ctx, cfg.DatabaseURL); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.pg.Close(context.Background()) })
+	if b.sandbox, err = sandbox.New(sandbox.Config{}); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: b.sandbox}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	b.url, b.client = "http://"+ln.Addr().String(), toolClient(cfg.Concurrency)
+	if err := jobs.ProvisionStreams(ctx, b.js, jobs.Streams{}); err != nil {
+		t.Fatal(err)
+	}
+	if b.results, err = watchResults(b.nc); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b.results.stop)
+	return b
+}
+
+// TestTheComparedBuildsLatencyIsKeptAtEachRate: with --compare --rate 100,
+// the compared build's latency at the fixed rate is in Compare.Lat and its
+// latency at 100/s in Compare.Lat100, as for any other rate.
+func TestTheComparedBuildsLatencyIsKeptAtEachRate(t *testing.T) {
+	b := latencySetup(t, Config{LatencyFor: 40 * time.Millisecond, Concurrency: 4})
+	r := &Report{Compare: &Comparison{}}
+	a := build{pay: "pay", slow: "slow"}
+	if err := b.latencies(context.Background(), r, 100, a, a); err != nil {
+		t.Fatal(err)
+	}
+	if r.ToolqLat.Jobs != 4 || r.ToolqLat100.Jobs != 4 {
+		t.Fatalf("the consumer's latency runs: %d and %d jobs, want 4 each", r.ToolqLat.Jobs, r.ToolqLat100.Jobs)
+	}
+	if r.Compare.Lat.Jobs != 4 || r.Compare.Lat.Rate != 100 || r.Compare.Lat100.Jobs != 4 {
+		t.Errorf("the compared build's latency at the fixed rate (100/s): %+v; at 100/s: %+v; want 4 jobs each",
+			r.Compare.Lat, r.Compare.Lat100)
+	}
+}
