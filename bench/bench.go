@@ -220,9 +220,13 @@ type bench struct {
 	toolsFile           string  // the consumer processes' registry
 	childCPU, childPeak float64 // the last run's processes under test: CPU seconds, peak RSS MiB
 	// childMallocs and childAllocBytes are the heap objects and bytes the
-	// last run's processes allocated while it ran (0: not known).
+	// last run's processes allocated for its childJobs jobs, their start-up
+	// aside (0: not known).
 	childMallocs, childAllocBytes float64
-	childJobs                     int // the results that arrived while they were counted
+	childJobs                     int
+	// startups is what one process of each binary (its path, or "naive")
+	// allocates to start and become ready, measured before the runs.
+	startups map[string]allocation
 }
 
 // build is one consumer build under test: its binary ("" in process) and
@@ -284,6 +288,11 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	defer os.RemoveAll(b.dir)
 	if b.toolsFile, err = b.writeTools(b.dir); err != nil {
 		return nil, err
+	}
+	if !cfg.InProcess && cfg.ConsumerBin != "" {
+		if err := b.measureStartups(ctx, slices.DeleteFunc([]string{cfg.ConsumerBin, cfg.CompareBin}, func(bin string) bool { return bin == "" })...); err != nil {
+			return nil, err
+		}
 	}
 
 	// A machine that stops running this process for a while (a shared VM
@@ -640,7 +649,7 @@ func (b *bench) timed(ctx context.Context, batch []*jobs.Job, start starter) (ti
 	if err != nil {
 		return 0, 0, err
 	}
-	b.childCPU, b.childPeak, b.childJobs = cpu, peak, counted
+	b.childCPU, b.childPeak, b.childJobs = cpu, peak, len(batch)
 	if counted < len(batch)/2 {
 		return last.Sub(started), len(batch), nil
 	}
@@ -689,8 +698,8 @@ func (b *bench) toolqStarter(of build, tool string, n int, tp trace.TracerProvid
 			return nil, err
 		}
 		name := b.profileName
-		allocs := b.countAllocs(ctx, procs)
-		ready := time.Now() // after the count began: the jobs timed are the jobs counted
+		allocs := b.countAllocs(ctx, procs, of.bin)
+		ready := time.Now()
 		return &running{ready: ready, exited: exited(procs), stop: func() (float64, float64, error) {
 			allocs()
 			if b.cfg.ProfileDir != "" {
@@ -701,21 +710,60 @@ func (b *bench) toolqStarter(of build, tool string, n int, tp trace.TracerProvid
 	}
 }
 
-// countAllocs reads how much the processes have allocated, and returns
-// the function that, called before they stop, sets the run's allocations
-// (childMallocs, childAllocBytes) to what they allocated in between, less
-// what a reading itself allocates (measured by reading twice at the
-// start). Both stay 0 if a process did not answer. The jobs they are
-// divided by are the results that arrived in between (timed).
-func (b *bench) countAllocs(ctx context.Context, procs []*consumerProc) func() {
-	objectsA, bytesA, okA := b.mallocs(ctx, procs)
-	objects0, bytes0, ok0 := b.mallocs(ctx, procs)
+// countAllocs returns the function that, called before the processes (of
+// the binary startup names) stop, sets the run's allocations
+// (childMallocs, childAllocBytes) to what they allocated in their lives
+// less what each allocated to start (b.startups): what they allocated for
+// the run's jobs, every one of which they took, including those taken
+// before the last of them was ready. Both stay 0 if a process did not
+// answer or the start-up is not known.
+func (b *bench) countAllocs(ctx context.Context, procs []*consumerProc, startup string) func() {
 	return func() {
-		if objects1, bytes1, ok1 := b.mallocs(ctx, procs); okA && ok0 && ok1 {
-			b.childMallocs = max(objects1-objects0-(objects0-objectsA), 0)
-			b.childAllocBytes = max(bytes1-bytes0-(bytes0-bytesA), 0)
+		objects, bytes, ok := b.mallocs(ctx, procs)
+		base, known := b.startups[startup]
+		if ok && known {
+			n := float64(len(procs))
+			b.childMallocs, b.childAllocBytes = max(objects-n*base.objects, 0), max(bytes-n*base.bytes, 0)
 		}
 	}
+}
+
+// allocation is what a process allocated: heap objects and bytes.
+type allocation struct{ objects, bytes float64 }
+
+// measureStartups measures, for each binary the runs start, what one
+// process allocates from its start until it is ready, on a tool no job is
+// published to (idle); countAllocs takes it off each run's processes.
+func (b *bench) measureStartups(ctx context.Context, bins ...string) error {
+	b.startups = map[string]allocation{}
+	measure := func(key string, procs []*consumerProc, err error) error {
+		defer stopProcs(procs)
+		if err != nil {
+			return err
+		}
+		objects, bytes, ok := b.mallocs(ctx, procs)
+		if !ok {
+			return errors.New("bench: a process did not answer for its allocations")
+		}
+		b.startups[key] = allocation{objects, bytes}
+		return nil
+	}
+	for _, bin := range bins {
+		procs, err := b.startProcs(ctx, bin, "bench-idle", "idle", 1)
+		if err := measure(bin, procs, err); err != nil {
+			return err
+		}
+	}
+	if len(b.cfg.NaiveCmd) == 0 {
+		return nil
+	}
+	p, err := b.startNaiveProc(ctx, NaiveConfig{NATSURL: b.cfg.NATSURL, ToolURL: b.url + "/v1/payments", Tool: "idle", Durable: "bench-naive-idle",
+		Workers: 4 * b.cfg.Concurrency, Concurrency: b.cfg.Concurrency})
+	var procs []*consumerProc
+	if p != nil {
+		procs = append(procs, p)
+	}
+	return measure("naive", procs, err)
 }
 
 // naiveStarter starts the naive dispatcher on one tool's jobs: a process
@@ -739,7 +787,7 @@ func (b *bench) naiveStarter(tool string) starter {
 			return nil, err
 		}
 		procs := []*consumerProc{p}
-		allocs := b.countAllocs(ctx, procs)
+		allocs := b.countAllocs(ctx, procs, "naive")
 		ready := time.Now()
 		return &running{ready: ready, exited: exited(procs), stop: func() (float64, float64, error) {
 			allocs()

@@ -68,7 +68,7 @@ func (b *bench) writeTools(dir string) (string, error) {
 	path := filepath.Join(dir, "bench-tools.yaml")
 	var spec strings.Builder
 	spec.WriteString("tools:\n")
-	for _, name := range []string{"pay", "pay_b", "scale", "slow"} {
+	for _, name := range []string{"pay", "pay_b", "scale", "slow", "idle"} { // idle: no job is published to it (measureStartups)
 		fmt.Fprintf(&spec, `  - name: %s
     class: keyed_write
     concurrency: %d

@@ -37,6 +37,8 @@ import (
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 	// The GenAI attributes left the semconv package after v1.41.0.
 	genai "go.opentelemetry.io/otel/semconv/v1.41.0"
 
@@ -137,6 +139,17 @@ func Setup(ctx context.Context, service string) (shutdown func(context.Context) 
 	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(sp), sdktrace.WithResource(res))
 	otel.SetTracerProvider(tp)
 	return tp.Shutdown, nil
+}
+
+// Provider is the tracer provider Setup installed, or, when the process
+// exports no traces, OpenTelemetry's no-op provider, by which a caller
+// such as the worker knows that no span will record and builds nothing
+// for one.
+func Provider() trace.TracerProvider {
+	if !exported("TRACES") {
+		return noop.NewTracerProvider()
+	}
+	return otel.GetTracerProvider()
 }
 
 // MeterProvider returns a meter provider that feeds two readers: the

@@ -12,6 +12,7 @@ import (
 
 	"go.opentelemetry.io/otel"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/toolq/toolq/tracing"
 )
@@ -31,6 +32,11 @@ func TestSetup(t *testing.T) {
 	shutdown(ctx)
 	if fields := otel.GetTextMapPropagator().Fields(); !strings.Contains(strings.Join(fields, ","), "traceparent") {
 		t.Fatalf("propagator fields %v", fields)
+	}
+	// No traces exported: the provider the worker is given says so (it is
+	// OpenTelemetry's no-op one, for which the worker builds no attributes).
+	if _, ok := tracing.Provider().(noop.TracerProvider); !ok {
+		t.Errorf("with no traces exported, Provider() is %T, want the no-op provider", tracing.Provider())
 	}
 	for _, tc := range []struct {
 		env []string
@@ -57,6 +63,13 @@ func TestSetup(t *testing.T) {
 				t.Fatalf("not one line: %q", err)
 			}
 			if err == nil {
+				// Traces exported (not disabled): the provider Setup
+				// installed, whose spans record.
+				_, span := tracing.Provider().Tracer("test").Start(ctx, "probe")
+				if exported := !strings.Contains(strings.Join(tc.env, "="), "OTEL_SDK_DISABLED"); span.IsRecording() != exported {
+					t.Errorf("a span of Provider() records: %v, want %v", span.IsRecording(), exported)
+				}
+				span.End()
 				sctx, cancel := context.WithTimeout(ctx, 0)
 				defer cancel()
 				shutdown(sctx)

@@ -9,6 +9,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/toolq/toolq/internal/testenv"
 	"github.com/toolq/toolq/jobs"
@@ -25,7 +26,8 @@ func TestMetrics(t *testing.T) {
 	reg, _ := tools.NewRegistry([]tools.Definition{{Name: "pay", Class: tools.KeyedWrite, Schema: json.RawMessage(`{"type":"object"}`),
 		Executor: tools.ExecutorFunc(func(ctx context.Context, r tools.Request) (json.RawMessage, error) { return json.RawMessage(`{}`), nil })}}, tools.Config{})
 	reader := sdkmetric.NewManualReader()
-	js, _ := startWorker(t, reg, worker.Config{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))})
+	// The consumer's tracer when it exports no traces: the worker builds no span attributes.
+	js, _ := startWorker(t, reg, worker.Config{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)), TracerProvider: noop.NewTracerProvider()})
 	client := jobs.NewClient(js)
 	for _, id := range []string{"toolu_a", "toolu_b"} {
 		if r, err := client.PublishAndAwait(ctx, &jobs.Job{ConversationID: "c", Tool: "pay", ToolUseID: id, Args: json.RawMessage(`{}`)}); err != nil || r.Status != jobs.StatusOK {
@@ -119,7 +121,8 @@ func TestEachDeliveryIsCountedOnce(t *testing.T) {
 			return nil, tools.AmbiguousError("reset", "connection reset after the request was sent", 0, nil)
 		})}}, tools.Config{})
 	reader := sdkmetric.NewManualReader()
-	js, _ := startWorker(t, reg, worker.Config{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))})
+	// The consumer's tracer when it exports no traces: the worker builds no span attributes.
+	js, _ := startWorker(t, reg, worker.Config{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)), TracerProvider: noop.NewTracerProvider()})
 	client := jobs.NewClient(js)
 	actx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()

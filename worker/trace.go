@@ -8,6 +8,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/toolq/toolq/jobs"
 	"github.com/toolq/toolq/ledger"
@@ -36,11 +37,12 @@ const (
 func (d *delivery) startSpan() {
 	w := d.w
 	parent := w.propagator.Extract(d.runCtx, jobs.HeaderCarrier(d.msg.Headers()))
-	d.ctx, d.span = w.tracer.Start(parent, "process "+d.msg.Subject(), trace.WithSpanKind(trace.SpanKindConsumer))
 	w.metrics.inFlight.Add(context.Background(), 1) // until record
-	if !d.span.IsRecording() {                      // no attributes to build: most deliveries when a fraction is sampled, all without tracing
+	if w.spansOff {
+		d.ctx, d.span = w.tracer.Start(parent, "process "+d.msg.Subject(), trace.WithSpanKind(trace.SpanKindConsumer))
 		return
 	}
+	// The attributes are given at the start: a sampler decides on them.
 	attrs := []attribute.KeyValue{
 		tracing.MessagingSystem.String("nats"),
 		tracing.MessagingDestination.String(d.msg.Subject()),
@@ -56,7 +58,7 @@ func (d *delivery) startSpan() {
 	if d.tool != nil {
 		attrs = append(attrs, tracing.KeyToolClass.String(string(d.tool.Class)))
 	}
-	d.span.SetAttributes(attrs...)
+	d.ctx, d.span = w.tracer.Start(parent, "process "+d.msg.Subject(), trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(attrs...))
 }
 
 // Why a duplicate ran nothing, on its toolq.duplicate event.
@@ -113,14 +115,21 @@ func (w *Worker) ledgerAttrs(op string, more ...attribute.KeyValue) func() []att
 }
 
 // child starts a span under the delivery's process span, on ctx's
-// deadlines and cancellation, with the attributes attrs makes if it
-// records (set after the start: toolq's samplers do not read them).
+// deadlines and cancellation, with the attributes attrs makes (given at the
+// start, for the sampler; not made when the tracer records nothing).
 func (d *delivery) child(ctx context.Context, name string, kind trace.SpanKind, attrs func() []attribute.KeyValue) (context.Context, trace.Span) {
-	ctx, span := d.w.tracer.Start(trace.ContextWithSpan(ctx, d.span), name, trace.WithSpanKind(kind))
-	if span.IsRecording() {
-		span.SetAttributes(attrs()...)
+	ctx = trace.ContextWithSpan(ctx, d.span)
+	if d.w.spansOff {
+		return d.w.tracer.Start(ctx, name, trace.WithSpanKind(kind))
 	}
-	return ctx, span
+	return d.w.tracer.Start(ctx, name, trace.WithSpanKind(kind), trace.WithAttributes(attrs()...))
+}
+
+// isNoop reports whether tp is OpenTelemetry's no-op provider, whose spans
+// never record.
+func isNoop(tp trace.TracerProvider) bool {
+	_, ok := tp.(noop.TracerProvider)
+	return ok
 }
 
 // noteFinding records what the claim found on the process span; for a

@@ -119,3 +119,51 @@ func names(spans []sdktrace.ReadOnlySpan) []string {
 	}
 	return out
 }
+
+// TestSamplerSeesTheStartAttributes: a sampler decides on what a span is
+// started with (the OpenTelemetry conventions name messaging.system,
+// messaging.operation.type, db.operation.name and gen_ai.operation.name as
+// sampling relevant, to be given at creation). A TracerProvider a user hands
+// the worker may keep only the calls of one tool, or only the settle spans:
+// the process and child spans must carry those attributes when they start.
+func TestSamplerSeesTheStartAttributes(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	reg, _ := tools.NewRegistry([]tools.Definition{{Name: "pay", Class: tools.KeyedWrite, Schema: json.RawMessage(`{"type":"object"}`),
+		Executor: tools.ExecutorFunc(func(context.Context, tools.Request) (json.RawMessage, error) {
+			return json.RawMessage(`{"paid":true}`), nil
+		})}}, tools.Config{})
+	rec := tracetest.NewSpanRecorder()
+	keep := attrSampler{tracing.KeyTool.String("pay"), tracing.DBOperation.String("settle")}
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec), sdktrace.WithSampler(keep))
+	js, _ := startWorker(t, reg, worker.Config{TracerProvider: tp, Propagator: tracing.Propagator()})
+	client := jobs.NewClient(js) // no trace context: the process span is a root, sampled on its own attributes
+	r, err := client.PublishAndAwait(ctx, &jobs.Job{ConversationID: "c", TurnIndex: 1, Tool: "pay", ToolUseID: "toolu_1", Args: json.RawMessage(`{"n":1}`)})
+	if err != nil || r.Status != jobs.StatusOK {
+		t.Fatalf("result %+v %v", r, err)
+	}
+	testenv.Eventually(t, 10*time.Second, "the sampled spans ended", func() bool {
+		got := map[string]bool{}
+		for _, s := range rec.Ended() {
+			got[s.Name()] = true
+		}
+		return got["process toolq.jobs.pay"] && got["toolq.settle"]
+	})
+}
+
+// attrSampler samples a span started with any of its attributes, and drops
+// the others.
+type attrSampler []attribute.KeyValue
+
+func (a attrSampler) ShouldSample(p sdktrace.SamplingParameters) sdktrace.SamplingResult {
+	for _, kv := range p.Attributes {
+		for _, want := range a {
+			if kv == want {
+				return sdktrace.SamplingResult{Decision: sdktrace.RecordAndSample, Tracestate: trace.SpanContextFromContext(p.ParentContext).TraceState()}
+			}
+		}
+	}
+	return sdktrace.SamplingResult{Decision: sdktrace.Drop, Tracestate: trace.SpanContextFromContext(p.ParentContext).TraceState()}
+}
+
+func (a attrSampler) Description() string { return "attrSampler" }

@@ -78,7 +78,8 @@ type Config struct {
 	ApprovalSweep time.Duration
 	Logger        *slog.Logger
 	// TracerProvider, MeterProvider and Propagator default to
-	// OpenTelemetry's globals.
+	// OpenTelemetry's globals. With a noop.TracerProvider (the consumer's
+	// when it exports no traces) the worker builds no span attributes.
 	TracerProvider trace.TracerProvider
 	MeterProvider  metric.MeterProvider
 	Propagator     propagation.TextMapPropagator
@@ -165,6 +166,7 @@ type Worker struct {
 	idle       chan jetstream.Msg // goroutines waiting for their next delivery (dispatch)
 	inFlight   sync.WaitGroup
 	tracer     trace.Tracer
+	spansOff   bool // the tracer records nothing, ever: no attributes are built for it
 	metrics    *instruments
 	propagator propagation.TextMapPropagator
 	claims     *batcher[ledger.Claim, ledger.ClaimResult]
@@ -242,6 +244,7 @@ func New(ctx context.Context, cfg Config) (*Worker, error) {
 		slots:      make(chan struct{}, cfg.MaxInFlight),
 		idle:       make(chan jetstream.Msg),
 		tracer:     cfg.TracerProvider.Tracer(tracerName),
+		spansOff:   isNoop(cfg.TracerProvider),
 		propagator: cfg.Propagator,
 		claims:     newBatcher(cfg.BatchSize, claimFunc(cfg)),
 		commits:    newBatcher(cfg.BatchSize, cfg.Ledger.CompleteBatch),

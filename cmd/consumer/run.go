@@ -198,11 +198,12 @@ func runWorker(ctx context.Context, args []string, stdio cli.IO, getenv func(str
 		return err
 	}
 	w, err := st.NewWorker(ctx, worker.Config{
-		Approvals:     appr,
-		MeterProvider: meters,
-		Streams:       jobs.Streams{Replicas: *replicas, Tenants: tenants},
-		Consumer:      worker.Consumer{Durable: *durable, FilterSubject: *filter, AckWait: *ackWait, MaxDeliver: *maxDeliver, MaxAckPending: *maxAckPending, BackOff: backoffs},
-		BatchSize:     *batch, MaxInFlight: *workers, MaxBodySize: *maxBody,
+		Approvals:      appr,
+		MeterProvider:  meters,
+		TracerProvider: tracing.Provider(),
+		Streams:        jobs.Streams{Replicas: *replicas, Tenants: tenants},
+		Consumer:       worker.Consumer{Durable: *durable, FilterSubject: *filter, AckWait: *ackWait, MaxDeliver: *maxDeliver, MaxAckPending: *maxAckPending, BackOff: backoffs},
+		BatchSize:      *batch, MaxInFlight: *workers, MaxBodySize: *maxBody,
 		ShutdownTimeout: *shutdownTimeout, UntilEmpty: *untilEmpty, Logger: logger,
 	})
 	switch {
