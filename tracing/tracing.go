@@ -198,9 +198,10 @@ func Resource(service string) (*resource.Resource, error) {
 }
 
 // exported reports whether signal (TRACES, METRICS) is to be exported: the
-// SDK is not disabled, and an exporter or an OTLP endpoint is named.
+// SDK is not disabled, its exporter is not "none", and an exporter or an
+// OTLP endpoint is named.
 func exported(signal string) bool {
-	if disabled() {
+	if disabled() || strings.TrimSpace(os.Getenv("OTEL_"+signal+"_EXPORTER")) == "none" {
 		return false
 	}
 	for _, name := range []string{"OTEL_" + signal + "_EXPORTER", "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_" + signal + "_ENDPOINT"} {

@@ -66,7 +66,7 @@ func TestSetup(t *testing.T) {
 				// Traces exported (not disabled): the provider Setup
 				// installed, whose spans record.
 				_, span := tracing.Provider().Tracer("test").Start(ctx, "probe")
-				if exported := !strings.Contains(strings.Join(tc.env, "="), "OTEL_SDK_DISABLED"); span.IsRecording() != exported {
+				if exported := !strings.Contains(strings.Join(tc.env, "="), "OTEL_SDK_DISABLED") && !strings.Contains(strings.Join(tc.env, "="), "=none"); span.IsRecording() != exported {
 					t.Errorf("a span of Provider() records: %v, want %v", span.IsRecording(), exported)
 				}
 				span.End()
@@ -178,7 +178,8 @@ func TestLoggerProvider(t *testing.T) {
 func TestSamplerFromEnvironment(t *testing.T) {
 	ctx := context.Background()
 	t.Setenv("OTEL_SDK_DISABLED", "")
-	t.Setenv("OTEL_TRACES_EXPORTER", "none") // a provider, exporting nothing
+	t.Setenv("OTEL_TRACES_EXPORTER", "otlp") // a provider, its exporter never reached (shut down at once)
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:1")
 	for sampler, sampled := range map[string]bool{"always_off": false, "always_on": true, "traceidratio": false} {
 		t.Setenv("OTEL_TRACES_SAMPLER", sampler)
 		t.Setenv("OTEL_TRACES_SAMPLER_ARG", "0")
@@ -194,5 +195,30 @@ func TestSamplerFromEnvironment(t *testing.T) {
 		sctx, cancel := context.WithTimeout(ctx, 0)
 		shutdown(sctx)
 		cancel()
+	}
+}
+
+// TestNoTracesExportedWithExporterNone: OTEL_TRACES_EXPORTER=none is how
+// the OTEL_* environment says "no traces" while OTEL_EXPORTER_OTLP_ENDPOINT
+// sends the metrics and logs (the logs' "none" is honoured, and the
+// metrics'): the worker is then given the no-op provider, and no span of
+// Provider() records for an exporter that drops it.
+func TestNoTracesExportedWithExporterNone(t *testing.T) {
+	ctx := context.Background()
+	for _, name := range []string{"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_SDK_DISABLED"} {
+		t.Setenv(name, "")
+	}
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318")
+	t.Setenv("OTEL_TRACES_EXPORTER", "none")
+	shutdown, err := tracing.Setup(ctx, "toolq-test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer shutdown(ctx)
+	if _, ok := tracing.Provider().(noop.TracerProvider); !ok {
+		_, span := tracing.Provider().Tracer("test").Start(ctx, "probe")
+		defer span.End()
+		t.Errorf("OTEL_TRACES_EXPORTER=none: Provider() is %T (a span records: %v), want the no-op provider: the worker builds every attribute, and the SDK records every span, for nothing",
+			tracing.Provider(), span.IsRecording())
 	}
 }
