@@ -93,7 +93,11 @@ func TestAProcessThatTookNoJobsAllocatedNothing(t *testing.T) {
 			second := startIdle(t, sites)
 			b.childMallocs, b.childAllocBytes = -1, -1
 			b.countAllocs(context.Background(), second, "idle")()
-			if b.childMallocs < 0 || b.childMallocs > 50 {
+			// Two starts of one binary differ by a few dozen objects (over a
+			// hundred under -race): at most one a job in the smallest run
+			// the tests make (300 jobs). A reading's own cost was 1,113
+			// objects, 106,392 with 500 profile records.
+			if b.childMallocs < 0 || b.childMallocs > 300 {
 				t.Errorf("%.0f objects (%.0f bytes) counted for a process that took no job: %.1f a job in a run of 20000 jobs, %.0f in one of 300",
 					b.childMallocs, b.childAllocBytes, b.childMallocs/20000, b.childMallocs/300)
 			}
