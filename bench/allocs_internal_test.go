@@ -231,13 +231,7 @@ func TestNaiveProcess(t *testing.T) {
 	}
 	var cfg NaiveConfig
 	fs := flag.NewFlagSet("naive", flag.ContinueOnError)
-	fs.StringVar(&cfg.NATSURL, "nats-url", "", "")
-	fs.StringVar(&cfg.ToolURL, "tool-url", "", "")
-	fs.StringVar(&cfg.Tool, "tool", "", "")
-	fs.StringVar(&cfg.Durable, "durable", "", "")
-	fs.IntVar(&cfg.Workers, "workers", 0, "")
-	fs.IntVar(&cfg.Concurrency, "concurrency", 0, "")
-	fs.StringVar(&cfg.DebugAddr, "debug-addr", "", "")
+	cfg.Flags(fs)
 	if err := fs.Parse(args); err != nil {
 		t.Fatal(err)
 	}

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"expvar"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -38,6 +39,18 @@ type NaiveConfig struct {
 	// statistics (/debug/vars) of the process RunNaive runs in, as the
 	// consumer's --debug-pprof does.
 	DebugAddr string
+}
+
+// Flags defines on fs the flags of the naive dispatcher's process (the
+// ones startNaiveProc passes), each setting c.
+func (c *NaiveConfig) Flags(fs *flag.FlagSet) {
+	fs.StringVar(&c.NATSURL, "nats-url", "", "")
+	fs.StringVar(&c.ToolURL, "tool-url", "", "")
+	fs.StringVar(&c.Tool, "tool", "", "")
+	fs.StringVar(&c.Durable, "durable", "", "")
+	fs.IntVar(&c.Workers, "workers", 256, "")
+	fs.IntVar(&c.Concurrency, "concurrency", 64, "")
+	fs.StringVar(&c.DebugAddr, "debug-addr", "", "")
 }
 
 // naive is a running naive dispatcher.

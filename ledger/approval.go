@@ -168,7 +168,7 @@ func (s *Store) AwaitApproval(ctx context.Context, f Fence, info ApprovalInfo, t
 		return Row{}, s.translate("await approval", err)
 	}
 	if !found {
-		return Row{}, s.whyNot(ctx, "await approval", f, false)
+		return Row{}, s.whyNot(ctx, "await approval", f)
 	}
 	return row, nil
 }

@@ -102,6 +102,22 @@ func TestAnApprovalReadAsExpiredCannotBeApprovedAfterwards(t *testing.T) {
 	})
 }
 
+// takenOver claims a call c under a token with a short lease (a), waits
+// for the lease to run out, and takes it over under token (taken).
+func takenOver(t *testing.T, s *ledger.Store) (c ledger.Claim, a, taken ledger.Row, token string) {
+	t.Helper()
+	c = newClaim(20 * time.Millisecond)
+	c.Token = newToken()
+	a = mustClaim(t, s, c)
+	waitExpired(t, s, c.Key)
+	token = newToken()
+	taken, err := s.Takeover(context.Background(), a.Fence(), "B", token, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, a, taken, token
+}
+
 // TestATakeoverAskedAgainAfterItsAnswerWasLostFindsItsOwnRow: a takeover
 // whose answer was lost after it committed (the worker asks again, under
 // the same token, through durably) is this taker's, as a claim asked
@@ -112,14 +128,7 @@ func TestATakeoverAskedAgainAfterItsAnswerWasLostFindsItsOwnRow(t *testing.T) {
 	t.Parallel()
 	eachBackend(t, func(t *testing.T, s *ledger.Store) {
 		ctx := context.Background()
-		c := newClaim(20 * time.Millisecond)
-		a := mustClaim(t, s, c)
-		waitExpired(t, s, c.Key)
-		token := newToken()
-		taken, err := s.Takeover(ctx, a.Fence(), "B", token, time.Minute)
-		if err != nil {
-			t.Fatal(err)
-		}
+		_, a, taken, token := takenOver(t, s)
 		again, err := s.Takeover(ctx, a.Fence(), "B", token, time.Minute) // its answer was lost: asked again
 		if err != nil || again.Fence() != taken.Fence() {
 			t.Fatalf("the same takeover asked again: %v, row %+v; want its own row at attempt %d", err, again.Fence(), taken.Attempt)
@@ -136,15 +145,7 @@ func TestATakeoverAskedAgainNeverFindsARowNoLongerItsOwn(t *testing.T) {
 	eachBackend(t, func(t *testing.T, s *ledger.Store) {
 		ctx := context.Background()
 		for _, after := range []string{"completed", "released and claimed again"} {
-			c := newClaim(20 * time.Millisecond)
-			c.Token = newToken()
-			a := mustClaim(t, s, c)
-			waitExpired(t, s, c.Key)
-			token := newToken()
-			taken, err := s.Takeover(ctx, a.Fence(), "B", token, time.Minute)
-			if err != nil {
-				t.Fatal(err)
-			}
+			c, a, taken, token := takenOver(t, s)
 			switch after {
 			case "completed":
 				if err := s.Complete(ctx, taken.Fence(), json.RawMessage(`{"ok":true}`)); err != nil {

@@ -161,15 +161,22 @@ func (s *Store) Takeover(ctx context.Context, f Fence, owner, token string, leas
 	// A takeover asked again after its answer was lost finds the row it
 	// took, under its token (refused as fenced, the worker would hand the
 	// job back and nobody would run the call until the new lease ran out).
-	if again, err := s.Get(ctx, f.Key); err == nil && again.State == InFlight && again.Attempt == f.Attempt+1 && again.ClaimToken == token {
-		return again, nil
+	now, err := s.Get(ctx, f.Key)
+	if err == nil && now.State == InFlight && now.Attempt == f.Attempt+1 && now.ClaimToken == token {
+		return now, nil
 	}
-	return Row{}, s.whyNot(ctx, "takeover", f, true)
+	return Row{}, refusal("takeover", f, true, now, err)
 }
 
 // whyNot explains a fenced write that changed nothing.
-func (s *Store) whyNot(ctx context.Context, op string, f Fence, takeover bool) error {
+func (s *Store) whyNot(ctx context.Context, op string, f Fence) error {
 	row, err := s.Get(ctx, f.Key)
+	return refusal(op, f, false, row, err)
+}
+
+// refusal explains, by the row as read since (row, err), why the fenced
+// write op of f (a takeover or not) changed nothing.
+func refusal(op string, f Fence, takeover bool, row Row, err error) error {
 	switch {
 	case errors.Is(err, ErrNotFound):
 		return fmt.Errorf("%w: %s (%s)", ErrNotFound, f.Key, op)

@@ -105,7 +105,7 @@ func (s *Store) completeBatch(ctx context.Context, cs []Completion) ([]error, er
 	}
 	for i, c := range cs {
 		if !done[c.Fence] {
-			errs[i] = s.whyNot(ctx, "complete", c.Fence, false)
+			errs[i] = s.whyNot(ctx, "complete", c.Fence)
 		}
 	}
 	return errs, nil
@@ -158,7 +158,7 @@ func (s *Store) fenced(ctx context.Context, op string, f Fence, query string, mo
 		return s.translate(op, err)
 	}
 	if n == 0 {
-		return s.whyNot(ctx, op, f, false)
+		return s.whyNot(ctx, op, f)
 	}
 	return nil
 }

@@ -80,7 +80,7 @@ func (s *Store) CompleteTx(ctx context.Context, f Fence, effect TxEffect) (json.
 	case errors.As(err, &ee):
 		return nil, ee.err
 	case errors.Is(err, errNoMatch):
-		return nil, s.whyNot(ctx, "complete in transaction", f, false)
+		return nil, s.whyNot(ctx, "complete in transaction", f)
 	case errors.As(err, &ce):
 		msg, _ := s.db.describe(ce.err)
 		return nil, fmt.Errorf("ledger: complete in transaction %s: the transaction conflicted with another and rolled back: %s", f.Key, msg)

@@ -332,13 +332,7 @@ const naiveCommand = "__bench-naive"
 func runNaive(ctx context.Context, args []string, stdio cli.IO, getenv func(string) string) error {
 	fs := cli.NewFlagSet(naiveCommand, "the bench's naive dispatcher", stdio)
 	var cfg bench.NaiveConfig
-	fs.StringVar(&cfg.NATSURL, "nats-url", "", "")
-	fs.StringVar(&cfg.ToolURL, "tool-url", "", "")
-	fs.StringVar(&cfg.Tool, "tool", "", "")
-	fs.StringVar(&cfg.Durable, "durable", "", "")
-	fs.IntVar(&cfg.Workers, "workers", 256, "")
-	fs.IntVar(&cfg.Concurrency, "concurrency", 64, "")
-	fs.StringVar(&cfg.DebugAddr, "debug-addr", "", "")
+	cfg.Flags(fs)
 	if err := cli.ParseNone(fs, args); err != nil {
 		return err
 	}
