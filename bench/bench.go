@@ -856,17 +856,19 @@ func (b *bench) startToolqTraced(ctx context.Context, tool string, tp trace.Trac
 // build always ran right after the first, the same build compared with
 // itself had a p99 0.71–0.81 × the first's).
 func (b *bench) latencies(ctx context.Context, r *Report, rate int, a, other build) error {
+	var compared, compared100 *Latency // nil: no comparison
+	if r.Compare != nil {
+		compared, compared100 = &r.Compare.Lat, &r.Compare.Lat100
+	}
+	fixed := fmt.Sprintf("latency-%d", rate)
+	if rate == 100 {
+		fixed = "latency-fixed-100" // not the 100/s run's files
+	}
 	for _, at := range []struct {
-		rate         int
-		naive, toolq *Latency
-		compared     *Latency
-	}{{rate, &r.NaiveLat, &r.ToolqLat, nil}, {100, &r.NaiveLat100, &r.ToolqLat100, nil}} {
-		if r.Compare != nil { // by place, not by rate: the fixed rate may be 100/s too
-			at.compared = &r.Compare.Lat
-			if at.toolq == &r.ToolqLat100 {
-				at.compared = &r.Compare.Lat100
-			}
-		}
+		rate                   int
+		naive, toolq, compared *Latency
+		profile                string // its runs' profile files' name
+	}{{rate, &r.NaiveLat, &r.ToolqLat, compared, fixed}, {100, &r.NaiveLat100, &r.ToolqLat100, compared100, "latency-100"}} {
 		n := max(int(float64(at.rate)*b.cfg.LatencyFor.Seconds()), 1)
 		type part struct {
 			of   *build // nil: the naive dispatcher
@@ -881,10 +883,7 @@ func (b *bench) latencies(ctx context.Context, r *Report, rate int, a, other bui
 		samples := map[*Latency][]float64{}
 		ledgers := map[*Latency][][]StatementTime{}
 		for _, p := range parts {
-			b.profileName = fmt.Sprintf("latency-%d", at.rate)
-			if at.rate == 100 && at.toolq == &r.ToolqLat {
-				b.profileName = "latency-fixed-100" // not the 100/s run's files
-			}
+			b.profileName = at.profile
 			if p.of == &other { // not by its path: a build compared with itself measures the noise
 				b.profileName += "-compared"
 			}
