@@ -55,6 +55,9 @@ func newBreaker(name string, s Breaker, logger *slog.Logger) *breaker {
 			return outcome == Success || outcome == Definite
 		},
 		IsExcluded: func(err error) bool {
+			if err == nil {
+				return false
+			}
 			var te *Error
 			// Cancelled calls say nothing of the downstream; neither does a
 			// transaction rolled back for contention (a serialization

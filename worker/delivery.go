@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime/debug"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -523,8 +522,7 @@ func (d *delivery) uncommitted(ctx context.Context, row ledger.Row, te *tools.Er
 // completion fail to serialize). The delivery is still kept alive.
 func (d *delivery) runToolTx(fence ledger.Fence) (out json.RawMessage, te *tools.Error, err error) {
 	keep := d.heartbeat(fence, d.leaseSince)
-	stopKeep := sync.OnceFunc(keep.stop)
-	defer stopKeep()
+	defer keep.stop()
 	ctx, span := d.child(d.startCtx, "execute_tool "+d.tool.Name, trace.SpanKindInternal, d.toolAttrs(fence.Attempt))
 	defer span.End()
 	start := time.Now()
@@ -534,7 +532,7 @@ func (d *delivery) runToolTx(fence ledger.Fence) (out json.RawMessage, te *tools
 		// (the tool's timeout is shorter), or the server ends it.
 		ctx, cancel := context.WithTimeout(ctx, d.tool.Lease)
 		defer cancel()
-		stopKeep()
+		keep.stop()
 		progress := d.heartbeat(ledger.Fence{}, time.Now()) // the delivery's alone
 		defer progress.stop()
 		progress.beforeSend(ctx) // starts its give-up clock: the call starts now

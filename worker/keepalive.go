@@ -59,16 +59,23 @@ func transient(err error) bool {
 // tells JetStream the job is in progress. A call may wait for a slot far
 // longer than it may run, so the give-up clock (see beforeSend) starts only
 // when the call does, and the call is sent only on a claim still held.
+//
+// Its beats and its give-up clock are timers: a call that ends before its
+// first beat (most calls: a beat comes every third of a lease) costs no
+// goroutine.
 type keepalive struct {
-	d       *delivery
-	fence   ledger.Fence // zero for a tool without a ledger row
-	started chan struct{}
-	done    chan struct{}
-	wg      sync.WaitGroup
+	d     *delivery
+	fence ledger.Fence  // zero for a tool without a ledger row
+	every time.Duration // between the starts of two beats
+	beats sync.WaitGroup
 
 	mu        sync.Mutex
-	heldUntil time.Time // the lease is surely ours until then (monotonic)
-	lost      error     // the ledger refused an extension: the claim is another's
+	heldUntil time.Time   // the lease is surely ours until then (monotonic)
+	lost      error       // the ledger refused an extension: the claim is another's
+	stopped   bool        // stop was called: no beat begins
+	gaveUp    bool        // the call outlived its timeout: no beat begins
+	beat      *time.Timer // the next beat
+	giveUp    *time.Timer // started by beforeSend
 }
 
 // heartbeat starts keeping the delivery, and the claim behind fence, alive
@@ -77,42 +84,66 @@ type keepalive struct {
 // lease at least. With a zero fence (a tool without a ledger row) it only
 // keeps the delivery.
 func (d *delivery) heartbeat(fence ledger.Fence, heldSince time.Time) *keepalive {
-	k := &keepalive{d: d, fence: fence, started: make(chan struct{}), done: make(chan struct{}), heldUntil: heldSince.Add(d.tool.Lease)}
-	every := max(min(d.tool.Lease, d.w.ackWait)/3, 50*time.Millisecond)
-	k.wg.Add(1)
-	go func() {
-		defer k.wg.Done()
-		t := time.NewTicker(every)
-		defer t.Stop()
-		// An executor that ignores its context can outlive its timeout:
-		// past the timeout and a grace period (half the timeout, at least a
-		// second) from the start of the call, the heartbeat stops, so that
-		// the lease and the delivery run out and the call is settled as a
-		// holder that stopped (taken over, or indeterminate), never kept
-		// alive forever. The wait for a slot does not count.
-		var giveUp <-chan time.Time
-		started := k.started
-		for {
-			select {
-			case <-k.done:
-				return
-			case <-started:
-				started, giveUp = nil, time.After(d.tool.Timeout+max(d.tool.Timeout/2, time.Second))
-			case <-giveUp:
-				d.w.log.ErrorContext(d.ctx, "the tool outlived its timeout; no longer keeping its claim and delivery alive", d.attrs("timeout", d.tool.Timeout)...)
-				<-k.done
-				return
-			case <-t.C:
-				if fence.Key != "" {
-					if err := k.extend(); err != nil {
-						d.w.log.WarnContext(d.ctx, "lease extension failed", d.attrs("error", err)...)
-					}
-				}
-				d.msg.InProgress()
-			}
-		}
-	}()
+	k := &keepalive{d: d, fence: fence, heldUntil: heldSince.Add(d.tool.Lease),
+		every: max(min(d.tool.Lease, d.w.ackWait)/3, 50*time.Millisecond)}
+	k.mu.Lock() // the first beat finds k.beat set
+	k.beat = time.AfterFunc(k.every, k.beatOnce)
+	k.mu.Unlock()
 	return k
+}
+
+// begin reports whether a beat, or the give-up, may run now; if so the
+// caller calls k.beats.Done when it ends, and stop waits for it.
+func (k *keepalive) begin() bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.stopped || k.gaveUp {
+		return false
+	}
+	k.beats.Add(1)
+	return true
+}
+
+// beatOnce extends the lease (for a claim) and tells JetStream the job is
+// in progress, then sets the next beat one interval after this one began:
+// a slow extension delays the next beat no further than that.
+func (k *keepalive) beatOnce() {
+	if !k.begin() {
+		return
+	}
+	defer k.beats.Done()
+	began := time.Now()
+	if k.fence.Key != "" {
+		if err := k.extend(); err != nil {
+			k.d.w.log.WarnContext(k.d.ctx, "lease extension failed", k.d.attrs("error", err)...)
+		}
+	}
+	k.d.msg.InProgress()
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if !k.stopped && !k.gaveUp {
+		k.beat.Reset(max(k.every-time.Since(began), 0))
+	}
+}
+
+// giveUpNow stops the beats of a call that outlived its timeout.
+//
+// An executor that ignores its context can outlive its timeout: past the
+// timeout and a grace period (half the timeout, at least a second) from the
+// start of the call, the heartbeat stops, so that the lease and the
+// delivery run out and the call is settled as a holder that stopped (taken
+// over, or indeterminate), never kept alive forever. The wait for a slot
+// does not count.
+func (k *keepalive) giveUpNow() {
+	if !k.begin() {
+		return
+	}
+	defer k.beats.Done()
+	k.d.w.log.ErrorContext(k.d.ctx, "the tool outlived its timeout; no longer keeping its claim and delivery alive", k.d.attrs("timeout", k.d.tool.Timeout)...)
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.gaveUp = true
+	k.beat.Stop()
 }
 
 // extend renews the lease, and records until when it is surely held, or
@@ -153,14 +184,25 @@ func (k *keepalive) beforeSend(context.Context) error {
 			}
 		}
 	}
-	close(k.started)
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.giveUp == nil && !k.stopped {
+		k.giveUp = time.AfterFunc(k.d.tool.Timeout+max(k.d.tool.Timeout/2, time.Second), k.giveUpNow)
+	}
 	return nil
 }
 
-// stop ends the heartbeat and waits for it.
+// stop ends the heartbeat and waits for a beat under way. It may be called
+// more than once.
 func (k *keepalive) stop() {
-	close(k.done)
-	k.wg.Wait()
+	k.mu.Lock()
+	k.stopped = true
+	k.beat.Stop()
+	if k.giveUp != nil {
+		k.giveUp.Stop()
+	}
+	k.mu.Unlock()
+	k.beats.Wait()
 }
 
 // awaitSettled polls the row while another attempt holds it, for up to

@@ -39,7 +39,9 @@ func (d *delivery) startSpan() {
 	parent := w.propagator.Extract(d.runCtx, jobs.HeaderCarrier(d.msg.Headers()))
 	w.metrics.inFlight.Add(context.Background(), 1) // until record
 	if w.spansOff {
-		d.ctx, d.span = w.tracer.Start(parent, "process "+d.msg.Subject(), trace.WithSpanKind(trace.SpanKindConsumer))
+		// The no-op tracer reads neither a name nor options: its span is
+		// the publisher's span context, not recording, or none.
+		d.ctx, d.span = w.tracer.Start(parent, "process")
 		return
 	}
 	// The attributes are given at the start: a sampler decides on them.
@@ -120,7 +122,9 @@ func (w *Worker) ledgerAttrs(op string, more ...attribute.KeyValue) func() []att
 func (d *delivery) child(ctx context.Context, name string, kind trace.SpanKind, attrs func() []attribute.KeyValue) (context.Context, trace.Span) {
 	ctx = trace.ContextWithSpan(ctx, d.span)
 	if d.w.spansOff {
-		return d.w.tracer.Start(ctx, name, trace.WithSpanKind(kind))
+		// The no-op tracer's child of a span that does not record is that
+		// span: asking it would only allocate its options.
+		return ctx, d.span
 	}
 	return d.w.tracer.Start(ctx, name, trace.WithSpanKind(kind), trace.WithAttributes(attrs()...))
 }
