@@ -353,7 +353,17 @@ func (h *HTTP) execute(ctx context.Context, req Request) (json.RawMessage, error
 	} else {
 		body = strings.NewReader(string(args))
 	}
-	hreq, err := http.NewRequestWithContext(context.WithValue(ctx, callKey{}, Request{Tool: req.Tool, Key: req.Key}), h.Method, target, body)
+	// What reaches the transport: the call (for its span), and whether the
+	// request may have gone out (for an error's outcome).
+	p := new(progress)
+	ctx = context.WithValue(ctx, callKey{}, Request{Tool: req.Tool, Key: req.Key})
+	ctx = context.WithValue(ctx, progressKey{}, p)
+	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
+		GotConn:      func(httptrace.GotConnInfo) { p.mayHaveSent.Store(true) },
+		WroteHeaders: func() { p.mayHaveSent.Store(true) },
+		WroteRequest: func(httptrace.WroteRequestInfo) { p.mayHaveSent.Store(true) },
+	})
+	hreq, err := http.NewRequestWithContext(ctx, h.Method, target, body)
 	if err != nil {
 		return nil, NotSentError("bad_request", err.Error(), 0, err)
 	}
@@ -376,12 +386,6 @@ func (h *HTTP) execute(ctx context.Context, req Request) (json.RawMessage, error
 		}
 		hreq.Header.Set(h.IdempotencyHeader, v)
 	}
-	p := new(progress)
-	hreq = hreq.WithContext(httptrace.WithClientTrace(context.WithValue(hreq.Context(), progressKey{}, p), &httptrace.ClientTrace{
-		GotConn:      func(httptrace.GotConnInfo) { p.mayHaveSent.Store(true) },
-		WroteHeaders: func() { p.mayHaveSent.Store(true) },
-		WroteRequest: func(httptrace.WroteRequestInfo) { p.mayHaveSent.Store(true) },
-	}))
 	resp, err := h.Client.Do(hreq)
 	if err != nil && p.processed.Load() {
 		return nil, AmbiguousError("see_other_unread", "after 303 See Other (the call was processed): "+oneLine(err.Error()), 0, err)
