@@ -49,8 +49,12 @@ type Config struct {
 	// toolq's fresh throughput).
 	Rate       int
 	LatencyFor time.Duration // how long each latency run publishes (default 10s)
-	// Settle is how long each throughput run waits at most, before it
-	// starts, for the machine to go idle (0: 5s; negative: no wait).
+	// WarmUp is how long each latency run publishes at its rate, uncounted,
+	// before its counted jobs (0: 1s; negative: none).
+	WarmUp time.Duration
+	// Settle is how long each throughput and latency run waits at most,
+	// before it starts, for the machine to go idle (0: 5s; negative: no
+	// wait).
 	Settle time.Duration
 	// ConsumerBin is the consumer binary the scaling and memory runs start
 	// as separate processes (empty: those runs are not made).
@@ -97,6 +101,9 @@ func (c *Config) fill() {
 	}
 	if c.LatencyFor <= 0 {
 		c.LatencyFor = 10 * time.Second
+	}
+	if c.WarmUp == 0 {
+		c.WarmUp = time.Second
 	}
 	if c.Processes == nil {
 		c.Processes = []int{1, 2, 4}
@@ -922,6 +929,13 @@ func (b *bench) latencyTraced(ctx context.Context, rate int, of *build, tp trace
 // returns each one's publish-to-result milliseconds, when each was sent,
 // and the ledger's statements in the run (toolq's runs, on a Postgres
 // server that times them).
+//
+// A process that has just started is measured as one that has been
+// running: WarmUp's jobs at the rate, uncounted, go first, so that it has
+// opened its connections (the ledger's pool, with its statements
+// prepared, the tool's) before the counted jobs; then the run waits for
+// the machine to settle (the throughput run before it left Postgres
+// writing out and vacuuming its rows), as a throughput run does.
 func (b *bench) latencyRun(ctx context.Context, rate int, of *build, tp trace.TracerProvider, n int) ([]float64, map[string]time.Time, []StatementTime, error) {
 	tool, start := "naive_pay", b.naiveStarter("naive_pay")
 	if of != nil {
@@ -932,7 +946,27 @@ func (b *bench) latencyRun(ctx context.Context, rate int, of *build, tp trace.Tr
 		return nil, nil, nil, err
 	}
 	defer r.stop()
+	if b.cfg.WarmUp > 0 {
+		if _, _, err := b.publishPaced(ctx, r, tool, rate, max(int(float64(rate)*b.cfg.WarmUp.Seconds()), 1)); err != nil {
+			return nil, nil, nil, fmt.Errorf("warm-up: %w", err)
+		}
+	}
+	b.settle(ctx)
 	timed := b.resetStatements(ctx)
+	lat, sent, err := b.publishPaced(ctx, r, tool, rate, n)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	var ledger []StatementTime
+	if timed && of != nil {
+		ledger = b.statements(ctx)
+	}
+	return lat, sent, ledger, nil
+}
+
+// publishPaced publishes n fresh jobs for tool at rate to r, and returns each
+// one's publish-to-result milliseconds and when each was sent.
+func (b *bench) publishPaced(ctx context.Context, r *running, tool string, rate, n int) ([]float64, map[string]time.Time, error) {
 	batch := b.jobsFor(tool, 1000+int(b.seq.Load()), n, false)
 	want := make(map[string]bool, n)
 	for _, j := range batch {
@@ -953,11 +987,11 @@ func (b *bench) latencyRun(ctx context.Context, rate int, of *build, tp trace.Tr
 	select {
 	case <-done:
 	case <-r.exited:
-		return nil, nil, nil, errors.New("what took the jobs stopped on its own")
+		return nil, nil, errors.New("what took the jobs stopped on its own")
 	case <-b.results.failed:
-		return nil, nil, nil, b.results.err
+		return nil, nil, b.results.err
 	case <-time.After(2 * time.Minute):
-		return nil, nil, nil, fmt.Errorf("%d results missing", b.results.missing())
+		return nil, nil, fmt.Errorf("%d results missing", b.results.missing())
 	}
 	mu.Lock()
 	defer mu.Unlock()
@@ -965,11 +999,7 @@ func (b *bench) latencyRun(ctx context.Context, rate int, of *build, tp trace.Tr
 	for id, at := range b.results.arrivals(want) {
 		lat = append(lat, at.Sub(sent[id]).Seconds()*1000)
 	}
-	var ledger []StatementTime
-	if timed && of != nil {
-		ledger = b.statements(ctx)
-	}
-	return lat, sent, ledger, nil
+	return lat, sent, nil
 }
 
 // latencyOf is the percentiles of the publish-to-result milliseconds lat

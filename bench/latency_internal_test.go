@@ -72,7 +72,7 @@ func latencySetup(t *testing.T, cfg Config) *bench {
 // the compared build's latency at the fixed rate is in Compare.Lat and its
 // latency at 100/s in Compare.Lat100, as for any other rate.
 func TestTheComparedBuildsLatencyIsKeptAtEachRate(t *testing.T) {
-	b := latencySetup(t, Config{LatencyFor: 40 * time.Millisecond, Concurrency: 4})
+	b := latencySetup(t, Config{LatencyFor: 40 * time.Millisecond, WarmUp: 20 * time.Millisecond, Settle: -1, Concurrency: 4})
 	r := &Report{Compare: &Comparison{}}
 	a := build{pay: "pay", slow: "slow"}
 	if err := b.latencies(context.Background(), r, 100, a, a); err != nil {
@@ -84,5 +84,29 @@ func TestTheComparedBuildsLatencyIsKeptAtEachRate(t *testing.T) {
 	if r.Compare.Lat.Jobs != 4 || r.Compare.Lat.Rate != 100 || r.Compare.Lat100.Jobs != 4 {
 		t.Errorf("the compared build's latency at the fixed rate (100/s): %+v; at 100/s: %+v; want 4 jobs each",
 			r.Compare.Lat, r.Compare.Lat100)
+	}
+}
+
+// TestALatencyRunCountsNoneOfItsWarmUp: a latency run first sends its
+// warm-up's jobs at the rate (they reach the tool: the process opens its
+// connections on them), and counts only the jobs after them.
+func TestALatencyRunCountsNoneOfItsWarmUp(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		of   *build
+	}{{"naive", nil}, {"toolq", &build{pay: "pay"}}} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := latencySetup(t, Config{WarmUp: 300 * time.Millisecond, Settle: -1, Concurrency: 4})
+			lat, sent, _, err := b.latencyRun(context.Background(), 100, tc.of, nil, 5)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(lat) != 5 || len(sent) != 5 {
+				t.Errorf("%d latencies of %d jobs sent, want the 5 counted", len(lat), len(sent))
+			}
+			if n := len(b.sandbox.Payments()); n != 30+5 {
+				t.Errorf("the tool was called %d times, want 30 warm-up calls and 5 counted", n)
+			}
+		})
 	}
 }

@@ -53,7 +53,8 @@ func runBench(ctx context.Context, args []string, stdio cli.IO, getenv func(stri
 	fs.IntVar(&cfg.Concurrency, "concurrency", 64, "tool calls at once, and 4 × as many jobs in flight, for toolq and the naive dispatcher alike")
 	fs.IntVar(&cfg.Rate, "rate", 0, "jobs/s of the latency runs (0: half of toolq's fresh throughput)")
 	fs.DurationVar(&cfg.LatencyFor, "latency-for", 10*time.Second, "how long each latency run publishes")
-	fs.DurationVar(&cfg.Settle, "settle", 5*time.Second, "how long each throughput run waits at most for the machine to go idle before it starts (0: no wait)")
+	fs.DurationVar(&cfg.WarmUp, "warm-up", time.Second, "how long each latency run publishes at its rate, uncounted, before the jobs it counts (0: none)")
+	fs.DurationVar(&cfg.Settle, "settle", 5*time.Second, "how long each throughput and latency run waits at most for the machine to go idle before it starts (0: no wait)")
 	quick := fs.Bool("quick", false, "a short run (about a minute): 2,000 jobs, one run each, 3s latency runs")
 	asJSON := fs.Bool("json", false, "print the figures as one JSON object, on the last line")
 	consumer := fs.String("consumer", "", "the consumer binary under test, run as processes (empty: ./consumer beside this binary, if there is one)")
@@ -80,6 +81,9 @@ func runBench(ctx context.Context, args []string, stdio cli.IO, getenv func(stri
 	}
 	if cfg.Settle <= 0 {
 		cfg.Settle = -1 // the flag's 0 is the config's "no wait"
+	}
+	if cfg.WarmUp <= 0 {
+		cfg.WarmUp = -1 // the flag's 0 is the config's "none"
 	}
 	cfg.Logger = slog.New(slog.NewTextHandler(stdio.Err, nil))
 	if cfg.Processes, err = parseCounts(*processes); err != nil {

@@ -38,7 +38,7 @@ func TestBenchMeasuresWhatItSays(t *testing.T) {
 		t.Fatalf("build the consumer: %v\n%s", err, out)
 	}
 	out, err := runPublisher(t, "", "bench", "--json", "--nats-url", nats.URL, "--database-url", testenv.Postgres(t),
-		"--jobs", "300", "--reps", "1", "--concurrency", "8", "--latency-for", "500ms", "--rate", "200", "--settle", "300ms",
+		"--jobs", "300", "--reps", "1", "--concurrency", "8", "--latency-for", "500ms", "--rate", "200", "--settle", "300ms", "--warm-up", "100ms",
 		"--consumer", filepath.Join(dir, "consumer"), "--processes", "1,2", "--memory-for", "3s",
 		"--compare", filepath.Join(dir, "consumer"), "--profile", filepath.Join(dir, "prof", "run"))
 	if err != nil {
