@@ -3,8 +3,11 @@ package bench
 import (
 	"context"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
+	"os/exec"
+	"slices"
 	"testing"
 	"time"
 
@@ -108,5 +111,26 @@ func TestALatencyRunCountsNoneOfItsWarmUp(t *testing.T) {
 				t.Errorf("the tool was called %d times, want 30 warm-up calls and 5 counted", n)
 			}
 		})
+	}
+}
+
+// TestALatencyRunWaitsForTheMachineToSettleAfterItsWarmUp: on a machine
+// kept busy by another process, the counted jobs of a latency run start
+// only after its warm-up and its whole Settle.
+func TestALatencyRunWaitsForTheMachineToSettleAfterItsWarmUp(t *testing.T) {
+	burner := exec.Command("sh", "-c", "while :; do :; done") // another process keeping one core busy
+	if err := burner.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { burner.Process.Kill(); burner.Wait() })
+	b := latencySetup(t, Config{WarmUp: 100 * time.Millisecond, Settle: time.Second, Concurrency: 4})
+	began := time.Now()
+	_, sent, _, err := b.latencyRun(context.Background(), 100, &build{pay: "pay"}, nil, 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := slices.MinFunc(slices.Collect(maps.Values(sent)), time.Time.Compare)
+	if waited := first.Sub(began); waited < 1100*time.Millisecond {
+		t.Errorf("the first counted job was sent %v after the run began: want its 100ms warm-up and its 1s settle first", waited)
 	}
 }
