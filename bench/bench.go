@@ -119,11 +119,15 @@ type Throughput struct {
 	JobsPerS float64 `json:"jobs_per_s"`
 	// CPUPer1000 is the consumer's: the consumer processes (or the naive
 	// dispatcher's), or this whole process when they run in it.
-	CPUPer1000    float64 `json:"cpu_s_per_1000"`
-	DriverCPU     float64 `json:"driver_cpu_s_per_1000"`      // this process: publishing, the result watch, the sandbox (0 in process)
-	NATSCPU       float64 `json:"nats_cpu_s_per_1000"`        // the nats-server process (0: not known)
-	PostgresCPU   float64 `json:"postgres_cpu_s_per_1000"`    // the ledger's Postgres server, every process of it (0: not known)
-	MachineCPU    float64 `json:"machine_cpu_s_per_1000"`     // the whole machine
+	CPUPer1000  float64 `json:"cpu_s_per_1000"`
+	DriverCPU   float64 `json:"driver_cpu_s_per_1000"`   // this process: publishing, the result watch, the sandbox (0 in process)
+	NATSCPU     float64 `json:"nats_cpu_s_per_1000"`     // the nats-server process (0: not known)
+	PostgresCPU float64 `json:"postgres_cpu_s_per_1000"` // the ledger's Postgres server, every process of it (0: not known)
+	MachineCPU  float64 `json:"machine_cpu_s_per_1000"`  // the whole machine
+	// StealPct is the share of the machine's time the hypervisor gave to
+	// other machines during the run (/proc/stat's steal): on a shared VM it
+	// moves from run to run, and the run's speed with it.
+	StealPct      float64 `json:"steal_pct"`
 	CommitsPerJob float64 `json:"ledger_commits_per_job"`     // Postgres transactions per job (pg_stat_database)
 	FlushesPerJob float64 `json:"ledger_wal_flushes_per_job"` // WAL flushes to disk per job (pg_stat_wal)
 	PeakRSSMiB    float64 `json:"peak_rss_mib"`
@@ -401,9 +405,9 @@ func (b *bench) scenarios(r *Report, a, other build) []scenario {
 // machine allows), and keeps each scenario's median.
 func (b *bench) measure(ctx context.Context, scenarios []scenario) error {
 	type sample struct {
-		perS, cpu, driver, nats, postgres, machine, commits, flushes, peak float64
-		allocs, allocBytes                                                 float64
-		payments                                                           int
+		perS, cpu, driver, nats, postgres, machine, steal, commits, flushes, peak float64
+		allocs, allocBytes                                                        float64
+		payments                                                                  int
 	}
 	samples := map[*Throughput][]sample{} // a scenario may run twice a rep (the naive dispatcher's)
 	var into []*Throughput                // in the order first run
@@ -435,7 +439,7 @@ func (b *bench) measure(ctx context.Context, scenarios []scenario) error {
 			cpu1 := sampleCPU(b.cfg.NATSPID, b.pgPID)
 			per := func(d float64) float64 { return d / float64(n) * 1000 }
 			m := sample{perS: float64(counted) / elapsed.Seconds(), driver: per(cpu1.driver - cpu0.driver), nats: per(cpu1.nats - cpu0.nats),
-				postgres: per(cpu1.postgres - cpu0.postgres), machine: per(cpu1.machine - cpu0.machine),
+				postgres: per(cpu1.postgres - cpu0.postgres), machine: per(cpu1.machine - cpu0.machine), steal: stealPct(cpu0.machineTime, cpu1.machineTime),
 				commits: float64(b.commits(ctx)-commits0) / float64(n), flushes: float64(b.walFlushes(ctx)-flushes0) / float64(n),
 				payments: len(b.sandbox.Payments()) - payments0, peak: b.childPeak,
 				allocs: perJob(b.childMallocs, b.childJobs), allocBytes: perJob(b.childAllocBytes, b.childJobs)}
@@ -458,14 +462,15 @@ func (b *bench) measure(ctx context.Context, scenarios []scenario) error {
 			if s.name != "naive" { // a ratio is to the run right before: no other
 				lastNaive = 0
 			}
-			b.cfg.Logger.Info("bench run", "scenario", s.name, "rep", rep+1, "jobs_per_s", int(m.perS), "cpu_s_per_1000", fmt.Sprintf("%.3f", m.cpu))
+			b.cfg.Logger.Info("bench run", "scenario", s.name, "rep", rep+1, "jobs_per_s", int(m.perS), "cpu_s_per_1000", fmt.Sprintf("%.3f", m.cpu),
+				"steal_pct", fmt.Sprintf("%.1f", m.steal))
 		}
 	}
 	for _, t := range into {
 		ss := samples[t]
 		slices.SortFunc(ss, func(a, b sample) int { return cmp.Compare(a.perS, b.perS) })
 		m := ss[len(ss)/2]
-		*t = Throughput{JobsPerS: m.perS, CPUPer1000: m.cpu, DriverCPU: m.driver, NATSCPU: m.nats, PostgresCPU: m.postgres, MachineCPU: m.machine,
+		*t = Throughput{JobsPerS: m.perS, CPUPer1000: m.cpu, DriverCPU: m.driver, NATSCPU: m.nats, PostgresCPU: m.postgres, MachineCPU: m.machine, StealPct: m.steal,
 			CommitsPerJob: m.commits, FlushesPerJob: m.flushes, PeakRSSMiB: m.peak, Payments: m.payments, Runs: t.Runs, NaiveRatios: t.NaiveRatios}
 		// Allocations hardly move with the machine's speed: their median
 		// of their own, not the median run's, over the runs that have them.

@@ -15,16 +15,18 @@ import (
 // the sandbox), nats-server and Postgres, so that a scenario's cost is
 // seen where it is paid. Where there is no /proc the figures are 0.
 
-// cpuSample is the CPU seconds used so far by each part of the machine.
+// cpuSample is the CPU seconds used so far by each part of the machine,
+// and the machine's time (machineTime).
 type cpuSample struct {
-	driver, nats, postgres, machine float64
+	driver, nats, postgres float64
+	machineTime
 }
 
 // sampleCPU reads the CPU used so far by this process, the nats-server
 // process natsPID (0: unknown) and the Postgres server whose postmaster is
 // pgPID (0: unknown), and by the whole machine.
 func sampleCPU(natsPID, pgPID int) cpuSample {
-	s := cpuSample{driver: cpuSeconds(), machine: machineCPUSeconds()}
+	s := cpuSample{driver: cpuSeconds(), machineTime: readMachineTime()}
 	if natsPID > 0 {
 		s.nats, _ = procCPU(natsPID, false)
 	}
@@ -110,25 +112,58 @@ func (b *bench) postmasterPID(ctx context.Context) int {
 	return ppid
 }
 
-// machineCPUSeconds is the CPU time every process of the machine has used
-// (user, nice, system, irq, softirq from /proc/stat), 0 where there is no
-// /proc.
-func machineCPUSeconds() float64 {
+// machineTime is the time of all the machine's CPUs so far, in seconds:
+// what its processes used (busy: user, nice, system, irq, softirq), what
+// the hypervisor gave to other machines while this one had work to run
+// (steal), and all of it (idle and iowait too). On a shared VM steal moves
+// from second to second, and every process's speed with it.
+type machineTime struct {
+	machine, steal, all float64
+}
+
+// readMachineTime reads the machine's time from /proc/stat (zero where
+// there is none).
+func readMachineTime() machineTime {
 	b, err := os.ReadFile("/proc/stat")
 	if err != nil {
-		return 0
+		return machineTime{}
 	}
 	line, _, _ := strings.Cut(string(b), "\n")
+	return parseMachineTime(line)
+}
+
+// parseMachineTime reads /proc/stat's first line: "cpu user nice system
+// idle iowait irq softirq steal guest guest_nice", in USER_HZ ticks
+// (guest time is counted in user already).
+func parseMachineTime(line string) machineTime {
 	f := strings.Fields(line)
-	var ticks int64
-	for i := 1; i < len(f) && i <= 7; i++ {
-		if i == 4 || i == 5 { // idle, iowait
-			continue
-		}
+	var t machineTime
+	for i := 1; i < len(f) && i <= 8; i++ {
 		n, _ := strconv.ParseInt(f[i], 10, 64)
-		ticks += n
+		sec := float64(n) / 100 // USER_HZ
+		t.all += sec
+		switch i {
+		case 4, 5: // idle, iowait
+		case 8:
+			t.steal += sec
+		default:
+			t.machine += sec
+		}
 	}
-	return float64(ticks) / 100 // USER_HZ
+	return t
+}
+
+// machineCPUSeconds is the CPU time every process of the machine has used,
+// 0 where there is no /proc.
+func machineCPUSeconds() float64 { return readMachineTime().machine }
+
+// stealPct is the share of the machine's time between two samples that
+// the hypervisor took (0 where it is not known).
+func stealPct(from, to machineTime) float64 {
+	if to.all <= from.all {
+		return 0
+	}
+	return 100 * (to.steal - from.steal) / (to.all - from.all)
 }
 
 func cpuSeconds() float64 {

@@ -160,7 +160,7 @@ func printBench(stdio cli.IO, r *bench.Report) {
 	fmt.Fprintf(stdio.Out, "%d jobs a run, %d in flight, %d tool calls at once, median of %d runs (× naive: of each run's ratio to the naive run just before it); %s\n",
 		r.Jobs, 4*r.Concurrency, r.Concurrency, len(r.Fresh.Runs), where)
 	w := cli.NewTable(stdio.Out)
-	fmt.Fprintf(w, "scenario\tjobs/s\t× naive\tCPU s/1000 jobs: consumer\tdriver\tnats\tpostgres\tmachine\tledger commits/job\tWAL flushes/job\tpeak RSS MiB\tallocs/job\tKiB/job\n")
+	fmt.Fprintf(w, "scenario\tjobs/s\t× naive\tCPU s/1000 jobs: consumer\tdriver\tnats\tpostgres\tmachine\tsteal %%\tledger commits/job\tWAL flushes/job\tpeak RSS MiB\tallocs/job\tKiB/job\n")
 	for _, row := range []struct {
 		name string
 		t    bench.Throughput
@@ -169,8 +169,8 @@ func printBench(stdio cli.IO, r *bench.Report) {
 		if x == 0 {
 			x = row.t.JobsPerS / r.Naive.JobsPerS
 		}
-		fmt.Fprintf(w, "%s\t%.0f\t%.2f\t%.3f\t%s\t%s\t%s\t%.3f\t%.2f\t%.3f\t%.0f\t%s\t%s\n", row.name, row.t.JobsPerS, x,
-			row.t.CPUPer1000, known(row.t.DriverCPU), known(row.t.NATSCPU), known(row.t.PostgresCPU), row.t.MachineCPU,
+		fmt.Fprintf(w, "%s\t%.0f\t%.2f\t%.3f\t%s\t%s\t%s\t%.3f\t%.1f\t%.2f\t%.3f\t%.0f\t%s\t%s\n", row.name, row.t.JobsPerS, x,
+			row.t.CPUPer1000, known(row.t.DriverCPU), known(row.t.NATSCPU), known(row.t.PostgresCPU), row.t.MachineCPU, row.t.StealPct,
 			row.t.CommitsPerJob, row.t.FlushesPerJob, row.t.PeakRSSMiB, knownInt(row.t.AllocsPerJob), knownInt(row.t.AllocBytesPerJob/1024))
 	}
 	w.Flush()
