@@ -140,6 +140,7 @@ type Throughput struct {
 	AllocsPerJob     float64   `json:"consumer_allocs_per_job"`
 	AllocBytesPerJob float64   `json:"consumer_alloc_bytes_per_job"`
 	Runs             []float64 `json:"runs_jobs_per_s"`
+	RunsSteal        []float64 `json:"runs_steal_pct"` // each run's StealPct, in the order of Runs
 	// NaiveRatios are each run's jobs/s ÷ the naive dispatcher's run made
 	// just before it, for the runs that follow one (every fresh and
 	// duplicate run of the consumer; not every run of a compared build):
@@ -453,6 +454,7 @@ func (b *bench) measure(ctx context.Context, scenarios []scenario) error {
 			}
 			samples[s.into] = append(samples[s.into], m)
 			s.into.Runs = append(s.into.Runs, m.perS)
+			s.into.RunsSteal = append(s.into.RunsSteal, m.steal)
 			switch {
 			case s.name == "naive":
 				lastNaive = m.perS
@@ -471,7 +473,7 @@ func (b *bench) measure(ctx context.Context, scenarios []scenario) error {
 		slices.SortFunc(ss, func(a, b sample) int { return cmp.Compare(a.perS, b.perS) })
 		m := ss[len(ss)/2]
 		*t = Throughput{JobsPerS: m.perS, CPUPer1000: m.cpu, DriverCPU: m.driver, NATSCPU: m.nats, PostgresCPU: m.postgres, MachineCPU: m.machine, StealPct: m.steal,
-			CommitsPerJob: m.commits, FlushesPerJob: m.flushes, PeakRSSMiB: m.peak, Payments: m.payments, Runs: t.Runs, NaiveRatios: t.NaiveRatios}
+			CommitsPerJob: m.commits, FlushesPerJob: m.flushes, PeakRSSMiB: m.peak, Payments: m.payments, Runs: t.Runs, RunsSteal: t.RunsSteal, NaiveRatios: t.NaiveRatios}
 		// Allocations hardly move with the machine's speed: their median
 		// of their own, not the median run's, over the runs that have them.
 		t.AllocsPerJob = knownMedian(ss, func(s sample) float64 { return s.allocs })

@@ -134,23 +134,24 @@ func readMachineTime() machineTime {
 
 // parseMachineTime reads /proc/stat's first line: "cpu user nice system
 // idle iowait irq softirq steal guest guest_nice", in USER_HZ ticks
-// (guest time is counted in user already).
+// (guest time is counted in user already). The ticks are added up before
+// they become seconds, so that each figure rounds once.
 func parseMachineTime(line string) machineTime {
 	f := strings.Fields(line)
-	var t machineTime
+	var busy, steal, all int64
 	for i := 1; i < len(f) && i <= 8; i++ {
 		n, _ := strconv.ParseInt(f[i], 10, 64)
-		sec := float64(n) / 100 // USER_HZ
-		t.all += sec
+		all += n
 		switch i {
 		case 4, 5: // idle, iowait
 		case 8:
-			t.steal += sec
+			steal += n
 		default:
-			t.machine += sec
+			busy += n
 		}
 	}
-	return t
+	const userHZ = 100
+	return machineTime{machine: float64(busy) / userHZ, steal: float64(steal) / userHZ, all: float64(all) / userHZ}
 }
 
 // machineCPUSeconds is the CPU time every process of the machine has used,

@@ -84,7 +84,7 @@ func TestBenchMeasuresWhatItSays(t *testing.T) {
 		t.Errorf("the consumer ran inside the bench's process")
 	}
 	for name, th := range map[string]bench.Throughput{"naive": r.Naive, "fresh": r.Fresh, "duplicate": r.Duplicate} {
-		if th.CPUPer1000 <= 0 || th.DriverCPU <= 0 || th.PeakRSSMiB <= 0 || th.StealPct < 0 || th.StealPct >= 100 {
+		if th.CPUPer1000 <= 0 || th.DriverCPU <= 0 || th.PeakRSSMiB <= 0 || th.StealPct < 0 || th.StealPct >= 100 || len(th.RunsSteal) != len(th.Runs) {
 			t.Errorf("%s: no figures of its own process: %+v", name, th)
 		}
 	}
