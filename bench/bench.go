@@ -165,13 +165,16 @@ type Latency struct {
 	// Ledger is how long the ledger's statements took on the Postgres
 	// server during the run, by kind (pg_stat_statements; empty when the
 	// server does not have it).
-	Ledger   []StatementTime `json:"ledger_statements,omitempty"`
-	P50, P90 float64         `json:"-"`
-	P99, Max float64         `json:"-"`
-	P50ms    float64         `json:"p50_ms"`
-	P90ms    float64         `json:"p90_ms"`
-	P99ms    float64         `json:"p99_ms"`
-	MaxMs    float64         `json:"max_ms"`
+	Ledger []StatementTime `json:"ledger_statements,omitempty"`
+	// StealPct is the share of the machine's time the hypervisor took
+	// while the run's counted jobs were sent and answered (/proc/stat).
+	StealPct float64 `json:"steal_pct"`
+	P50, P90 float64 `json:"-"`
+	P99, Max float64 `json:"-"`
+	P50ms    float64 `json:"p50_ms"`
+	P90ms    float64 `json:"p90_ms"`
+	P99ms    float64 `json:"p99_ms"`
+	MaxMs    float64 `json:"max_ms"`
 }
 
 // Report is everything one run measured.
@@ -894,8 +897,7 @@ func (b *bench) latencies(ctx context.Context, r *Report, rate int, a, other bui
 			half := max(n/2, 1)
 			parts = []part{{nil, at.naive, n}, {&a, at.toolq, half}, {&other, at.compared, half}, {&other, at.compared, n - half}, {&a, at.toolq, n - half}}
 		}
-		samples := map[*Latency][]float64{}
-		ledgers := map[*Latency][][]StatementTime{}
+		samples := map[*Latency][]latencySample{}
 		for _, p := range parts {
 			b.profileName = at.profile
 			if p.of == &other { // not by its path: a build compared with itself measures the noise
@@ -904,17 +906,14 @@ func (b *bench) latencies(ctx context.Context, r *Report, rate int, a, other bui
 			if len(samples[p.into]) > 0 {
 				b.profileName += "-2"
 			}
-			lat, _, ledger, err := b.latencyRun(ctx, at.rate, p.of, nil, p.n)
+			got, err := b.latencyRun(ctx, at.rate, p.of, nil, p.n)
 			if err != nil {
 				return fmt.Errorf("bench: latency at %d/s: %w", at.rate, err)
 			}
-			samples[p.into] = append(samples[p.into], lat...)
-			if ledger != nil {
-				ledgers[p.into] = append(ledgers[p.into], ledger)
-			}
+			samples[p.into] = append(samples[p.into], got)
 		}
-		for into, lat := range samples {
-			*into = latencyOf(at.rate, lat, mergeStatements(ledgers[into]))
+		for into, runs := range samples {
+			*into = latencyOf(at.rate, runs...)
 		}
 	}
 	return nil
@@ -925,17 +924,23 @@ func (b *bench) latencies(ctx context.Context, r *Report, rate int, a, other bui
 // this process), and returns the publish-to-result percentiles and when
 // each job was sent, by tool_use_id.
 func (b *bench) latencyTraced(ctx context.Context, rate int, of *build, tp trace.TracerProvider) (Latency, map[string]time.Time, error) {
-	lat, sent, ledger, err := b.latencyRun(ctx, rate, of, tp, max(int(float64(rate)*b.cfg.LatencyFor.Seconds()), 1))
+	got, err := b.latencyRun(ctx, rate, of, tp, max(int(float64(rate)*b.cfg.LatencyFor.Seconds()), 1))
 	if err != nil {
 		return Latency{}, nil, err
 	}
-	return latencyOf(rate, lat, ledger), sent, nil
+	return latencyOf(rate, got), got.sent, nil
+}
+
+// latencySample is what a latency run measured of its counted jobs.
+type latencySample struct {
+	lat      []float64            // each one's publish-to-result milliseconds
+	sent     map[string]time.Time // when each was sent, by tool_use_id
+	ledger   []StatementTime      // the ledger's statements (toolq's runs, on a Postgres server that times them)
+	from, to machineTime          // the machine's time before the first was sent and after the last was answered
 }
 
 // latencyRun publishes n fresh jobs at rate, as latencyTraced does, and
-// returns each one's publish-to-result milliseconds, when each was sent,
-// and the ledger's statements in the run (toolq's runs, on a Postgres
-// server that times them).
+// returns what it measured of them.
 //
 // A process that has just started is measured as one that has been
 // running: WarmUp's jobs at the rate, uncounted, go first, so that it has
@@ -943,32 +948,32 @@ func (b *bench) latencyTraced(ctx context.Context, rate int, of *build, tp trace
 // prepared, the tool's) before the counted jobs; then the run waits for
 // the machine to settle (the throughput run before it left Postgres
 // writing out and vacuuming its rows), as a throughput run does.
-func (b *bench) latencyRun(ctx context.Context, rate int, of *build, tp trace.TracerProvider, n int) ([]float64, map[string]time.Time, []StatementTime, error) {
+func (b *bench) latencyRun(ctx context.Context, rate int, of *build, tp trace.TracerProvider, n int) (latencySample, error) {
 	tool, start := "naive_pay", b.naiveStarter("naive_pay")
 	if of != nil {
 		tool, start = of.pay, b.toolqStarter(*of, of.pay, 1, tp)
 	}
 	r, err := start(ctx)
 	if err != nil {
-		return nil, nil, nil, err
+		return latencySample{}, err
 	}
 	defer r.stop()
 	if b.cfg.WarmUp > 0 {
 		if _, _, err := b.publishPaced(ctx, r, tool, rate, max(int(float64(rate)*b.cfg.WarmUp.Seconds()), 1)); err != nil {
-			return nil, nil, nil, fmt.Errorf("warm-up: %w", err)
+			return latencySample{}, fmt.Errorf("warm-up: %w", err)
 		}
 	}
 	b.settle(ctx)
 	timed := b.resetStatements(ctx)
-	lat, sent, err := b.publishPaced(ctx, r, tool, rate, n)
-	if err != nil {
-		return nil, nil, nil, err
+	got := latencySample{from: readMachineTime()}
+	if got.lat, got.sent, err = b.publishPaced(ctx, r, tool, rate, n); err != nil {
+		return latencySample{}, err
 	}
-	var ledger []StatementTime
+	got.to = readMachineTime()
 	if timed && of != nil {
-		ledger = b.statements(ctx)
+		got.ledger = b.statements(ctx)
 	}
-	return lat, sent, ledger, nil
+	return got, nil
 }
 
 // publishPaced publishes n fresh jobs for tool at rate to r, and returns each
@@ -1009,12 +1014,26 @@ func (b *bench) publishPaced(ctx context.Context, r *running, tool string, rate,
 	return lat, sent, nil
 }
 
-// latencyOf is the percentiles of the publish-to-result milliseconds lat
-// (at least one).
-func latencyOf(rate int, lat []float64, ledger []StatementTime) Latency {
-	lat = slices.Sorted(slices.Values(lat))
+// latencyOf is the figures of one latency run, made of runs (one, or a
+// comparison's two halves; at least one job in all): the percentiles of
+// all their jobs, their ledger statements counted as one run's, and the
+// share of their time the hypervisor took.
+func latencyOf(rate int, runs ...latencySample) Latency {
+	var lat []float64
+	var ledgers [][]StatementTime
+	var spent machineTime // the machine's time over the runs, their gaps left out
+	for _, r := range runs {
+		lat = append(lat, r.lat...)
+		if r.ledger != nil {
+			ledgers = append(ledgers, r.ledger)
+		}
+		spent.steal += r.to.steal - r.from.steal
+		spent.all += r.to.all - r.from.all
+	}
+	slices.Sort(lat)
 	pct := func(p float64) float64 { return lat[min(int(p*float64(len(lat))), len(lat)-1)] }
-	return Latency{Rate: rate, Jobs: len(lat), P50ms: pct(0.50), P90ms: pct(0.90), P99ms: pct(0.99), MaxMs: lat[len(lat)-1], Ledger: ledger}
+	return Latency{Rate: rate, Jobs: len(lat), P50ms: pct(0.50), P90ms: pct(0.90), P99ms: pct(0.99), MaxMs: lat[len(lat)-1],
+		Ledger: mergeStatements(ledgers), StealPct: stealPct(machineTime{}, spent)}
 }
 
 // mergeStatements counts the statements of several runs as one run's.

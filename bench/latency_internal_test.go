@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"maps"
+	"math"
 	"net"
 	"net/http"
 	"os/exec"
@@ -100,12 +101,12 @@ func TestALatencyRunCountsNoneOfItsWarmUp(t *testing.T) {
 	}{{"naive", nil}, {"toolq", &build{pay: "pay"}}} {
 		t.Run(tc.name, func(t *testing.T) {
 			b := latencySetup(t, Config{WarmUp: 300 * time.Millisecond, Settle: -1, Concurrency: 4})
-			lat, sent, _, err := b.latencyRun(context.Background(), 100, tc.of, nil, 5)
+			got, err := b.latencyRun(context.Background(), 100, tc.of, nil, 5)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if len(lat) != 5 || len(sent) != 5 {
-				t.Errorf("%d latencies of %d jobs sent, want the 5 counted", len(lat), len(sent))
+			if len(got.lat) != 5 || len(got.sent) != 5 {
+				t.Errorf("%d latencies of %d jobs sent, want the 5 counted", len(got.lat), len(got.sent))
 			}
 			if n := len(b.sandbox.Payments()); n != 30+5 {
 				t.Errorf("the tool was called %d times, want 30 warm-up calls and 5 counted", n)
@@ -125,12 +126,28 @@ func TestALatencyRunWaitsForTheMachineToSettleAfterItsWarmUp(t *testing.T) {
 	t.Cleanup(func() { burner.Process.Kill(); burner.Wait() })
 	b := latencySetup(t, Config{WarmUp: 100 * time.Millisecond, Settle: time.Second, Concurrency: 4})
 	began := time.Now()
-	_, sent, _, err := b.latencyRun(context.Background(), 100, &build{pay: "pay"}, nil, 5)
+	got, err := b.latencyRun(context.Background(), 100, &build{pay: "pay"}, nil, 5)
 	if err != nil {
 		t.Fatal(err)
 	}
-	first := slices.MinFunc(slices.Collect(maps.Values(sent)), time.Time.Compare)
+	first := slices.MinFunc(slices.Collect(maps.Values(got.sent)), time.Time.Compare)
 	if waited := first.Sub(began); waited < 1100*time.Millisecond {
 		t.Errorf("the first counted job was sent %v after the run began: want its 100ms warm-up and its 1s settle first", waited)
+	}
+}
+
+// TestALatencyRunInHalvesIsOneRun: a build's two halves of a latency run
+// count as one run: the percentiles of all their jobs, and the share of
+// their time the hypervisor took over both (not the mean of the halves'
+// shares: a longer half weighs more), the gap between them left out.
+func TestALatencyRunInHalvesIsOneRun(t *testing.T) {
+	first := latencySample{lat: []float64{1, 2, 3, 4}, from: machineTime{steal: 10, all: 100}, to: machineTime{steal: 11, all: 110}}  // 10 %
+	second := latencySample{lat: []float64{5, 6, 7, 8}, from: machineTime{steal: 50, all: 500}, to: machineTime{steal: 53, all: 540}} // 7.5 %
+	got := latencyOf(100, first, second)
+	if got.Jobs != 8 || got.P50ms != 5 || got.MaxMs != 8 {
+		t.Errorf("jobs %d, p50 %.0f, max %.0f: want 8 jobs, p50 5, max 8", got.Jobs, got.P50ms, got.MaxMs)
+	}
+	if want := 100 * 4.0 / 50; math.Abs(got.StealPct-want) > 1e-9 {
+		t.Errorf("steal over both halves: %.2f %%, want %.2f %% (4 s of 50)", got.StealPct, want)
 	}
 }

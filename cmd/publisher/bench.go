@@ -180,12 +180,12 @@ func printBench(stdio cli.IO, r *bench.Report) {
 	fmt.Fprintf(stdio.Out, "slow tool: %.0f jobs/s of a bound of %.0f (concurrency %d / 50ms): %.0f%%\n\n",
 		r.Slow.JobsPerS, r.SlowBound, r.Concurrency, 100*r.Slow.JobsPerS/r.SlowBound)
 	w = cli.NewTable(stdio.Out)
-	fmt.Fprintf(w, "latency\trate\tp50 ms\tp90 ms\tp99 ms\tmax ms\n")
+	fmt.Fprintf(w, "latency\trate\tp50 ms\tp90 ms\tp99 ms\tmax ms\tsteal %%\n")
 	for _, row := range []struct {
 		name string
 		l    bench.Latency
 	}{{"naive", r.NaiveLat}, {"toolq", r.ToolqLat}, {"naive", r.NaiveLat100}, {"toolq", r.ToolqLat100}} {
-		fmt.Fprintf(w, "%s\t%d/s\t%.2f\t%.2f\t%.2f\t%.2f\n", row.name, row.l.Rate, row.l.P50ms, row.l.P90ms, row.l.P99ms, row.l.MaxMs)
+		fmt.Fprintf(w, "%s\t%d/s\t%.2f\t%.2f\t%.2f\t%.2f\t%.1f\n", row.name, row.l.Rate, row.l.P50ms, row.l.P90ms, row.l.P99ms, row.l.MaxMs, row.l.StealPct)
 	}
 	w.Flush()
 	if len(r.ToolqLat.Ledger)+len(r.ToolqLat100.Ledger) > 0 {

@@ -115,6 +115,11 @@ func TestBenchMeasuresWhatItSays(t *testing.T) {
 	}
 	// Each build's latency run at a rate, made in two halves, counts every
 	// job of both: as many jobs as the naive dispatcher's one run.
+	for name, l := range map[string]bench.Latency{"naive": r.NaiveLat, "toolq": r.ToolqLat, "toolq at 100/s": r.ToolqLat100, "compared": r.Compare.Lat} {
+		if l.StealPct < 0 || l.StealPct >= 100 {
+			t.Errorf("%s latency run: steal %.1f %%", name, l.StealPct)
+		}
+	}
 	if c := r.Compare; c != nil && (c.Lat.Jobs != 100 || r.ToolqLat.Jobs != 100 || r.NaiveLat.Jobs != 100 || c.Lat100.Jobs != 50 || r.ToolqLat100.Jobs != 50) {
 		t.Errorf("latency jobs: naive %d, consumer %d and %d, compared %d and %d; want 100 at 200/s, 50 at 100/s",
 			r.NaiveLat.Jobs, r.ToolqLat.Jobs, r.ToolqLat100.Jobs, c.Lat.Jobs, c.Lat100.Jobs)
