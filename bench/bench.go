@@ -443,7 +443,7 @@ func (b *bench) measure(ctx context.Context, scenarios []scenario) error {
 			cpu1 := sampleCPU(b.cfg.NATSPID, b.pgPID)
 			per := func(d float64) float64 { return d / float64(n) * 1000 }
 			m := sample{perS: float64(counted) / elapsed.Seconds(), driver: per(cpu1.driver - cpu0.driver), nats: per(cpu1.nats - cpu0.nats),
-				postgres: per(cpu1.postgres - cpu0.postgres), machine: per(cpu1.machine - cpu0.machine), steal: stealPct(cpu0.machineTime, cpu1.machineTime),
+				postgres: per(cpu1.postgres - cpu0.postgres), machine: per(cpu1.machine - cpu0.machine), steal: cpu1.machineTime.since(cpu0.machineTime).stealPct(),
 				commits: float64(b.commits(ctx)-commits0) / float64(n), flushes: float64(b.walFlushes(ctx)-flushes0) / float64(n),
 				payments: len(b.sandbox.Payments()) - payments0, peak: b.childPeak,
 				allocs: perJob(b.childMallocs, b.childJobs), allocBytes: perJob(b.childAllocBytes, b.childJobs)}
@@ -1017,7 +1017,8 @@ func (b *bench) publishPaced(ctx context.Context, r *running, tool string, rate,
 // latencyOf is the figures of one latency run, made of runs (one, or a
 // comparison's two halves; at least one job in all): the percentiles of
 // all their jobs, their ledger statements counted as one run's, and the
-// share of their time the hypervisor took.
+// share of their time the hypervisor took (of the runs whose machine time
+// was read before and after: 0 when none was).
 func latencyOf(rate int, runs ...latencySample) Latency {
 	var lat []float64
 	var ledgers [][]StatementTime
@@ -1027,13 +1028,14 @@ func latencyOf(rate int, runs ...latencySample) Latency {
 		if r.ledger != nil {
 			ledgers = append(ledgers, r.ledger)
 		}
-		spent.steal += r.to.steal - r.from.steal
-		spent.all += r.to.all - r.from.all
+		t := r.to.since(r.from)
+		spent.steal += t.steal
+		spent.all += t.all
 	}
 	slices.Sort(lat)
 	pct := func(p float64) float64 { return lat[min(int(p*float64(len(lat))), len(lat)-1)] }
 	return Latency{Rate: rate, Jobs: len(lat), P50ms: pct(0.50), P90ms: pct(0.90), P99ms: pct(0.99), MaxMs: lat[len(lat)-1],
-		Ledger: mergeStatements(ledgers), StealPct: stealPct(machineTime{}, spent)}
+		Ledger: mergeStatements(ledgers), StealPct: spent.stealPct()}
 }
 
 // mergeStatements counts the statements of several runs as one run's.

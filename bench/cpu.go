@@ -158,13 +158,23 @@ func parseMachineTime(line string) machineTime {
 // 0 where there is no /proc.
 func machineCPUSeconds() float64 { return readMachineTime().machine }
 
-// stealPct is the share of the machine's time between two samples that
-// the hypervisor took (0 where it is not known).
-func stealPct(from, to machineTime) float64 {
-	if to.all <= from.all {
+// since is the machine's time from an earlier reading to t: zero when
+// either was not read (readMachineTime's zero), never the time since the
+// machine booted.
+func (t machineTime) since(from machineTime) machineTime {
+	if from.all <= 0 || t.all <= from.all {
+		return machineTime{}
+	}
+	return machineTime{machine: t.machine - from.machine, steal: t.steal - from.steal, all: t.all - from.all}
+}
+
+// stealPct is the share of the time t that the hypervisor took (0 for no
+// time).
+func (t machineTime) stealPct() float64 {
+	if t.all <= 0 {
 		return 0
 	}
-	return 100 * (to.steal - from.steal) / (to.all - from.all)
+	return 100 * t.steal / t.all
 }
 
 func cpuSeconds() float64 {

@@ -28,11 +28,14 @@ func TestStealIsTheHypervisorsShareOfTheMachinesTime(t *testing.T) {
 	}
 	from := parseMachineTime("cpu 100 0 50 800 10 5 5 30 0 0")
 	to := parseMachineTime("cpu 150 0 70 900 10 5 5 60 0 0") // 2 s of time, 0.3 s of it stolen
-	if got := stealPct(from, to); math.Abs(got-15) > 1e-9 {
+	if got := to.since(from).stealPct(); math.Abs(got-15) > 1e-9 {
 		t.Errorf("steal between the readings: %.2f %%, want 15 %%", got)
 	}
-	if got := stealPct(to, to); got != 0 {
+	if got := to.since(to).stealPct(); got != 0 {
 		t.Errorf("steal of no time: %.2f %%, want 0", got)
+	}
+	if got := to.since(machineTime{}).stealPct(); got != 0 {
+		t.Errorf("steal since a reading that failed: %.2f %%, want 0 (not the share since the machine booted)", got)
 	}
 }
 

@@ -141,6 +141,7 @@ func TestALatencyRunWaitsForTheMachineToSettleAfterItsWarmUp(t *testing.T) {
 // their time the hypervisor took over both (not the mean of the halves'
 // shares: a longer half weighs more), the gap between them left out.
 func TestALatencyRunInHalvesIsOneRun(t *testing.T) {
+	t.Parallel()
 	first := latencySample{lat: []float64{1, 2, 3, 4}, from: machineTime{steal: 10, all: 100}, to: machineTime{steal: 11, all: 110}}  // 10 %
 	second := latencySample{lat: []float64{5, 6, 7, 8}, from: machineTime{steal: 50, all: 500}, to: machineTime{steal: 53, all: 540}} // 7.5 %
 	got := latencyOf(100, first, second)
@@ -149,5 +150,46 @@ func TestALatencyRunInHalvesIsOneRun(t *testing.T) {
 	}
 	if want := 100 * 4.0 / 50; math.Abs(got.StealPct-want) > 1e-9 {
 		t.Errorf("steal over both halves: %.2f %%, want %.2f %% (4 s of 50)", got.StealPct, want)
+	}
+}
+
+// TestALatencyRunsStealCountsOnlyTheRunsItRead: a run whose machine time
+// was not read at one end (readMachineTime's zero) adds no steal of its
+// own: not the machine's since it booted, and not a negative time that
+// hides the other half's; with no /proc at all the steal is 0, not NaN.
+func TestALatencyRunsStealCountsOnlyTheRunsItRead(t *testing.T) {
+	t.Parallel()
+	read := latencySample{lat: []float64{1}, from: machineTime{steal: 10, all: 100}, to: machineTime{steal: 11, all: 110}} // 10 %
+	for _, tc := range []struct {
+		name string
+		runs []latencySample
+		want float64
+	}{
+		{"no first reading", []latencySample{{lat: []float64{1}, to: machineTime{steal: 5000, all: 100000}}}, 0},
+		{"a half with no last reading", []latencySample{read, {lat: []float64{2}, from: machineTime{steal: 50, all: 500}}}, 10},
+		{"a half with no first reading", []latencySample{read, {lat: []float64{2}, to: machineTime{steal: 5000, all: 100000}}}, 10},
+		{"no /proc", []latencySample{{lat: []float64{1}}, {lat: []float64{2}}}, 0},
+	} {
+		if got := latencyOf(100, tc.runs...).StealPct; math.IsNaN(got) || math.Abs(got-tc.want) > 1e-9 {
+			t.Errorf("%s: steal %v %%, want %v %%", tc.name, got, tc.want)
+		}
+	}
+}
+
+// TestALatencyRunsStealWindowIsItsCountedJobs: the machine's time a
+// latency run reads its steal over begins after its warm-up and ends with
+// its counted jobs: some of it, and far less than the warm-up's second.
+func TestALatencyRunsStealWindowIsItsCountedJobs(t *testing.T) {
+	b := latencySetup(t, Config{WarmUp: time.Second, Settle: -1, Concurrency: 4})
+	before := readMachineTime()
+	if before.all == 0 {
+		t.Fatal("no /proc/stat on this machine")
+	}
+	got, err := b.latencyRun(context.Background(), 100, &build{pay: "pay"}, nil, 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if warm, window := got.from.all-before.all, got.to.all-got.from.all; window <= 0 || window > warm/4 {
+		t.Errorf("the steal window spans %.2f s of the machine's time, the warm-up before it %.2f s: want some, and far less than the warm-up's (5 jobs at 100/s against 1 s)", window, warm)
 	}
 }

@@ -181,10 +181,19 @@ func printBench(stdio cli.IO, r *bench.Report) {
 		r.Slow.JobsPerS, r.SlowBound, r.Concurrency, 100*r.Slow.JobsPerS/r.SlowBound)
 	w = cli.NewTable(stdio.Out)
 	fmt.Fprintf(w, "latency\trate\tp50 ms\tp90 ms\tp99 ms\tmax ms\tsteal %%\n")
-	for _, row := range []struct {
+	type latencyRow struct {
 		name string
 		l    bench.Latency
-	}{{"naive", r.NaiveLat}, {"toolq", r.ToolqLat}, {"naive", r.NaiveLat100}, {"toolq", r.ToolqLat100}} {
+	}
+	rows := []latencyRow{{"naive", r.NaiveLat}, {"toolq", r.ToolqLat}}
+	if c := r.Compare; c != nil {
+		rows = append(rows, latencyRow{"compared", c.Lat})
+	}
+	rows = append(rows, latencyRow{"naive", r.NaiveLat100}, latencyRow{"toolq", r.ToolqLat100})
+	if c := r.Compare; c != nil {
+		rows = append(rows, latencyRow{"compared", c.Lat100})
+	}
+	for _, row := range rows {
 		fmt.Fprintf(w, "%s\t%d/s\t%.2f\t%.2f\t%.2f\t%.2f\t%.1f\n", row.name, row.l.Rate, row.l.P50ms, row.l.P90ms, row.l.P99ms, row.l.MaxMs, row.l.StealPct)
 	}
 	w.Flush()

@@ -113,13 +113,14 @@ func TestBenchMeasuresWhatItSays(t *testing.T) {
 		c.Lat.P99ms <= 0 || c.Lat100.P99ms <= 0 || c.Lat.Rate != 200 {
 		t.Errorf("comparison: %+v", r.Compare)
 	}
-	// Each build's latency run at a rate, made in two halves, counts every
-	// job of both: as many jobs as the naive dispatcher's one run.
-	for name, l := range map[string]bench.Latency{"naive": r.NaiveLat, "toolq": r.ToolqLat, "toolq at 100/s": r.ToolqLat100, "compared": r.Compare.Lat} {
+	for name, l := range map[string]bench.Latency{"naive": r.NaiveLat, "toolq": r.ToolqLat, "compared": r.Compare.Lat,
+		"naive at 100/s": r.NaiveLat100, "toolq at 100/s": r.ToolqLat100, "compared at 100/s": r.Compare.Lat100} {
 		if l.StealPct < 0 || l.StealPct >= 100 {
 			t.Errorf("%s latency run: steal %.1f %%", name, l.StealPct)
 		}
 	}
+	// Each build's latency run at a rate, made in two halves, counts every
+	// job of both: as many jobs as the naive dispatcher's one run.
 	if c := r.Compare; c != nil && (c.Lat.Jobs != 100 || r.ToolqLat.Jobs != 100 || r.NaiveLat.Jobs != 100 || c.Lat100.Jobs != 50 || r.ToolqLat100.Jobs != 50) {
 		t.Errorf("latency jobs: naive %d, consumer %d and %d, compared %d and %d; want 100 at 200/s, 50 at 100/s",
 			r.NaiveLat.Jobs, r.ToolqLat.Jobs, r.ToolqLat100.Jobs, c.Lat.Jobs, c.Lat100.Jobs)
@@ -187,6 +188,22 @@ func TestBenchMeasuresWhatItSays(t *testing.T) {
 				names = append(names, e.Name())
 			}
 			t.Errorf("--profile: %s: %v (the directory holds %v)", name, err, names)
+		}
+	}
+}
+
+// TestTheLatencyTableShowsTheComparedBuild: in a comparison the latency
+// table has the compared build's runs too, their steal with them (the
+// comparison's table has only their p99s).
+func TestTheLatencyTableShowsTheComparedBuild(t *testing.T) {
+	t.Parallel()
+	var out strings.Builder
+	printBench(cli.IO{Out: &out}, &bench.Report{SlowBound: 1,
+		NaiveLat: bench.Latency{Rate: 200}, ToolqLat: bench.Latency{Rate: 200}, NaiveLat100: bench.Latency{Rate: 100}, ToolqLat100: bench.Latency{Rate: 100},
+		Compare: &bench.Comparison{Lat: bench.Latency{Rate: 200, P99ms: 7, StealPct: 42.4}, Lat100: bench.Latency{Rate: 100, P99ms: 1, StealPct: 43.4}}})
+	for _, want := range []string{`(?m)^compared\s+200/s\s+0\.00\s+0\.00\s+7\.00\s+0\.00\s+42\.4$`, `(?m)^compared\s+100/s\s+0\.00\s+0\.00\s+1\.00\s+0\.00\s+43\.4$`} {
+		if !regexp.MustCompile(want).MatchString(out.String()) {
+			t.Errorf("no row %s in:\n%s", want, out.String())
 		}
 	}
 }
