@@ -492,8 +492,18 @@ func TestMCPIdempotencyKeyHeaderIsSentOnToolsCallOnly(t *testing.T) {
 		}
 	}))
 	tool := mcpTool(t, tools.KeyedWrite, tools.MCP{URL: url, Tool: "slow"}, 100*time.Millisecond)
+	timedOut := 0
 	for i := range 150 {
-		if _, outcome, te := callKeyed(t, tool, "key_"+strconv.Itoa(i), `{}`); outcome != tools.Ambiguous {
+		_, outcome, te := callKeyed(t, tool, "key_"+strconv.Itoa(i), `{}`)
+		switch {
+		case outcome == tools.Ambiguous:
+			timedOut++
+		case outcome == tools.NotSent && te != nil && te.Code == "mcp_connect":
+			// On a loaded machine a new session may not open within the
+			// call's 100ms: that call was never sent, and its timeout sends
+			// no notification.
+			continue
+		default:
 			t.Fatalf("%v %+v, want the timeout's ambiguous", outcome, te)
 		}
 		time.Sleep(30 * time.Millisecond)
@@ -508,6 +518,9 @@ func TestMCPIdempotencyKeyHeaderIsSentOnToolsCallOnly(t *testing.T) {
 	defer mu.Unlock()
 	if len(leaked) > 0 {
 		t.Fatalf("requests other than tools/call carried the call's key: %v", leaked)
+	}
+	if timedOut == 0 {
+		t.Fatal("no call timed out after it was sent: nothing was tested")
 	}
 }
 
