@@ -7,7 +7,6 @@ import (
 	"math"
 	"net"
 	"net/http"
-	"os/exec"
 	"slices"
 	"testing"
 	"time"
@@ -119,11 +118,7 @@ func TestALatencyRunCountsNoneOfItsWarmUp(t *testing.T) {
 // kept busy by another process, the counted jobs of a latency run start
 // only after its warm-up and its whole Settle.
 func TestALatencyRunWaitsForTheMachineToSettleAfterItsWarmUp(t *testing.T) {
-	burner := exec.Command("sh", "-c", "while :; do :; done") // another process keeping one core busy
-	if err := burner.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { burner.Process.Kill(); burner.Wait() })
+	keepACoreBusy(t)
 	b := latencySetup(t, Config{WarmUp: 100 * time.Millisecond, Settle: time.Second, Concurrency: 4})
 	began := time.Now()
 	got, err := b.latencyRun(context.Background(), 100, &build{pay: "pay"}, nil, 5)

@@ -34,6 +34,17 @@ func measureSetup(t *testing.T, cfg Config) *bench {
 	return &bench{cfg: cfg, pg: pg, sandbox: sb}
 }
 
+// keepACoreBusy runs another process keeping one core busy until the
+// test ends: the machine never goes idle.
+func keepACoreBusy(t *testing.T) {
+	t.Helper()
+	burner := exec.Command("sh", "-c", "while :; do :; done")
+	if err := burner.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { burner.Process.Kill(); burner.Wait() })
+}
+
 // TestEachRunIsDividedByTheNaiveRunJustBeforeIt: with --compare, every
 // rep, each fresh and duplicate run of either build is made right after a
 // naive run and divided by it, as the report says ("× naive: of each run's
@@ -108,11 +119,7 @@ func TestEachRunIsDividedByTheNaiveRunJustBeforeIt(t *testing.T) {
 // idle: a run that waited its whole Settle on a busy machine reports the
 // same machine CPU as one that did not wait.
 func TestTheSettleWaitIsNotChargedToTheRun(t *testing.T) {
-	burner := exec.Command("sh", "-c", "while :; do :; done") // another process keeping one core busy
-	if err := burner.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { burner.Process.Kill(); burner.Wait() })
+	keepACoreBusy(t)
 	machine := func(settle time.Duration) (float64, time.Duration) {
 		b := measureSetup(t, Config{Jobs: 1000, Reps: 1, Concurrency: 8, Settle: settle})
 		var r Throughput
