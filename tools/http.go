@@ -212,18 +212,51 @@ func (c closeIdle) CloseIdleConnections() { c.inner.CloseIdleConnections() }
 // them above the round tripper, from the request Execute built. Reads lose
 // the transport's own retry too; they come back as NotSent or Ambiguous and
 // are retried as any read is.
+//
+// It also hands the transport a body of known length up to maxInMemoryBody
+// (every call's args) as bytes in memory. net/http writes the headers of a
+// request whose body it does not know to be in memory on their own, before
+// the body (otelhttp's wrapper of the body is such a body): two writes, two
+// packets, and a downstream woken twice, on every call.
 type noReplay struct{ next http.RoundTripper }
 
+// maxInMemoryBody is the largest request body noReplay reads into memory.
+const maxInMemoryBody = 1 << 20
+
 func (n noReplay) RoundTrip(req *http.Request) (*http.Response, error) {
-	if req.GetBody == nil && req.Body != nil && req.Body != http.NoBody {
+	inMemory := req.Body != nil && req.Body != http.NoBody && 0 < req.ContentLength && req.ContentLength <= maxInMemoryBody
+	if req.GetBody == nil && req.Body != nil && req.Body != http.NoBody && !inMemory {
 		return n.next.RoundTrip(req) // a body that cannot be rewound already
 	}
 	r := *req // a RoundTripper must not modify the request it is given
 	r.GetBody = nil
-	if r.Body == nil || r.Body == http.NoBody {
+	switch {
+	case r.Body == nil || r.Body == http.NoBody:
 		r.Body, r.ContentLength = emptyBody{}, 0
+	case inMemory:
+		body, err := readBody(r.Body, r.ContentLength)
+		if err != nil {
+			return nil, err // nothing was sent
+		}
+		// No GetBody: bytes the transport cannot rewind by itself.
+		r.Body = io.NopCloser(bytes.NewReader(body))
 	}
 	return n.next.RoundTrip(&r)
+}
+
+// readBody reads and closes a request body of length n, as net/http would
+// send it: a body shorter or longer than its ContentLength is an error.
+func readBody(rc io.ReadCloser, n int64) ([]byte, error) {
+	defer rc.Close()
+	body := make([]byte, n)
+	if got, err := io.ReadFull(rc, body); err != nil {
+		return nil, fmt.Errorf("http: ContentLength=%d with Body length %d: %w", n, got, err)
+	}
+	var extra [1]byte
+	if got, _ := io.ReadFull(rc, extra[:]); got > 0 {
+		return nil, fmt.Errorf("http: ContentLength=%d with a longer Body", n)
+	}
+	return body, nil
 }
 
 // CloseIdleConnections closes the transport's idle connections, for
@@ -351,7 +384,7 @@ func (h *HTTP) execute(ctx context.Context, req Request) (json.RawMessage, error
 			target += "?" + q
 		}
 	} else {
-		body = strings.NewReader(string(args))
+		body = bytes.NewReader(args)
 	}
 	// What reaches the transport: the call (for its span), and whether the
 	// request may have gone out (for an error's outcome).

@@ -21,6 +21,8 @@ import (
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
@@ -765,5 +767,112 @@ func TestTheKeyGoesWhereAndAsTheAPIWantsIt(t *testing.T) {
 		if _, err := tools.Parse([]byte("tools:\n  - name: t\n    class: keyed_write\n    schema: {type: object}\n    http: "+spec+"\n"), "reg.yaml", tools.Config{}); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s: %v, want %q", spec, err, want)
 		}
+	}
+}
+
+// writeCounter is a connection that counts its writes.
+type writeCounter struct {
+	net.Conn
+	writes *atomic.Int32
+}
+
+func (c writeCounter) Write(p []byte) (int, error) {
+	c.writes.Add(1)
+	return c.Conn.Write(p)
+}
+
+// TestACallGoesOutInOneWrite: a call's headers and body reach the
+// downstream in one write, not the headers first and the body after (two
+// packets, and a downstream woken twice, on every call), and the body
+// arrives whole. (A request larger than the transport's write buffer, 4
+// KiB by default, takes more writes whatever its body.)
+func TestACallGoesOutInOneWrite(t *testing.T) {
+	t.Parallel()
+	var got atomic.Value
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		got.Store(string(b))
+		fmt.Fprint(w, `{"ok":true}`)
+	}))
+	defer srv.Close()
+	var writes atomic.Int32
+	transport := &http.Transport{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return writeCounter{Conn: c, writes: &writes}, nil
+	}}
+	defer transport.CloseIdleConnections()
+	exec, err := tools.HTTPExecutor(tools.HTTP{Method: "POST", URL: srv.URL + "/v1/pay", Client: &http.Client{Transport: transport}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, args := range []string{`{}`, `{"invoice_id":"inv_1","amount_cents":500,"note":"` + strings.Repeat("é", 1000) + `"}`} {
+		before := writes.Load()
+		if _, err := exec.Execute(context.Background(), tools.Request{Tool: "t", Key: fmt.Sprintf("k%d", i), Args: json.RawMessage(args)}); err != nil {
+			t.Fatal(err)
+		}
+		if n := writes.Load() - before; n != 1 {
+			t.Errorf("call %d (%d bytes of args) went out in %d writes, want 1", i, len(args), n)
+		}
+		if s, _ := got.Load().(string); s != args {
+			t.Errorf("call %d: the downstream got %q, want %q", i, s, args)
+		}
+	}
+}
+
+// TestEveryHTTPCallIsMeasured: each call is recorded in
+// http.client.request.duration, and its body's size in
+// http.client.request.body.size, through the global meter provider.
+// Not parallel: it sets the global meter provider.
+func TestEveryHTTPCallIsMeasured(t *testing.T) {
+	reader := sdkmetric.NewManualReader()
+	prev := otel.GetMeterProvider()
+	otel.SetMeterProvider(sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)))
+	defer otel.SetMeterProvider(prev)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		fmt.Fprint(w, `{"ok":true}`)
+	}))
+	defer srv.Close()
+	exec, err := tools.HTTPExecutor(tools.HTTP{Method: "POST", URL: srv.URL + "/v1/pay"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := []string{`{"a":1}`, `{"b":"` + strings.Repeat("x", 5000) + `"}`, `{}`}
+	var size int64
+	for i, a := range args {
+		size += int64(len(a))
+		if _, err := exec.Execute(context.Background(), tools.Request{Tool: "t", Key: fmt.Sprintf("k%d", i), Args: json.RawMessage(a)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(context.Background(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	counts, sums := map[string]uint64{}, map[string]float64{}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			switch d := m.Data.(type) {
+			case metricdata.Histogram[float64]:
+				for _, p := range d.DataPoints {
+					counts[m.Name] += p.Count
+					sums[m.Name] += p.Sum
+				}
+			case metricdata.Histogram[int64]:
+				for _, p := range d.DataPoints {
+					counts[m.Name] += p.Count
+					sums[m.Name] += float64(p.Sum)
+				}
+			}
+		}
+	}
+	if n := counts["http.client.request.duration"]; n != uint64(len(args)) {
+		t.Errorf("http.client.request.duration has %d calls, want %d (all: %v)", n, len(args), counts)
+	}
+	if n, sum := counts["http.client.request.body.size"], sums["http.client.request.body.size"]; n != uint64(len(args)) || sum != float64(size) {
+		t.Errorf("http.client.request.body.size has %d calls summing %v bytes, want %d summing %d", n, sum, len(args), size)
 	}
 }
