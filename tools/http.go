@@ -214,7 +214,7 @@ func (c closeIdle) CloseIdleConnections() { c.inner.CloseIdleConnections() }
 // are retried as any read is.
 //
 // It also hands the transport a body of known length up to maxInMemoryBody
-// (every call's args) as bytes in memory. net/http writes the headers of a
+// (a call's args up to that size) as bytes in memory. net/http writes the headers of a
 // request whose body it does not know to be in memory on their own, before
 // the body (otelhttp's wrapper of the body is such a body): two writes, two
 // packets, and a downstream woken twice, on every call.
@@ -384,6 +384,12 @@ func (h *HTTP) execute(ctx context.Context, req Request) (json.RawMessage, error
 			target += "?" + q
 		}
 	} else {
+		if len(args) > maxInMemoryBody {
+			// noReplay hands the transport a copy of a body up to that size
+			// only; a larger one the transport may still read after Execute
+			// returned (an early answer, a timeout), so it reads its own.
+			args = bytes.Clone(args)
+		}
 		body = bytes.NewReader(args)
 	}
 	// What reaches the transport: the call (for its span), and whether the

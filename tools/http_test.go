@@ -825,7 +825,9 @@ func TestACallGoesOutInOneWrite(t *testing.T) {
 // TestEveryHTTPCallIsMeasured: each call is recorded in
 // http.client.request.duration, and its body's size in
 // http.client.request.body.size, through the global meter provider.
-// Not parallel: it sets the global meter provider.
+// Not parallel: it sets the global meter provider. (OpenTelemetry's
+// default global provider forwards, once one is set, to the first one set:
+// HTTP executors made after this test record into its reader.)
 func TestEveryHTTPCallIsMeasured(t *testing.T) {
 	reader := sdkmetric.NewManualReader()
 	prev := otel.GetMeterProvider()
