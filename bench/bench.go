@@ -7,6 +7,7 @@
 package bench
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
@@ -17,8 +18,10 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"runtime/pprof"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -76,9 +79,10 @@ type Config struct {
 	CompareBin string
 	NATSPID    int // the nats-server's process, for its CPU figure (0: unknown)
 	// ProfileDir, when set, gets a CPU profile of every consumer process
-	// (SCENARIO-REP[-N].prof), its allocations since its start
-	// (SCENARIO-REP[-N].allocs) and an execution trace of the latency runs'
-	// (latency-RATE[-compared].trace).
+	// (SCENARIO-REP[-N].prof) and its allocations since its start
+	// (SCENARIO-REP[-N].allocs); of a latency run's, a CPU profile, an
+	// execution trace and the allocations of its counted jobs' window
+	// (latency-RATE[-compared][-2].prof, .trace, .allocs).
 	ProfileDir string
 	Logger     *slog.Logger // progress lines (nil: none)
 }
@@ -611,6 +615,10 @@ func (b *bench) publishAll(ctx context.Context, batch []*jobs.Job) error {
 type running struct {
 	ready  time.Time       // when it took jobs
 	exited <-chan struct{} // closed if it stops on its own
+	// debug is the address of each of its consumer processes' Go
+	// profiles (--debug-pprof on their --health-addr; none in this
+	// process or for the naive dispatcher).
+	debug []string
 	// stop stops it and returns its processes' CPU seconds and largest
 	// peak RSS (zeros in this process).
 	stop func() (cpu, peakMiB float64, err error)
@@ -719,9 +727,13 @@ func (b *bench) toolqStarter(of build, tool string, n int, tp trace.TracerProvid
 		name := b.profileName
 		allocs := b.countAllocs(ctx, procs, of.bin)
 		ready := time.Now()
-		return &running{ready: ready, exited: exited(procs), stop: func() (float64, float64, error) {
+		var debug []string
+		for _, p := range procs {
+			debug = append(debug, p.health)
+		}
+		return &running{ready: ready, exited: exited(procs), debug: debug, stop: func() (float64, float64, error) {
 			allocs()
-			if b.cfg.ProfileDir != "" {
+			if b.cfg.ProfileDir != "" && !isLatencyRun(name) { // a latency run's are of its counted jobs (captureCounted)
 				b.saveAllocs(ctx, procs, name)
 			}
 			return stopProcs(procs)
@@ -965,15 +977,78 @@ func (b *bench) latencyRun(ctx context.Context, rate int, of *build, tp trace.Tr
 	}
 	b.settle(ctx)
 	timed := b.resetStatements(ctx)
+	captured := b.captureCounted(ctx, r, countedWindow(n, rate))
 	got := latencySample{from: readMachineTime()}
 	if got.lat, got.sent, err = b.publishPaced(ctx, r, tool, rate, n); err != nil {
 		return latencySample{}, err
 	}
 	got.to = readMachineTime()
+	captured()
 	if timed && of != nil {
 		got.ledger = b.statements(ctx)
 	}
 	return got, nil
+}
+
+// countedWindow is how long the profiles of a latency run's counted jobs
+// last: the n jobs' publishing at rate, and a second for their answers, in
+// whole seconds (Go's CPU and delta profiles take no fraction).
+func countedWindow(n, rate int) time.Duration {
+	return time.Duration((n+rate-1)/rate+1) * time.Second
+}
+
+// isLatencyRun reports whether the profile files' name is a latency run's.
+func isLatencyRun(profileName string) bool { return strings.HasPrefix(profileName, "latency-") }
+
+// captureCounted, with ProfileDir, has r's consumer processes profile the
+// window that begins now, for the counted jobs of a latency run: their CPU
+// (.prof), their execution trace (.trace) and what they allocated (.allocs,
+// a delta), each from its --debug-pprof. The returned function waits for
+// the files. Without ProfileDir, or with no process of its own, it does
+// nothing.
+func (b *bench) captureCounted(ctx context.Context, r *running, window time.Duration) func() {
+	if b.cfg.ProfileDir == "" || len(r.debug) == 0 {
+		return func() {}
+	}
+	client := http.Client{Timeout: window + 30*time.Second}
+	seconds := strconv.Itoa(int(window / time.Second))
+	var wg sync.WaitGroup
+	for i, addr := range r.debug {
+		file := filepath.Join(b.cfg.ProfileDir, b.profileName)
+		if len(r.debug) > 1 {
+			file += fmt.Sprintf("-%d", i+1)
+		}
+		for path, ext := range map[string]string{"profile": ".prof", "trace": ".trace", "allocs": ".allocs"} {
+			wg.Go(func() {
+				url := "http://" + addr + "/debug/pprof/" + path + "?seconds=" + seconds
+				if err := fetchTo(ctx, &client, url, file+ext); err != nil {
+					b.cfg.Logger.Warn("bench: profile of a latency run's counted jobs", "file", file+ext, "error", err)
+				}
+			})
+		}
+	}
+	return wg.Wait
+}
+
+// fetchTo writes what GET url answers into file.
+func fetchTo(ctx context.Context, client *http.Client, url, file string) error {
+	req, err := http.NewRequestWithContext(ctx, "GET", url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err == nil && resp.StatusCode != http.StatusOK {
+		err = fmt.Errorf("%s: %s: %s", url, resp.Status, bytes.TrimSpace(body))
+	}
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(file, body, 0o644)
 }
 
 // publishPaced publishes n fresh jobs for tool at rate to r, and returns each

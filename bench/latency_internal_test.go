@@ -2,12 +2,18 @@ package bench
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"maps"
 	"math"
 	"net"
 	"net/http"
+	"net/http/httptest"
+	"os"
+	"path"
+	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -186,5 +192,60 @@ func TestALatencyRunsStealWindowIsItsCountedJobs(t *testing.T) {
 	}
 	if warm, window := got.from.all-before.all, got.to.all-got.from.all; window <= 0 || window > warm/4 {
 		t.Errorf("the steal window spans %.2f s of the machine's time, the warm-up before it %.2f s: want some, and far less than the warm-up's (5 jobs at 100/s against 1 s)", window, warm)
+	}
+}
+
+// TestALatencyRunsProfilesAreOfItsCountedJobs: with ProfileDir, a latency
+// run asks its consumer process, when its counted jobs begin, for a CPU
+// profile, an execution trace and a delta of its allocations over the
+// window of those jobs (their publishing at the rate and a second, in
+// whole seconds), and writes each to the run's files; the process is not
+// asked to profile its life (no --debug-cpuprofile or --debug-trace),
+// which would hold its start, its warm-up and its settle.
+func TestALatencyRunsProfilesAreOfItsCountedJobs(t *testing.T) {
+	t.Parallel()
+	type ask struct {
+		path, seconds string
+		at            time.Time
+	}
+	asked := make(chan ask, 10)
+	debug := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		asked <- ask{r.URL.Path, r.URL.Query().Get("seconds"), time.Now()}
+		fmt.Fprint(w, "the "+path.Base(r.URL.Path))
+	}))
+	defer debug.Close()
+	dir := t.TempDir()
+	b := &bench{cfg: Config{ProfileDir: dir, Logger: slog.New(slog.DiscardHandler)}, profileName: "latency-300"}
+	window := countedWindow(450, 300) // 1.5 s of publishing
+	if window != 3*time.Second {
+		t.Fatalf("the window of 450 jobs at 300/s: %s, want 3s (1.5 s rounded up, and a second)", window)
+	}
+	start := time.Now()
+	b.captureCounted(context.Background(), &running{debug: []string{strings.TrimPrefix(debug.URL, "http://")}}, window)()
+	close(asked)
+	got := map[string]string{}
+	for a := range asked {
+		got[a.path] = a.seconds
+		if d := a.at.Sub(start); d > time.Second {
+			t.Errorf("%s asked for %s after the counted jobs began", a.path, d)
+		}
+	}
+	want := map[string]string{"/debug/pprof/profile": "3", "/debug/pprof/trace": "3", "/debug/pprof/allocs": "3"}
+	if !maps.Equal(got, want) {
+		t.Errorf("asked for %v, want %v", got, want)
+	}
+	for file, body := range map[string]string{"latency-300.prof": "the profile", "latency-300.trace": "the trace", "latency-300.allocs": "the allocs"} {
+		if data, err := os.ReadFile(filepath.Join(dir, file)); err != nil || string(data) != body {
+			t.Errorf("%s: %q, %v; want %q", file, data, err, body)
+		}
+	}
+	p := &consumerProc{health: "127.0.0.1:1", stderr: &strings.Builder{}}
+	for _, name := range []string{"latency-300", "fresh-1"} {
+		b.profileName = name
+		args := b.consumerArgs(p, "durable", "tool", 0, 1)
+		lifelong := slices.Contains(args, "--debug-cpuprofile") || slices.Contains(args, "--debug-trace")
+		if lifelong == isLatencyRun(name) {
+			t.Errorf("run %s: the process's arguments %v", name, args)
+		}
 	}
 }

@@ -96,20 +96,7 @@ func (b *bench) startProcs(ctx context.Context, bin, durable, tool string, n int
 			return procs, err
 		}
 		p := &consumerProc{health: fmt.Sprintf("127.0.0.1:%d", port), stderr: &strings.Builder{}}
-		p.cmd = exec.CommandContext(ctx, bin, "run", "--nats-url", b.cfg.NATSURL, "--database-url", b.cfg.DatabaseURL,
-			"--tools", b.toolsFile, "--durable", durable, "--filter-subject", jobs.JobSubject(tool),
-			"--workers", strconv.Itoa(4*b.cfg.Concurrency), "--max-ack-pending", strconv.Itoa(4*b.cfg.Concurrency*n),
-			"--health-addr", p.health, "--debug-pprof", "--log-level", "warn")
-		if b.cfg.ProfileDir != "" {
-			name := filepath.Join(b.cfg.ProfileDir, b.profileName)
-			if n > 1 {
-				name += fmt.Sprintf("-%d", i+1)
-			}
-			p.cmd.Args = append(p.cmd.Args, "--debug-cpuprofile", name+".prof")
-			if strings.HasPrefix(b.profileName, "latency-") {
-				p.cmd.Args = append(p.cmd.Args, "--debug-trace", name+".trace")
-			}
-		}
+		p.cmd = exec.CommandContext(ctx, bin, b.consumerArgs(p, durable, tool, i, n)...)
 		if err := p.start(); err != nil {
 			return procs, err
 		}
@@ -121,6 +108,23 @@ func (b *bench) startProcs(ctx context.Context, bin, durable, tool string, n int
 		}
 	}
 	return procs, nil
+}
+
+// consumerArgs is the arguments of the consumer process p, the i-th of n
+// on durable taking tool's jobs.
+func (b *bench) consumerArgs(p *consumerProc, durable, tool string, i, n int) []string {
+	args := []string{"run", "--nats-url", b.cfg.NATSURL, "--database-url", b.cfg.DatabaseURL,
+		"--tools", b.toolsFile, "--durable", durable, "--filter-subject", jobs.JobSubject(tool),
+		"--workers", strconv.Itoa(4 * b.cfg.Concurrency), "--max-ack-pending", strconv.Itoa(4 * b.cfg.Concurrency * n),
+		"--health-addr", p.health, "--debug-pprof", "--log-level", "warn"}
+	if b.cfg.ProfileDir != "" && !isLatencyRun(b.profileName) { // a latency run's are of its counted jobs (captureCounted)
+		name := filepath.Join(b.cfg.ProfileDir, b.profileName)
+		if n > 1 {
+			name += fmt.Sprintf("-%d", i+1)
+		}
+		args = append(args, "--debug-cpuprofile", name+".prof")
+	}
+	return args
 }
 
 // start starts the process and watches for its exit.

@@ -59,7 +59,7 @@ func runBench(ctx context.Context, args []string, stdio cli.IO, getenv func(stri
 	asJSON := fs.Bool("json", false, "print the figures as one JSON object, on the last line")
 	consumer := fs.String("consumer", "", "the consumer binary under test, run as processes (empty: ./consumer beside this binary, if there is one)")
 	fs.StringVar(&cfg.CompareBin, "compare", "", "a second consumer binary: its fresh, duplicate and latency runs are made beside the first's, and the ratios printed")
-	fs.StringVar(&cfg.ProfileDir, "profile", "", "write a CPU profile of every consumer process, and an execution trace of the latency runs', into this directory")
+	fs.StringVar(&cfg.ProfileDir, "profile", "", "write a CPU and allocation profile of every consumer process into this directory (of a latency run's: of its counted jobs, and an execution trace)")
 	fs.BoolVar(&cfg.InProcess, "in-process", false, "run toolq's worker and the naive dispatcher inside this process (with --cpuprofile: a profile of everything)")
 	processes := fs.String("processes", "1,2,4", "consumer process counts of the scaling runs, comma-separated (empty: none)")
 	fs.DurationVar(&cfg.MemoryFor, "memory-for", 0, "also run one consumer process at the fixed rate this long, sampling its RSS (e.g. 10m)")

@@ -179,8 +179,9 @@ func TestBenchMeasuresWhatItSays(t *testing.T) {
 		t.Errorf("no table for people:\n%s", out)
 	}
 	// --profile made its directory, and a CPU profile of each scenario's
-	// consumer and a trace of each latency run are in it.
-	for _, name := range []string{"fresh-1.prof", "duplicate-1.prof", "fresh-1.allocs", "latency-200.trace", "latency-200-2.trace", "latency-200-compared.trace", "latency-200-compared-2.trace"} {
+	// consumer and a profile and trace of each latency run are in it.
+	for _, name := range []string{"fresh-1.prof", "duplicate-1.prof", "fresh-1.allocs", "latency-200.trace", "latency-200-2.trace", "latency-200-compared.trace", "latency-200-compared-2.trace",
+		"latency-200.prof", "latency-200.allocs", "latency-100-compared.prof"} {
 		if fi, err := os.Stat(filepath.Join(dir, "prof", "run", name)); err != nil || fi.Size() == 0 {
 			entries, _ := os.ReadDir(filepath.Join(dir, "prof", "run"))
 			var names []string
