@@ -1003,22 +1003,44 @@ func isLatencyRun(profileName string) bool { return strings.HasPrefix(profileNam
 // captureCounted, with ProfileDir, has r's consumer processes profile the
 // window that begins now, for the counted jobs of a latency run: their CPU
 // (.prof), their execution trace (.trace) and what they allocated (.allocs,
-// a delta), each from its --debug-pprof. The returned function waits for
-// the files. Without ProfileDir, or with no process of its own, it does
-// nothing.
+// a delta), each from its --debug-pprof, each file made anew. A heap
+// profile holds an allocation only once a collection has swept after it,
+// so each process collects its garbage as the window begins and again once
+// the counted jobs are answered (the returned function, called then), so
+// that the delta holds what they allocated, and nothing of the warm-up's.
+// The returned function waits for the files; if the window closes before
+// that second collection can be made, it says so. Without ProfileDir, or
+// with no process of its own, it does nothing.
 func (b *bench) captureCounted(ctx context.Context, r *running, window time.Duration) func() {
 	if b.cfg.ProfileDir == "" || len(r.debug) == 0 {
 		return func() {}
 	}
 	client := http.Client{Timeout: window + 30*time.Second}
+	collect := func() {
+		for _, addr := range r.debug {
+			req, err := http.NewRequestWithContext(ctx, "GET", "http://"+addr+"/debug/pprof/heap?gc=1", nil)
+			if err != nil {
+				continue
+			}
+			if resp, err := client.Do(req); err == nil {
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+		}
+	}
+	collect()
 	seconds := strconv.Itoa(int(window / time.Second))
+	asked := time.Now() // the windows end after asked+window
 	var wg sync.WaitGroup
+	var files []string
 	for i, addr := range r.debug {
 		file := filepath.Join(b.cfg.ProfileDir, b.profileName)
 		if len(r.debug) > 1 {
 			file += fmt.Sprintf("-%d", i+1)
 		}
 		for path, ext := range map[string]string{"profile": ".prof", "trace": ".trace", "allocs": ".allocs"} {
+			os.Remove(file + ext) // not an earlier bench's, if this one's fails
+			files = append(files, file+ext)
 			wg.Go(func() {
 				url := "http://" + addr + "/debug/pprof/" + path + "?seconds=" + seconds
 				if err := fetchTo(ctx, &client, url, file+ext); err != nil {
@@ -1027,8 +1049,21 @@ func (b *bench) captureCounted(ctx context.Context, r *running, window time.Dura
 			})
 		}
 	}
-	return wg.Wait
+	time.Sleep(profileStart) // the processes have begun to profile before the first counted job
+	return func() {
+		if left := time.Until(asked.Add(window)); left < profileStart {
+			b.cfg.Logger.Warn("bench: a latency run's profiles ended before its counted jobs' last result, or just after it: they miss the last jobs, and its allocations those since the last collection",
+				"files", files, "window", window)
+		} else {
+			collect()
+		}
+		wg.Wait()
+	}
 }
+
+// profileStart is how long a process asked for a profile takes, at most,
+// to begin it (a request over loopback), and to collect its garbage.
+const profileStart = 100 * time.Millisecond
 
 // fetchTo writes what GET url answers into file.
 func fetchTo(ctx context.Context, client *http.Client, url, file string) error {
