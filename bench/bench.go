@@ -21,7 +21,6 @@ import (
 	"path/filepath"
 	"runtime/pprof"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -1002,70 +1001,94 @@ func isLatencyRun(profileName string) bool { return strings.HasPrefix(profileNam
 
 // captureCounted, with ProfileDir, has r's consumer processes profile the
 // window that begins now, for the counted jobs of a latency run: their CPU
-// (.prof), their execution trace (.trace) and what they allocated (.allocs,
-// a delta), each from its --debug-pprof, each file made anew. A heap
-// profile holds an allocation only once a collection has swept after it,
-// so each process collects its garbage as the window begins and again once
-// the counted jobs are answered (the returned function, called then), so
-// that the delta holds what they allocated, and nothing of the warm-up's.
-// The returned function waits for the files; if the window closes before
-// that second collection can be made, it says so. Without ProfileDir, or
-// with no process of its own, it does nothing.
+// (.prof) and their execution trace (.trace) over the window, and what they
+// allocated (.allocs, a delta) over the window and a second more, each from
+// its --debug-pprof, each file made anew. A heap profile shows an
+// allocation only after a forced collection (runtime.GC) or the second
+// collection after it, so each process is made to collect its garbage
+// before the window, and again once the counted jobs are answered and the
+// CPU profile and trace are written (the returned function, called then):
+// the delta holds what the counted jobs allocated and nothing of the
+// warm-up's, and neither collection is in the CPU profile or the trace. It
+// also holds the profiler's own allocations (runtime/pprof's). The
+// returned function waits for the files, and says so in a warning if the
+// counted jobs were answered after the CPU profile and trace had ended, or
+// if the second collection came too late for the delta or failed. Without
+// ProfileDir, or with no process of its own, it does nothing.
 func (b *bench) captureCounted(ctx context.Context, r *running, window time.Duration) func() {
 	if b.cfg.ProfileDir == "" || len(r.debug) == 0 {
 		return func() {}
 	}
+	window = window.Truncate(time.Second) // the seconds asked for
 	client := http.Client{Timeout: window + 30*time.Second}
-	collect := func() {
-		for _, addr := range r.debug {
-			req, err := http.NewRequestWithContext(ctx, "GET", "http://"+addr+"/debug/pprof/heap?gc=1", nil)
-			if err != nil {
-				continue
-			}
-			if resp, err := client.Do(req); err == nil {
-				io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
-			}
-		}
+	if err := b.collectGarbage(ctx, &client, r.debug); err != nil {
+		b.cfg.Logger.Warn("bench: a latency run's allocation profile holds allocations from before its counted jobs", "error", err)
 	}
-	collect()
-	seconds := strconv.Itoa(int(window / time.Second))
-	asked := time.Now() // the windows end after asked+window
-	var wg sync.WaitGroup
-	var files []string
+	asked := time.Now() // each window ends after asked and its seconds
+	var profiles, allocs sync.WaitGroup
+	var prof, allocFiles []string
 	for i, addr := range r.debug {
 		file := filepath.Join(b.cfg.ProfileDir, b.profileName)
 		if len(r.debug) > 1 {
 			file += fmt.Sprintf("-%d", i+1)
 		}
-		for path, ext := range map[string]string{"profile": ".prof", "trace": ".trace", "allocs": ".allocs"} {
-			os.Remove(file + ext) // not an earlier bench's, if this one's fails
-			files = append(files, file+ext)
-			wg.Go(func() {
-				url := "http://" + addr + "/debug/pprof/" + path + "?seconds=" + seconds
-				if err := fetchTo(ctx, &client, url, file+ext); err != nil {
-					b.cfg.Logger.Warn("bench: profile of a latency run's counted jobs", "file", file+ext, "error", err)
+		for _, f := range []struct {
+			path, ext string
+			seconds   time.Duration
+			wg        *sync.WaitGroup
+		}{{"profile", ".prof", window, &profiles}, {"trace", ".trace", window, &profiles}, {"allocs", ".allocs", window + time.Second, &allocs}} {
+			os.Remove(file + f.ext) // not an earlier bench's, if this one's fails
+			if f.wg == &allocs {
+				allocFiles = append(allocFiles, file+f.ext)
+			} else {
+				prof = append(prof, file+f.ext)
+			}
+			f.wg.Go(func() {
+				url := fmt.Sprintf("http://%s/debug/pprof/%s?seconds=%d", addr, f.path, int(f.seconds/time.Second))
+				if err := fetchTo(ctx, &client, url, file+f.ext); err != nil {
+					b.cfg.Logger.Warn("bench: profile of a latency run's counted jobs", "file", file+f.ext, "error", err)
 				}
 			})
 		}
 	}
 	time.Sleep(profileStart) // the processes have begun to profile before the first counted job
 	return func() {
-		if left := time.Until(asked.Add(window)); left < profileStart {
-			b.cfg.Logger.Warn("bench: a latency run's profiles ended before its counted jobs' last result, or just after it: they miss the last jobs, and its allocations those since the last collection",
-				"files", files, "window", window)
-		} else {
-			collect()
+		if time.Since(asked) > window {
+			b.cfg.Logger.Warn("bench: a latency run's CPU profile and trace ended before its counted jobs' last answer: they miss the last jobs",
+				"files", prof, "window", window)
 		}
-		wg.Wait()
+		profiles.Wait()
+		err := b.collectGarbage(ctx, &client, r.debug)
+		if err == nil && time.Since(asked) > window+time.Second {
+			err = errors.New("the collection came after the allocation delta's end")
+		}
+		if err != nil {
+			b.cfg.Logger.Warn("bench: a latency run's allocation profile misses its counted jobs' allocations", "files", allocFiles, "error", err)
+		}
+		allocs.Wait()
 	}
 }
 
-// profileStart is how long a process asked for a profile takes, at most,
-// to begin it (a request over loopback), and to collect its garbage.
+// profileStart is how long a process asked for a profile over loopback is
+// given to begin it before the first counted job is sent.
 const profileStart = 100 * time.Millisecond
 
-// fetchTo writes what GET url answers into file.
+// collectGarbage has each of the processes at addrs collect its garbage
+// (--debug-pprof's heap?gc=1, in text: no profile encoded), and returns
+// once all have, with the first error.
+func (b *bench) collectGarbage(ctx context.Context, client *http.Client, addrs []string) error {
+	var wg sync.WaitGroup
+	errs := make([]error, len(addrs))
+	for i, addr := range addrs {
+		wg.Go(func() {
+			errs[i] = fetchTo(ctx, client, "http://"+addr+"/debug/pprof/heap?gc=1&debug=1", "")
+		})
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// fetchTo writes what GET url answers into file (none: "").
 func fetchTo(ctx context.Context, client *http.Client, url, file string) error {
 	req, err := http.NewRequestWithContext(ctx, "GET", url, nil)
 	if err != nil {
@@ -1080,7 +1103,7 @@ func fetchTo(ctx context.Context, client *http.Client, url, file string) error {
 	if err == nil && resp.StatusCode != http.StatusOK {
 		err = fmt.Errorf("%s: %s: %s", url, resp.Status, bytes.TrimSpace(body))
 	}
-	if err != nil {
+	if err != nil || file == "" {
 		return err
 	}
 	return os.WriteFile(file, body, 0o644)

@@ -6,15 +6,45 @@ import (
 	"encoding/binary"
 	"io"
 	"os"
+	"strings"
 	"testing"
 )
 
 // decodedProfile is what the tests read of a profile file (profile.proto,
-// gzipped): each sample type's total, and when it was taken and for how
-// long.
+// gzipped): its samples with their stacks' function names, and when it was
+// taken and for how long.
 type decodedProfile struct {
-	totals                   map[string]int64 // by sample type
+	types                    []string // the sample types, in the order of a sample's values
+	samples                  []decodedSample
 	timeNanos, durationNanos int64
+}
+
+// decodedSample is one sample: its values and the functions of its stack.
+type decodedSample struct {
+	values []int64
+	funcs  []string
+}
+
+// total is the sum of the samples' values of sampleType, of the samples
+// with a function whose name contains within in their stack (any sample
+// for "").
+func (p decodedProfile) total(sampleType, within string) int64 {
+	i := -1
+	for j, t := range p.types {
+		if t == sampleType {
+			i = j
+		}
+	}
+	var sum int64
+	for _, s := range p.samples {
+		if i < 0 || i >= len(s.values) {
+			continue
+		}
+		if within == "" || strings.Contains(strings.Join(s.funcs, "\n"), within) {
+			sum += s.values[i]
+		}
+	}
+	return sum
 }
 
 // readProfile decodes the profile file at path.
@@ -32,37 +62,59 @@ func readProfile(t *testing.T, path string) decodedProfile {
 	if err != nil {
 		t.Fatalf("%s: %v", path, err)
 	}
-	var types [][2]int64 // string indexes: type, unit
-	var samples [][]int64
+	var typeNames []uint64 // string indexes
+	type sample struct{ values, locations []uint64 }
+	var samples []sample
+	locFuncs := map[uint64][]uint64{} // location id: function ids
+	funcNames := map[uint64]uint64{}  // function id: string index
 	var strs []string
-	p := decodedProfile{totals: map[string]int64{}}
+	var p decodedProfile
 	eachField(t, data, func(field int, wire int, v uint64, b []byte) {
 		switch field {
-		case 1: // sample_type
-			var vt [2]int64
-			eachField(t, b, func(f, w int, v uint64, _ []byte) {
-				if f == 1 || f == 2 {
-					vt[f-1] = int64(v)
+		case 1: // sample_type: ValueType{type, unit}
+			eachField(t, b, func(f, _ int, v uint64, _ []byte) {
+				if f == 1 {
+					typeNames = append(typeNames, v)
 				}
 			})
-			types = append(types, vt)
-		case 2: // sample
-			var values []int64
+		case 2: // sample: Sample{location_id, value}
+			var s sample
 			eachField(t, b, func(f, w int, v uint64, packed []byte) {
-				if f != 2 {
-					return
-				}
-				if w == 0 {
-					values = append(values, int64(v))
-					return
-				}
-				for len(packed) > 0 {
-					x, n := binary.Uvarint(packed)
-					values = append(values, int64(x))
-					packed = packed[n:]
+				switch f {
+				case 1:
+					s.locations = varints(w, v, packed, s.locations)
+				case 2:
+					s.values = varints(w, v, packed, s.values)
 				}
 			})
-			samples = append(samples, values)
+			samples = append(samples, s)
+		case 4: // location: Location{id, …, line: Line{function_id}}
+			var id uint64
+			var funcs []uint64
+			eachField(t, b, func(f, _ int, v uint64, line []byte) {
+				switch f {
+				case 1:
+					id = v
+				case 4:
+					eachField(t, line, func(f, _ int, v uint64, _ []byte) {
+						if f == 1 {
+							funcs = append(funcs, v)
+						}
+					})
+				}
+			})
+			locFuncs[id] = funcs
+		case 5: // function: Function{id, name}
+			var id, name uint64
+			eachField(t, b, func(f, _ int, v uint64, _ []byte) {
+				switch f {
+				case 1:
+					id = v
+				case 2:
+					name = v
+				}
+			})
+			funcNames[id] = name
 		case 6: // string_table
 			strs = append(strs, string(b))
 		case 9:
@@ -71,14 +123,38 @@ func readProfile(t *testing.T, path string) decodedProfile {
 			p.durationNanos = int64(v)
 		}
 	})
-	for _, values := range samples {
-		for i, v := range values {
-			if i < len(types) {
-				p.totals[strs[types[i][0]]] += v
+	for _, i := range typeNames {
+		p.types = append(p.types, strs[i])
+	}
+	for _, s := range samples {
+		var d decodedSample
+		for _, v := range s.values {
+			d.values = append(d.values, int64(v))
+		}
+		for _, loc := range s.locations {
+			for _, fn := range locFuncs[loc] {
+				d.funcs = append(d.funcs, strs[funcNames[fn]])
 			}
 		}
+		p.samples = append(p.samples, d)
 	}
 	return p
+}
+
+// varints appends to into a field's varint, or its packed varints.
+func varints(wire int, v uint64, packed []byte, into []uint64) []uint64 {
+	if wire == 0 {
+		return append(into, v)
+	}
+	for len(packed) > 0 {
+		x, n := binary.Uvarint(packed)
+		if n <= 0 {
+			break
+		}
+		into = append(into, x)
+		packed = packed[n:]
+	}
+	return into
 }
 
 // eachField calls f with each field of the protobuf message data: its

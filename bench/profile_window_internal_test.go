@@ -10,10 +10,12 @@ import (
 	"net/http/pprof"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"runtime"
 	"runtime/debug"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -58,8 +60,8 @@ func TestALatencyRunsAllocationsAreThoseOfItsWindow(t *testing.T) {
 	runtime.GC()                       // its one collection in the window
 	allocate(64)                       // the counted jobs'
 	captured()
-	got := readProfile(t, filepath.Join(dir, "latency-100.allocs")).totals["alloc_space"]
-	if got < 56<<20 || got > 80<<20 {
+	got := readProfile(t, filepath.Join(dir, "latency-100.allocs")).total("alloc_space", "bench.allocate")
+	if got < 56<<20 || got > 72<<20 {
 		t.Errorf("latency-100.allocs: %.1f MiB allocated, want the window's 64 MiB (not the 32 MiB allocated before it)", float64(got)/(1<<20))
 	}
 }
@@ -89,7 +91,8 @@ func profiledLatencySetup(t *testing.T, cfg Config) *bench {
 
 // TestALatencyRunsAllocationProfileHoldsItsCountedJobs: the consumer
 // itself, 300 jobs at 100/s: its latency run's .allocs holds their
-// allocations (a fresh job allocates about 17 KiB; at least 1 KB each).
+// allocations by toolq's code (a fresh job allocates about 30 KiB; at
+// least 2 KB each), not only the profiler's own.
 func TestALatencyRunsAllocationProfileHoldsItsCountedJobs(t *testing.T) {
 	t.Parallel()
 	bin := buildConsumer(t)
@@ -99,9 +102,9 @@ func TestALatencyRunsAllocationProfileHoldsItsCountedJobs(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := readProfile(t, filepath.Join(b.cfg.ProfileDir, "latency-100.allocs"))
-	if got := p.totals["alloc_space"]; got < 300*1000 {
-		t.Errorf("latency-100.allocs: %d bytes allocated over %s (%v), want those of 300 jobs, 1 KB each at least",
-			got, time.Duration(p.durationNanos), p.totals)
+	if got := p.total("alloc_space", "github.com/toolq/toolq/"); got < 300*2000 {
+		t.Errorf("latency-100.allocs: %d bytes allocated by toolq's code over %s (%d in all), want those of 300 jobs, 2 KB each at least",
+			got, time.Duration(p.durationNanos), p.total("alloc_space", ""))
 	}
 }
 
@@ -208,5 +211,101 @@ func TestACaptureThatFailsLeavesNoEarlierFile(t *testing.T) {
 	b.captureCounted(context.Background(), &running{debug: []string{strings.TrimPrefix(srv.URL, "http://")}}, time.Second)()
 	if data, err := os.ReadFile(file); err == nil {
 		t.Errorf("latency-200.trace holds %q after its capture failed", data)
+	}
+}
+
+// TestALatencyRunsLateCollectionIsSaid: when the collection made once the
+// counted jobs are answered lands after the allocation delta's last
+// snapshot (a collection slowed by a busy machine), the .allocs holds none
+// of the window's allocations, and the bench says so, naming the file.
+func TestALatencyRunsLateCollectionIsSaid(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	var heaps int
+	var collected, deltaEnd time.Time
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch path.Base(r.URL.Path) {
+		case "heap": // ?gc=1: runtime.GC, then the heap profile
+			mu.Lock()
+			heaps++
+			slow := heaps > 1
+			mu.Unlock()
+			if slow {
+				time.Sleep(1500 * time.Millisecond) // the end collection, on a busy machine
+			}
+			mu.Lock()
+			collected = time.Now()
+			mu.Unlock()
+		default: // profile, trace, allocs: last their seconds
+			sec, _ := strconv.Atoi(r.URL.Query().Get("seconds"))
+			time.Sleep(time.Duration(sec) * time.Second)
+			if path.Base(r.URL.Path) == "allocs" {
+				mu.Lock()
+				deltaEnd = time.Now() // the delta's last snapshot
+				mu.Unlock()
+			}
+		}
+		fmt.Fprint(w, "a profile")
+	}))
+	defer srv.Close()
+	logs := &warnings{}
+	b := &bench{cfg: Config{ProfileDir: t.TempDir(), Logger: slog.New(logs)}, profileName: "latency-100"}
+	start := time.Now()
+	captured := b.captureCounted(context.Background(), &running{debug: []string{strings.TrimPrefix(srv.URL, "http://")}}, time.Second)
+	time.Sleep(time.Until(start.Add(600 * time.Millisecond))) // the counted jobs answered, within the window
+	captured()
+	mu.Lock()
+	defer mu.Unlock()
+	if !collected.After(deltaEnd) {
+		t.Fatalf("the end collection at %v, the delta's end at %v: the fake did not make it late", collected, deltaEnd)
+	}
+	if !slices.ContainsFunc(logs.lines, func(l string) bool { return strings.Contains(l, "latency-100.allocs") }) {
+		t.Errorf("the end collection came %v after the allocation delta's last snapshot, and nothing was said (warnings %q)",
+			collected.Sub(deltaEnd), logs.lines)
+	}
+}
+
+// TestALatencyRunsCPUProfileAndTraceHoldNoForcedCollection: the
+// collections the bench forces for the allocation delta are not in the
+// CPU profile or the execution trace of the counted jobs.
+func TestALatencyRunsCPUProfileAndTraceHoldNoForcedCollection(t *testing.T) {
+	t.Parallel()
+	type span struct {
+		path     string
+		from, to time.Time
+	}
+	var mu sync.Mutex
+	var windows []span
+	var collections []time.Time
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		name := path.Base(r.URL.Path)
+		if name == "heap" {
+			mu.Lock()
+			collections = append(collections, time.Now())
+			mu.Unlock()
+		} else {
+			from := time.Now()
+			sec, _ := strconv.Atoi(r.URL.Query().Get("seconds"))
+			time.Sleep(time.Duration(sec) * time.Second)
+			mu.Lock()
+			windows = append(windows, span{name, from, time.Now()})
+			mu.Unlock()
+		}
+		fmt.Fprint(w, "a profile")
+	}))
+	defer srv.Close()
+	b := &bench{cfg: Config{ProfileDir: t.TempDir(), Logger: slog.New(slog.DiscardHandler)}, profileName: "latency-100"}
+	b.captureCounted(context.Background(), &running{debug: []string{strings.TrimPrefix(srv.URL, "http://")}}, time.Second)()
+	mu.Lock()
+	defer mu.Unlock()
+	if len(collections) != 2 {
+		t.Errorf("%d collections, want one before the window and one after", len(collections))
+	}
+	for _, at := range collections {
+		for _, s := range windows {
+			if (s.path == "profile" || s.path == "trace") && at.After(s.from) && at.Before(s.to) {
+				t.Errorf("a forced collection %v into the %s's window (%v long)", at.Sub(s.from), s.path, s.to.Sub(s.from))
+			}
+		}
 	}
 }
