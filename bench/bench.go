@@ -1010,7 +1010,8 @@ func isLatencyRun(profileName string) bool { return strings.HasPrefix(profileNam
 // CPU profile and trace are written (the returned function, called then):
 // the delta holds what the counted jobs allocated and nothing of the
 // warm-up's, and neither collection is in the CPU profile or the trace. It
-// also holds the profiler's own allocations (runtime/pprof's). The
+// also holds the profiler's own allocations (runtime/pprof's and
+// net/http/pprof's) and the process's until the delta ends. The
 // returned function waits for the files, and says so in a warning if the
 // counted jobs were answered after the CPU profile and trace had ended, or
 // if the second collection came too late for the delta or failed. Without
@@ -1021,28 +1022,30 @@ func (b *bench) captureCounted(ctx context.Context, r *running, window time.Dura
 	}
 	window = window.Truncate(time.Second) // the seconds asked for
 	client := http.Client{Timeout: window + 30*time.Second}
+	files := make([]string, len(r.debug))
+	for i := range r.debug {
+		files[i] = filepath.Join(b.cfg.ProfileDir, b.profileName)
+		if len(r.debug) > 1 {
+			files[i] += fmt.Sprintf("-%d", i+1)
+		}
+	}
+	var prof, allocFiles []string
+	for _, file := range files {
+		prof, allocFiles = append(prof, file+".prof", file+".trace"), append(allocFiles, file+".allocs")
+	}
 	if err := b.collectGarbage(ctx, &client, r.debug); err != nil {
-		b.cfg.Logger.Warn("bench: a latency run's allocation profile holds allocations from before its counted jobs", "error", err)
+		b.cfg.Logger.Warn("bench: a latency run's allocation profile holds allocations from before its counted jobs", "files", allocFiles, "error", err)
 	}
 	asked := time.Now() // each window ends after asked and its seconds
 	var profiles, allocs sync.WaitGroup
-	var prof, allocFiles []string
 	for i, addr := range r.debug {
-		file := filepath.Join(b.cfg.ProfileDir, b.profileName)
-		if len(r.debug) > 1 {
-			file += fmt.Sprintf("-%d", i+1)
-		}
+		file := files[i]
 		for _, f := range []struct {
 			path, ext string
 			seconds   time.Duration
 			wg        *sync.WaitGroup
 		}{{"profile", ".prof", window, &profiles}, {"trace", ".trace", window, &profiles}, {"allocs", ".allocs", window + time.Second, &allocs}} {
 			os.Remove(file + f.ext) // not an earlier bench's, if this one's fails
-			if f.wg == &allocs {
-				allocFiles = append(allocFiles, file+f.ext)
-			} else {
-				prof = append(prof, file+f.ext)
-			}
 			f.wg.Go(func() {
 				url := fmt.Sprintf("http://%s/debug/pprof/%s?seconds=%d", addr, f.path, int(f.seconds/time.Second))
 				if err := fetchTo(ctx, &client, url, file+f.ext); err != nil {
@@ -1060,7 +1063,7 @@ func (b *bench) captureCounted(ctx context.Context, r *running, window time.Dura
 		profiles.Wait()
 		err := b.collectGarbage(ctx, &client, r.debug)
 		if err == nil && time.Since(asked) > window+time.Second {
-			err = errors.New("the collection came after the allocation delta's end")
+			err = errors.New("the collection may have come after the allocation delta's end")
 		}
 		if err != nil {
 			b.cfg.Logger.Warn("bench: a latency run's allocation profile misses its counted jobs' allocations", "files", allocFiles, "error", err)
@@ -1074,8 +1077,8 @@ func (b *bench) captureCounted(ctx context.Context, r *running, window time.Dura
 const profileStart = 100 * time.Millisecond
 
 // collectGarbage has each of the processes at addrs collect its garbage
-// (--debug-pprof's heap?gc=1, in text: no profile encoded), and returns
-// once all have, with the first error.
+// (--debug-pprof's heap?gc=1, in text: no gzip), and returns once all
+// have, with their errors.
 func (b *bench) collectGarbage(ctx context.Context, client *http.Client, addrs []string) error {
 	var wg sync.WaitGroup
 	errs := make([]error, len(addrs))
