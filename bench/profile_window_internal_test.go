@@ -43,13 +43,7 @@ func allocate(mib int) {
 // allocated in the window after that is not published when the window ends.
 func TestALatencyRunsAllocationsAreThoseOfItsWindow(t *testing.T) {
 	// Not parallel: it sets when this process collects garbage.
-	mux := http.NewServeMux() // as the consumer's --debug-pprof
-	mux.HandleFunc("GET /debug/pprof/", pprof.Index)
-	mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
-	mux.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
-	mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
-	srv := httptest.NewServer(mux)
-	defer srv.Close()
+	addr := servePprof(t)
 	dir := t.TempDir()
 	b := &bench{cfg: Config{ProfileDir: dir, Logger: slog.New(slog.DiscardHandler)}, profileName: "latency-100"}
 	runtime.GC()
@@ -59,7 +53,7 @@ func TestALatencyRunsAllocationsAreThoseOfItsWindow(t *testing.T) {
 	defer func(rate int) { runtime.MemProfileRate = rate }(runtime.MemProfileRate)
 	runtime.MemProfileRate = 1
 	allocate(32) // the warm-up's, not yet collected when the counted jobs begin
-	captured := b.captureCounted(context.Background(), &running{debug: []string{strings.TrimPrefix(srv.URL, "http://")}}, countedWindow(100, 100))
+	captured := b.captureCounted(context.Background(), &running{debug: []string{addr}}, countedWindow(100, 100))
 	time.Sleep(300 * time.Millisecond) // the process has been asked
 	runtime.GC()                       // its one collection in the window
 	allocate(64)                       // the counted jobs'
@@ -68,6 +62,19 @@ func TestALatencyRunsAllocationsAreThoseOfItsWindow(t *testing.T) {
 	if got < 64<<20 || got > 65<<20 {
 		t.Errorf("latency-100.allocs: %.1f MiB allocated, want the window's 64 MiB (not the 32 MiB allocated before it)", float64(got)/(1<<20))
 	}
+}
+
+// servePprof serves this process's Go profiles, as a consumer's
+// --debug-pprof does, until the test ends, and returns their address.
+func servePprof(t *testing.T) string {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /debug/pprof/", pprof.Index)
+	mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	return strings.TrimPrefix(srv.URL, "http://")
 }
 
 // buildConsumer builds the consumer binary into a directory of the test's.
@@ -325,16 +332,10 @@ func TestALatencyRunsProfilerAllocationsAreLeftOutByIgnore(t *testing.T) {
 	// Not parallel: it sets this process's MemProfileRate.
 	defer func(rate int) { runtime.MemProfileRate = rate }(runtime.MemProfileRate)
 	runtime.MemProfileRate = 1 // every allocation, not one in 512 KiB
-	mux := http.NewServeMux()  // as the consumer's --debug-pprof
-	mux.HandleFunc("GET /debug/pprof/", pprof.Index)
-	mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
-	mux.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
-	mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
-	srv := httptest.NewServer(mux)
-	defer srv.Close()
+	addr := servePprof(t)
 	dir := t.TempDir()
 	b := &bench{cfg: Config{ProfileDir: dir, Logger: slog.New(slog.DiscardHandler)}, profileName: "latency-100"}
-	b.captureCounted(context.Background(), &running{debug: []string{strings.TrimPrefix(srv.URL, "http://")}}, time.Second)()
+	b.captureCounted(context.Background(), &running{debug: []string{addr}}, time.Second)()
 	p := readProfile(t, filepath.Join(dir, "latency-100.allocs"))
 	i := slices.Index(p.types, "alloc_space")
 	if i < 0 {
