@@ -422,17 +422,19 @@ func TestCompleteTxConflictIsNotAnOutage(t *testing.T) {
 		t.Fatal(err)
 	}
 	holderDone := make(chan error, 1)
-	_, err = s.CompleteTx(ctx, row.Fence(), func(ctx context.Context, tx pgx.Tx) (json.RawMessage, error) {
-		if _, err := tx.Exec(ctx, `UPDATE other SET id = 1 WHERE id = 1; INSERT INTO child VALUES (1)`); err != nil {
+	_, err = s.CompleteTx(ctx, row.Fence(), func(txCtx context.Context, tx pgx.Tx) (json.RawMessage, error) {
+		if _, err := tx.Exec(txCtx, `UPDATE other SET id = 1 WHERE id = 1; INSERT INTO child VALUES (1)`); err != nil {
 			return nil, err
 		}
-		if _, err := insertEffect(claim.Key)(ctx, tx); err != nil {
+		if _, err := insertEffect(claim.Key)(txCtx, tx); err != nil {
 			return nil, err
 		}
 		go func() {
 			// Once the commit waits for the parent row, the holder waits for
 			// the row the effect wrote: the commit's wait began first, so its
-			// deadlock check finds the cycle first.
+			// deadlock check finds the cycle first. The holder runs on the
+			// test's context: the effect's ends with CompleteTx, which can
+			// return before the holder's statement does.
 			for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
 				var n int
 				pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
