@@ -150,6 +150,11 @@ type Throughput struct {
 	// the machine's speed drifts over seconds, and a ratio of neighbours
 	// cancels it.
 	NaiveRatios []float64 `json:"runs_x_naive,omitempty"`
+	// StealOverNaive is, for each of NaiveRatios, the run's steal less
+	// that of the naive run it is divided by (StealPct, in points): a run
+	// whose machine lost more to steal than its naive run's has a ratio
+	// the machine lowered, one that lost less a ratio it raised.
+	StealOverNaive []float64 `json:"runs_steal_over_naive_pct,omitempty"`
 }
 
 // XNaive is the median of the run's NaiveRatios (0 without any).
@@ -220,7 +225,10 @@ type Comparison struct {
 
 // bench is one run's shared parts.
 type bench struct {
-	cfg     Config
+	cfg Config
+	// sample reads the CPU figures of a throughput run's start and end
+	// (nil: sampleCPU, the machine's; tests set another).
+	sample  func(natsPID, pgPID int) cpuSample
 	nc      *nats.Conn
 	js      jetstream.JetStream
 	store   *ledger.Store
@@ -419,7 +427,7 @@ func (b *bench) measure(ctx context.Context, scenarios []scenario) error {
 	samples := map[*Throughput][]sample{} // a scenario may run twice a rep (the naive dispatcher's)
 	var into []*Throughput                // in the order first run
 	for rep := range b.cfg.Reps {
-		lastNaive := 0.0 // the naive run made last in this rep
+		lastNaive, lastNaiveSteal := 0.0, 0.0 // the naive run made last in this rep
 		for _, i := range b.order(scenarios, rep) {
 			s := scenarios[i]
 			n := b.cfg.Jobs
@@ -427,7 +435,11 @@ func (b *bench) measure(ctx context.Context, scenarios []scenario) error {
 				n = min(n, b.cfg.Concurrency*40)
 			}
 			b.settle(ctx) // before the run's figures start: the wait is not the run's
-			cpu0, commits0, flushes0, payments0 := sampleCPU(b.cfg.NATSPID, b.pgPID), b.commits(ctx), b.walFlushes(ctx), len(b.sandbox.Payments())
+			readCPU := b.sample
+			if readCPU == nil {
+				readCPU = sampleCPU
+			}
+			cpu0, commits0, flushes0, payments0 := readCPU(b.cfg.NATSPID, b.pgPID), b.commits(ctx), b.walFlushes(ctx), len(b.sandbox.Payments())
 			var elapsed time.Duration
 			var counted int
 			var err error
@@ -443,7 +455,7 @@ func (b *bench) measure(ctx context.Context, scenarios []scenario) error {
 				counted = n
 			}
 			time.Sleep(300 * time.Millisecond) // the closed connections' statistics reach pg_stat_database
-			cpu1 := sampleCPU(b.cfg.NATSPID, b.pgPID)
+			cpu1 := readCPU(b.cfg.NATSPID, b.pgPID)
 			per := func(d float64) float64 { return d / float64(n) * 1000 }
 			m := sample{perS: float64(counted) / elapsed.Seconds(), driver: per(cpu1.driver - cpu0.driver), nats: per(cpu1.nats - cpu0.nats),
 				postgres: per(cpu1.postgres - cpu0.postgres), machine: per(cpu1.machine - cpu0.machine), steal: cpu1.machineTime.since(cpu0.machineTime).stealPct(),
@@ -463,9 +475,10 @@ func (b *bench) measure(ctx context.Context, scenarios []scenario) error {
 			s.into.RunsSteal = append(s.into.RunsSteal, m.steal)
 			switch {
 			case s.name == "naive":
-				lastNaive = m.perS
+				lastNaive, lastNaiveSteal = m.perS, m.steal
 			case lastNaive > 0 && s.name != "slow":
 				s.into.NaiveRatios = append(s.into.NaiveRatios, m.perS/lastNaive)
+				s.into.StealOverNaive = append(s.into.StealOverNaive, m.steal-lastNaiveSteal)
 			}
 			if s.name != "naive" { // a ratio is to the run right before: no other
 				lastNaive = 0
@@ -479,7 +492,8 @@ func (b *bench) measure(ctx context.Context, scenarios []scenario) error {
 		slices.SortFunc(ss, func(a, b sample) int { return cmp.Compare(a.perS, b.perS) })
 		m := ss[len(ss)/2]
 		*t = Throughput{JobsPerS: m.perS, CPUPer1000: m.cpu, DriverCPU: m.driver, NATSCPU: m.nats, PostgresCPU: m.postgres, MachineCPU: m.machine, StealPct: m.steal,
-			CommitsPerJob: m.commits, FlushesPerJob: m.flushes, PeakRSSMiB: m.peak, Payments: m.payments, Runs: t.Runs, RunsSteal: t.RunsSteal, NaiveRatios: t.NaiveRatios}
+			CommitsPerJob: m.commits, FlushesPerJob: m.flushes, PeakRSSMiB: m.peak, Payments: m.payments, Runs: t.Runs, RunsSteal: t.RunsSteal, NaiveRatios: t.NaiveRatios,
+			StealOverNaive: t.StealOverNaive}
 		// Allocations hardly move with the machine's speed: their median
 		// of their own, not the median run's, over the runs that have them.
 		t.AllocsPerJob = knownMedian(ss, func(s sample) float64 { return s.allocs })

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"math"
 	"os/exec"
+	"slices"
 	"testing"
 	"time"
 
@@ -158,6 +159,55 @@ func TestALatencyRunMadeInHalvesReportsTheStatementsOfBoth(t *testing.T) {
 	for i := range want {
 		if g, w := got[i], want[i]; g.Kind != w.Kind || g.Calls != w.Calls || math.Abs(g.MeanMs-w.MeanMs) > 1e-9 || g.MaxMs != w.MaxMs {
 			t.Errorf("%s: got %+v, want %+v", w.Kind, g, w)
+		}
+	}
+}
+
+// TestEachRunsStealIsSetAgainstItsNaiveRuns: each fresh and duplicate run
+// reports its steal less that of the naive run it is divided by (in the
+// order of its ratios), so that a ratio the machine moved can be told
+// from one the build did.
+func TestEachRunsStealIsSetAgainstItsNaiveRuns(t *testing.T) {
+	b := measureSetup(t, Config{Jobs: 100, Reps: 3, Concurrency: 8, Settle: -1})
+	var names []string
+	run := func(name string) func(context.Context, int) (time.Duration, int, error) {
+		return func(context.Context, int) (time.Duration, int, error) {
+			names = append(names, name)
+			return 10 * time.Millisecond, 0, nil
+		}
+	}
+	// Run k (from 0) loses stealOf(k) % of the machine to steal: two
+	// readings a run, 100 s of the machine's time apart.
+	stealOf := func(k int) float64 { return float64(k*5%7 + 1) }
+	calls, acc := 0, 0.0
+	b.sample = func(int, int) cpuSample {
+		k := calls / 2
+		if calls%2 == 1 {
+			acc += stealOf(k)
+		}
+		calls++
+		return cpuSample{machineTime: machineTime{all: float64(1000*(k+1) + 100*((calls+1)%2)), steal: acc}}
+	}
+	r := &Report{}
+	scenarios := b.scenarios(r, build{}, build{})
+	for i := range scenarios {
+		scenarios[i].run = run(scenarios[i].name)
+	}
+	if err := b.measure(context.Background(), scenarios); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name string
+		t    Throughput
+	}{{"fresh", r.Fresh}, {"duplicate", r.Duplicate}} {
+		var want []float64
+		for k, name := range names {
+			if name == c.name && k > 0 && names[k-1] == "naive" {
+				want = append(want, stealOf(k)-stealOf(k-1)) // the run's steal less the naive run's just before it
+			}
+		}
+		if len(want) != b.cfg.Reps || !slices.Equal(c.t.StealOverNaive, want) {
+			t.Errorf("%s: steal over its naive runs %v, want %v (runs in order: %q)", c.name, c.t.StealOverNaive, want, names)
 		}
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"os"
 	"os/exec"
@@ -175,7 +176,11 @@ func printBench(stdio cli.IO, r *bench.Report) {
 	}
 	w.Flush()
 	if len(r.Fresh.NaiveRatios) > 1 {
-		fmt.Fprintf(stdio.Out, "each run × the naive run just before it: fresh %s, duplicate %s\n", ratios(r.Fresh.NaiveRatios), ratios(r.Duplicate.NaiveRatios))
+		fmt.Fprintf(stdio.Out, "each run × the naive run just before it: fresh %s, duplicate %s\n",
+			naiveRatios(r.Fresh.NaiveRatios, r.Fresh.StealOverNaive), naiveRatios(r.Duplicate.NaiveRatios, r.Duplicate.StealOverNaive))
+		if unequalSteal(r.Fresh.StealOverNaive) || unequalSteal(r.Duplicate.StealOverNaive) {
+			fmt.Fprintf(stdio.Out, "(steal +N or -N: the run lost N points more or fewer of the machine to steal than its naive run did, which lowered or raised its ratio)\n")
+		}
 	}
 	fmt.Fprintf(stdio.Out, "slow tool: %.0f jobs/s of a bound of %.0f (concurrency %d / 50ms): %.0f%%\n\n",
 		r.Slow.JobsPerS, r.SlowBound, r.Concurrency, 100*r.Slow.JobsPerS/r.SlowBound)
@@ -312,12 +317,27 @@ func knownInt(v float64) string {
 }
 
 // ratios prints ratios to two decimals.
-func ratios(rs []float64) string {
+// stealMarked is the difference in steal, in points, from which a run's
+// ratio to its naive run is printed with it.
+const stealMarked = 2.0
+
+// naiveRatios prints each run's ratio to its naive run, with the
+// difference of their steal where it is stealMarked points or more.
+func naiveRatios(rs, stealOver []float64) string {
 	out := make([]string, len(rs))
 	for i, r := range rs {
 		out[i] = fmt.Sprintf("%.2f", r)
+		if i < len(stealOver) && math.Abs(stealOver[i]) >= stealMarked {
+			out[i] += fmt.Sprintf(" (steal %+.1f)", stealOver[i])
+		}
 	}
 	return strings.Join(out, " ")
+}
+
+// unequalSteal reports whether a run's steal differs from its naive run's
+// by stealMarked points or more.
+func unequalSteal(stealOver []float64) bool {
+	return slices.ContainsFunc(stealOver, func(d float64) bool { return math.Abs(d) >= stealMarked })
 }
 
 // repRatios divides each of b's figures by a's of the same rep, and

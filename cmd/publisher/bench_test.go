@@ -208,3 +208,28 @@ func TestTheLatencyTableShowsTheComparedBuild(t *testing.T) {
 		}
 	}
 }
+
+// TestEachRunsRatioShowsItsStealAgainstItsNaiveRun: the line of each run's
+// ratio to its naive run shows, for a run whose steal differs from its
+// naive run's by 2 points or more, by how much, and says what that means;
+// with no such run it shows the ratios alone.
+func TestEachRunsRatioShowsItsStealAgainstItsNaiveRun(t *testing.T) {
+	t.Parallel()
+	report := func(freshSteal, dupSteal []float64) string {
+		var out strings.Builder
+		printBench(cli.IO{Out: &out}, &bench.Report{SlowBound: 1,
+			Fresh:     bench.Throughput{NaiveRatios: []float64{0.5, 0.6}, StealOverNaive: freshSteal},
+			Duplicate: bench.Throughput{NaiveRatios: []float64{1.2, 1.0}, StealOverNaive: dupSteal}})
+		return out.String()
+	}
+	out := report([]float64{0.5, -3.2}, []float64{1.9, 11})
+	for _, want := range []string{"each run × the naive run just before it: fresh 0.50 0.60 (steal -3.2), duplicate 1.20 1.00 (steal +11.0)\n", "(steal +N or -N: "} {
+		if !strings.Contains(out, want) {
+			t.Errorf("no %q in:\n%s", want, out)
+		}
+	}
+	out = report([]float64{0.5, -1.9}, []float64{1.9, 0})
+	if !strings.Contains(out, "fresh 0.50 0.60, duplicate 1.20 1.00\n") || strings.Contains(out, "steal +N") {
+		t.Errorf("runs whose steal is within 2 points of their naive run's, printed:\n%s", out)
+	}
+}
