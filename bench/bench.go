@@ -151,9 +151,10 @@ type Throughput struct {
 	// cancels it.
 	NaiveRatios []float64 `json:"runs_x_naive,omitempty"`
 	// StealOverNaive is, for each of NaiveRatios, the run's steal less
-	// that of the naive run it is divided by (StealPct, in points): a run
-	// whose machine lost more to steal than its naive run's has a ratio
-	// the machine lowered, one that lost less a ratio it raised.
+	// that of the naive run it is divided by (StealPct, in points; 0 when
+	// either was not read): a run whose machine lost more to steal than
+	// its naive run's has a ratio the machine lowered, one that lost less a
+	// ratio it raised.
 	StealOverNaive []float64 `json:"runs_steal_over_naive_pct,omitempty"`
 }
 
@@ -421,13 +422,15 @@ func (b *bench) scenarios(r *Report, a, other build) []scenario {
 func (b *bench) measure(ctx context.Context, scenarios []scenario) error {
 	type sample struct {
 		perS, cpu, driver, nats, postgres, machine, steal, commits, flushes, peak float64
+		stealKnown                                                                bool // both /proc/stat readings succeeded
 		allocs, allocBytes                                                        float64
 		payments                                                                  int
 	}
 	samples := map[*Throughput][]sample{} // a scenario may run twice a rep (the naive dispatcher's)
 	var into []*Throughput                // in the order first run
 	for rep := range b.cfg.Reps {
-		lastNaive, lastNaiveSteal := 0.0, 0.0 // the naive run made last in this rep
+		lastNaive := 0.0            // the naive run made last in this rep
+		var lastNaiveSteal *float64 // its steal, if known
 		for _, i := range b.order(scenarios, rep) {
 			s := scenarios[i]
 			n := b.cfg.Jobs
@@ -458,7 +461,7 @@ func (b *bench) measure(ctx context.Context, scenarios []scenario) error {
 			cpu1 := readCPU(b.cfg.NATSPID, b.pgPID)
 			per := func(d float64) float64 { return d / float64(n) * 1000 }
 			m := sample{perS: float64(counted) / elapsed.Seconds(), driver: per(cpu1.driver - cpu0.driver), nats: per(cpu1.nats - cpu0.nats),
-				postgres: per(cpu1.postgres - cpu0.postgres), machine: per(cpu1.machine - cpu0.machine), steal: cpu1.machineTime.since(cpu0.machineTime).stealPct(),
+				postgres: per(cpu1.postgres - cpu0.postgres), machine: per(cpu1.machine - cpu0.machine), steal: cpu1.machineTime.since(cpu0.machineTime).stealPct(), stealKnown: cpu1.machineTime.since(cpu0.machineTime).all > 0,
 				commits: float64(b.commits(ctx)-commits0) / float64(n), flushes: float64(b.walFlushes(ctx)-flushes0) / float64(n),
 				payments: len(b.sandbox.Payments()) - payments0, peak: b.childPeak,
 				allocs: perJob(b.childMallocs, b.childJobs), allocBytes: perJob(b.childAllocBytes, b.childJobs)}
@@ -475,10 +478,17 @@ func (b *bench) measure(ctx context.Context, scenarios []scenario) error {
 			s.into.RunsSteal = append(s.into.RunsSteal, m.steal)
 			switch {
 			case s.name == "naive":
-				lastNaive, lastNaiveSteal = m.perS, m.steal
+				lastNaive, lastNaiveSteal = m.perS, nil
+				if m.stealKnown {
+					lastNaiveSteal = &m.steal
+				}
 			case lastNaive > 0 && s.name != "slow":
 				s.into.NaiveRatios = append(s.into.NaiveRatios, m.perS/lastNaive)
-				s.into.StealOverNaive = append(s.into.StealOverNaive, m.steal-lastNaiveSteal)
+				over := 0.0 // not known: nothing to say
+				if m.stealKnown && lastNaiveSteal != nil {
+					over = m.steal - *lastNaiveSteal
+				}
+				s.into.StealOverNaive = append(s.into.StealOverNaive, over)
 			}
 			if s.name != "naive" { // a ratio is to the run right before: no other
 				lastNaive = 0
