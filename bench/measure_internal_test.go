@@ -163,11 +163,13 @@ func TestALatencyRunMadeInHalvesReportsTheStatementsOfBoth(t *testing.T) {
 	}
 }
 
-// TestEachRunsStealIsSetAgainstItsNaiveRuns: each fresh and duplicate run
-// reports its steal less that of the naive run it is divided by (in the
-// order of its ratios), so that a ratio the machine moved can be told
-// from one the build did.
-func TestEachRunsStealIsSetAgainstItsNaiveRuns(t *testing.T) {
+// TestAStealNotReadSetsNoStealAgainstANaiveRun: with --compare, each run
+// of either build reports its steal less that of the naive run it is
+// divided by, one for each of its ratios and no other run any; where
+// either run's machine time was not read (readMachineTime's zero, so its
+// steal shows as 0) the difference is not known, and is 0, not the other
+// run's steal passed off as a difference that moved the ratio.
+func TestAStealNotReadSetsNoStealAgainstANaiveRun(t *testing.T) {
 	b := measureSetup(t, Config{Jobs: 100, Reps: 3, Concurrency: 8, Settle: -1})
 	var names []string
 	run := func(name string) func(context.Context, int) (time.Duration, int, error) {
@@ -176,23 +178,28 @@ func TestEachRunsStealIsSetAgainstItsNaiveRuns(t *testing.T) {
 			return 10 * time.Millisecond, 0, nil
 		}
 	}
-	// Run k (from 0) loses stealOf(k) % of the machine to steal: two
-	// readings a run, 100 s of the machine's time apart; the first run's
-	// readings fail (no /proc/stat), so its steal is not known.
+	const perRep = 9 // a comparison's runs a rep
 	stealOf := func(k int) float64 { return float64(k*5%7 + 1) }
+	// Rep 1's naive runs and rep 2's other runs fail to read their
+	// machine time at their end; every other run k loses stealOf(k) %.
+	unread := func(k int) bool {
+		naive := names[k] == "naive"
+		return k/perRep == 0 && naive || k/perRep == 1 && !naive
+	}
 	calls, acc := 0, 0.0
 	b.sample = func(int, int) cpuSample {
 		k := calls / 2
-		if calls%2 == 1 {
-			acc += stealOf(k)
-		}
 		calls++
-		if k == 0 {
+		if calls%2 == 1 { // the run's start
+			return cpuSample{machineTime: machineTime{all: float64(1000 * (k + 1)), steal: acc}}
+		}
+		if unread(k) {
 			return cpuSample{}
 		}
-		return cpuSample{machineTime: machineTime{all: float64(1000*(k+1) + 100*((calls+1)%2)), steal: acc}}
+		acc += stealOf(k)
+		return cpuSample{machineTime: machineTime{all: float64(1000*(k+1) + 100), steal: acc}}
 	}
-	r := &Report{}
+	r := &Report{Compare: &Comparison{}}
 	scenarios := b.scenarios(r, build{}, build{})
 	for i := range scenarios {
 		scenarios[i].run = run(scenarios[i].name)
@@ -203,19 +210,24 @@ func TestEachRunsStealIsSetAgainstItsNaiveRuns(t *testing.T) {
 	for _, c := range []struct {
 		name string
 		t    Throughput
-	}{{"fresh", r.Fresh}, {"duplicate", r.Duplicate}} {
+	}{{"fresh", r.Fresh}, {"duplicate", r.Duplicate}, {"fresh (compared)", r.Compare.Fresh}, {"duplicate (compared)", r.Compare.Duplicate}} {
 		var want []float64
 		for k, name := range names {
-			if name == c.name && k > 0 && names[k-1] == "naive" {
-				over := stealOf(k) - stealOf(k-1) // the run's steal less the naive run's just before it
-				if k-1 == 0 {
-					over = 0 // that naive run's not known
-				}
-				want = append(want, over)
+			if name != c.name || k == 0 || names[k-1] != "naive" {
+				continue
+			}
+			if unread(k) || unread(k-1) {
+				want = append(want, 0)
+			} else {
+				want = append(want, stealOf(k)-stealOf(k-1))
 			}
 		}
-		if len(want) != b.cfg.Reps || !slices.Equal(c.t.StealOverNaive, want) {
-			t.Errorf("%s: steal over its naive runs %v, want %v (runs in order: %q)", c.name, c.t.StealOverNaive, want, names)
+		if len(want) != b.cfg.Reps || len(c.t.NaiveRatios) != len(want) || !slices.Equal(c.t.StealOverNaive, want) {
+			t.Errorf("%s: steal over its naive runs %v, want %v, one for each of its ratios %v (runs in order: %q)",
+				c.name, c.t.StealOverNaive, want, c.t.NaiveRatios, names)
 		}
+	}
+	if len(r.Naive.StealOverNaive)+len(r.Slow.StealOverNaive) > 0 {
+		t.Errorf("steal over a naive run reported for runs not divided by one: naive %v, slow %v", r.Naive.StealOverNaive, r.Slow.StealOverNaive)
 	}
 }

@@ -316,7 +316,6 @@ func knownInt(v float64) string {
 	return fmt.Sprintf("%.0f", v)
 }
 
-// ratios prints ratios to two decimals.
 // stealMarked is the difference in steal, in points, from which a run's
 // ratio to its naive run is printed with it.
 const stealMarked = 2.0

@@ -233,3 +233,23 @@ func TestEachRunsRatioShowsItsStealAgainstItsNaiveRun(t *testing.T) {
 		t.Errorf("runs whose steal is within 2 points of their naive run's, printed:\n%s", out)
 	}
 }
+
+// TestARatiosStealIsMarkedFromTwoPointsAndSaysWhichWay: a difference of
+// exactly 2 points is marked ("2 points or more"), either way, and the
+// legend says which way the machine moved the ratio: more steal than the
+// naive run's lowered it, less raised it.
+func TestARatiosStealIsMarkedFromTwoPointsAndSaysWhichWay(t *testing.T) {
+	t.Parallel()
+	var out strings.Builder
+	printBench(cli.IO{Out: &out}, &bench.Report{SlowBound: 1,
+		Fresh:     bench.Throughput{NaiveRatios: []float64{0.5, 0.6}, StealOverNaive: []float64{2, 0}},
+		Duplicate: bench.Throughput{NaiveRatios: []float64{1.2, 1.0}, StealOverNaive: []float64{0, -2}}})
+	for _, want := range []string{
+		"fresh 0.50 (steal +2.0) 0.60, duplicate 1.20 1.00 (steal -2.0)\n",
+		"(steal +N or -N: the run lost N points more or fewer of the machine to steal than its naive run did, which lowered or raised its ratio)\n",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("no %q in:\n%s", want, out.String())
+		}
+	}
+}
