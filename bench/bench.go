@@ -460,8 +460,9 @@ func (b *bench) measure(ctx context.Context, scenarios []scenario) error {
 			time.Sleep(300 * time.Millisecond) // the closed connections' statistics reach pg_stat_database
 			cpu1 := readCPU(b.cfg.NATSPID, b.pgPID)
 			per := func(d float64) float64 { return d / float64(n) * 1000 }
+			spent := cpu1.machineTime.since(cpu0.machineTime) // zero if a reading failed
 			m := sample{perS: float64(counted) / elapsed.Seconds(), driver: per(cpu1.driver - cpu0.driver), nats: per(cpu1.nats - cpu0.nats),
-				postgres: per(cpu1.postgres - cpu0.postgres), machine: per(cpu1.machine - cpu0.machine), steal: cpu1.machineTime.since(cpu0.machineTime).stealPct(), stealKnown: cpu1.machineTime.since(cpu0.machineTime).all > 0,
+				postgres: per(cpu1.postgres - cpu0.postgres), machine: per(cpu1.machine - cpu0.machine), steal: spent.stealPct(), stealKnown: spent.all > 0,
 				commits: float64(b.commits(ctx)-commits0) / float64(n), flushes: float64(b.walFlushes(ctx)-flushes0) / float64(n),
 				payments: len(b.sandbox.Payments()) - payments0, peak: b.childPeak,
 				allocs: perJob(b.childMallocs, b.childJobs), allocBytes: perJob(b.childAllocBytes, b.childJobs)}

@@ -397,18 +397,7 @@ func (b *bench) saveAllocs(ctx context.Context, procs []*consumerProc, name stri
 		if len(procs) > 1 {
 			file += fmt.Sprintf("-%d", i+1)
 		}
-		req, _ := http.NewRequestWithContext(ctx, "GET", "http://"+p.health+"/debug/pprof/allocs", nil)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			b.cfg.Logger.Warn("bench: allocation profile", "error", err)
-			continue
-		}
-		body, err := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if err == nil {
-			err = os.WriteFile(file+".allocs", body, 0o644)
-		}
-		if err != nil {
+		if err := fetchTo(ctx, http.DefaultClient, "http://"+p.health+"/debug/pprof/allocs", file+".allocs"); err != nil {
 			b.cfg.Logger.Warn("bench: allocation profile", "error", err)
 		}
 	}

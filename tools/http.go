@@ -214,24 +214,26 @@ func (c closeIdle) CloseIdleConnections() { c.inner.CloseIdleConnections() }
 // are retried as any read is.
 //
 // It also hands the transport a body of known length up to maxInMemoryBody
-// (a call's args up to that size) as bytes in memory. net/http writes the headers of a
-// request whose body it does not know to be in memory on their own, before
-// the body (otelhttp's wrapper of the body is such a body): two writes, two
-// packets, and a downstream woken twice, on every call.
+// (a call's args up to that size) as bytes in memory. net/http writes the
+// headers of a request whose body it does not know to be in memory on
+// their own, before the body (otelhttp's wrapper of the body is such a
+// body): two writes, two packets, and a downstream woken twice, on every
+// call.
 type noReplay struct{ next http.RoundTripper }
 
 // maxInMemoryBody is the largest request body noReplay reads into memory.
 const maxInMemoryBody = 1 << 20
 
 func (n noReplay) RoundTrip(req *http.Request) (*http.Response, error) {
-	inMemory := req.Body != nil && req.Body != http.NoBody && 0 < req.ContentLength && req.ContentLength <= maxInMemoryBody
-	if req.GetBody == nil && req.Body != nil && req.Body != http.NoBody && !inMemory {
+	hasBody := req.Body != nil && req.Body != http.NoBody
+	inMemory := hasBody && 0 < req.ContentLength && req.ContentLength <= maxInMemoryBody
+	if req.GetBody == nil && hasBody && !inMemory {
 		return n.next.RoundTrip(req) // a body that cannot be rewound already
 	}
 	r := *req // a RoundTripper must not modify the request it is given
 	r.GetBody = nil
 	switch {
-	case r.Body == nil || r.Body == http.NoBody:
+	case !hasBody:
 		r.Body, r.ContentLength = emptyBody{}, 0
 	case inMemory:
 		body, err := readBody(r.Body, r.ContentLength)
