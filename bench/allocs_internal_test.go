@@ -205,7 +205,7 @@ func TestABuildThatServesNoMemStatsIsStillMeasured(t *testing.T) {
 	bin := consumerBeforeMemStats(t, dir)
 	b := &bench{cfg: Config{NATSURL: "nats://127.0.0.1:4222", DatabaseURL: "postgres://unused", Concurrency: 8, Logger: slog.New(slog.DiscardHandler)},
 		toolsFile: filepath.Join(dir, "tools.yaml")}
-	if err := b.measureStartups(context.Background(), false, bin); err != nil {
+	if err := b.measureStartups(context.Background(), false, false, bin); err != nil {
 		t.Fatalf("a consumer build that serves no /debug/vars stops the bench before any run: %v", err)
 	}
 	procs, err := b.startProcs(context.Background(), bin, "bench-toolq-pay_b", "pay_b", 1)
@@ -300,7 +300,7 @@ func TestTheStartUpsProfilesAreNamed(t *testing.T) {
 	}
 	b := &bench{cfg: Config{NATSURL: "nats://127.0.0.1:4222", DatabaseURL: "postgres://unused", Concurrency: 8, ProfileDir: profiles,
 		Logger: slog.New(slog.DiscardHandler)}, toolsFile: filepath.Join(dir, "tools.yaml")}
-	b.measureStartups(context.Background(), false, bin)
+	b.measureStartups(context.Background(), false, false, bin)
 	files, _ := filepath.Glob(filepath.Join(profiles, "*"))
 	outside, _ := filepath.Glob(filepath.Join(dir, "*.prof"))
 	if len(files) == 0 || len(outside) > 0 {

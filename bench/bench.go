@@ -21,6 +21,7 @@ import (
 	"path/filepath"
 	"runtime/pprof"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -76,7 +77,12 @@ type Config struct {
 	// latency runs are made with both builds, interleaved, and the ratios
 	// reported (Report.Compare).
 	CompareBin string
-	NATSPID    int // the nats-server's process, for its CPU figure (0: unknown)
+	// ComparePlain puts the plain ledger dispatcher (NaiveConfig.LedgerURL)
+	// where CompareBin's build would be: its fresh, duplicate and latency
+	// runs are made beside the consumer's, on a table of its own in the
+	// same Postgres.
+	ComparePlain bool
+	NATSPID      int // the nats-server's process, for its CPU figure (0: unknown)
 	// ProfileDir, when set, gets a CPU profile of every consumer process
 	// (SCENARIO-REP[-N].prof) and its allocations since its start
 	// (SCENARIO-REP[-N].allocs); of a latency run's, a CPU profile, an
@@ -214,10 +220,11 @@ type Report struct {
 	Compare   *Comparison `json:"compare,omitempty"`
 }
 
-// Comparison is the second build's figures (Config.CompareBin), from runs
-// interleaved with the first's in the same bench.
+// Comparison is the second build's figures (Config.CompareBin, or the
+// plain ledger dispatcher's), from runs interleaved with the first's in
+// the same bench.
 type Comparison struct {
-	Bin       string     `json:"bin"`
+	Bin       string     `json:"bin"` // the binary, or "plain ledger dispatcher"
 	Fresh     Throughput `json:"fresh"`
 	Duplicate Throughput `json:"duplicate"`
 	Lat       Latency    `json:"latency"`
@@ -240,7 +247,10 @@ type bench struct {
 	client  *http.Client
 	results *resultWatch
 	seq     atomic.Int64
-	quiet   *slog.Logger // the worker's: warnings and errors only
+	// run names this bench's calls apart from an earlier bench's on the
+	// same --database-url, whose ledger has them completed.
+	run   string
+	quiet *slog.Logger // the worker's: warnings and errors only
 
 	dir                 string  // the run's files
 	profileName         string  // the profile files' name for the run under way
@@ -262,6 +272,7 @@ type bench struct {
 // the ledger.
 type build struct {
 	bin       string
+	plain     bool // the plain ledger dispatcher (bin is not used)
 	pay, slow string
 }
 
@@ -269,7 +280,7 @@ type build struct {
 // interleaved) and returns the figures.
 func Run(ctx context.Context, cfg Config) (*Report, error) {
 	cfg.fill()
-	b := &bench{cfg: cfg, quiet: slog.New(levelFilter{cfg.Logger.Handler()})}
+	b := &bench{cfg: cfg, quiet: slog.New(levelFilter{cfg.Logger.Handler()}), run: strconv.FormatInt(time.Now().UnixNano(), 36)}
 	var err error
 	if b.nc, err = nats.Connect(cfg.NATSURL); err != nil {
 		return nil, fmt.Errorf("bench: nats: %w", err)
@@ -319,7 +330,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	// Every binary run as processes: the consumer's (the scaling and
 	// memory runs start it with InProcess too), the compared build's, the
 	// naive dispatcher's.
-	if err := b.measureStartups(ctx, !cfg.InProcess && len(cfg.NaiveCmd) > 0,
+	if err := b.measureStartups(ctx, !cfg.InProcess && len(cfg.NaiveCmd) > 0, cfg.ComparePlain,
 		slices.DeleteFunc([]string{cfg.ConsumerBin, cfg.CompareBin}, func(bin string) bool { return bin == "" })...); err != nil {
 		return nil, err
 	}
@@ -338,6 +349,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if cfg.CompareBin != "" {
 		other = build{bin: cfg.CompareBin, pay: "pay_b"}
 		r.Compare = &Comparison{Bin: cfg.CompareBin}
+	} else if cfg.ComparePlain {
+		other = build{plain: true, pay: "pay_b"}
+		r.Compare = &Comparison{Bin: "plain ledger dispatcher"}
 	}
 	scenarios := b.scenarios(r, a, other)
 	if err := b.measure(ctx, scenarios); err != nil {
@@ -563,7 +577,7 @@ func (b *bench) naiveRun(ctx context.Context, rep int) (time.Duration, int, erro
 	if err := b.publishAll(ctx, batch); err != nil {
 		return 0, 0, err
 	}
-	return b.timed(ctx, batch, b.naiveStarter("naive_pay"))
+	return b.timed(ctx, batch, b.naiveStarter("naive_pay", false))
 }
 
 // freshRun runs the calls of rep+offset, new to the ledger.
@@ -599,13 +613,14 @@ func (b *bench) slowRun(of build) func(context.Context, int) (time.Duration, int
 	}
 }
 
-// jobsFor makes n jobs for tool: the calls of run rep, with tool_use_ids
-// new to this batch (retry: the same calls as an earlier batch).
+// jobsFor makes n jobs for tool: the calls of run rep of this bench, with
+// tool_use_ids new to this batch (retry: the same calls as an earlier
+// batch).
 func (b *bench) jobsFor(tool string, rep, n int, _ bool) []*jobs.Job {
 	out := make([]*jobs.Job, n)
 	batch := b.seq.Add(1)
 	for i := range out {
-		args := fmt.Sprintf(`{"invoice_id":"inv-%s-%d-%d","amount_cents":100,"currency":"EUR"}`, tool, rep, i)
+		args := fmt.Sprintf(`{"invoice_id":"inv-%s-%s-%d-%d","amount_cents":100,"currency":"EUR"}`, b.run, tool, rep, i)
 		out[i] = &jobs.Job{ConversationID: fmt.Sprintf("bench-%d", i%512), TurnIndex: int64(i / 512), Tool: tool,
 			ToolUseID: fmt.Sprintf("toolu_%d_%d", batch, i), Args: json.RawMessage(args)}
 	}
@@ -732,6 +747,9 @@ func (b *bench) settle(ctx context.Context) {
 // the build, or (no binary, or tp set: spans recorded here) a worker in
 // this process.
 func (b *bench) toolqStarter(of build, tool string, n int, tp trace.TracerProvider) starter {
+	if of.plain {
+		return b.naiveStarter(tool, true)
+	}
 	if of.bin == "" || tp != nil {
 		return func(ctx context.Context) (*running, error) {
 			ready := time.Now()
@@ -791,7 +809,7 @@ type allocation struct{ objects, bytes float64 }
 // published to (idle); countAllocs takes it off each run's processes. A
 // build that does not answer (one from before /debug/vars) is measured
 // all the same, its allocations not known.
-func (b *bench) measureStartups(ctx context.Context, naive bool, bins ...string) error {
+func (b *bench) measureStartups(ctx context.Context, naive, plain bool, bins ...string) error {
 	b.startups = map[string]allocation{}
 	measure := func(key string, procs []*consumerProc, err error) error {
 		defer stopProcs(procs)
@@ -813,20 +831,49 @@ func (b *bench) measureStartups(ctx context.Context, naive bool, bins ...string)
 	if !naive {
 		return nil
 	}
-	p, err := b.startNaiveProc(ctx, NaiveConfig{NATSURL: b.cfg.NATSURL, ToolURL: b.url + "/v1/payments", Tool: "idle", Durable: "bench-naive-idle",
-		Workers: 4 * b.cfg.Concurrency, Concurrency: b.cfg.Concurrency})
-	var procs []*consumerProc
-	if p != nil {
-		procs = append(procs, p)
+	ledgers := []bool{false} // the naive dispatcher's
+	if plain {
+		ledgers = append(ledgers, true) // the plain ledger dispatcher's
 	}
-	return measure("naive", procs, err)
+	for _, ledger := range ledgers {
+		p, err := b.startNaiveProc(ctx, b.naiveConfig("idle", ledger))
+		var procs []*consumerProc
+		if p != nil {
+			procs = append(procs, p)
+		}
+		if err := measure(naiveStartup(ledger), procs, err); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
-// naiveStarter starts the naive dispatcher on one tool's jobs: a process
-// of its own (Config.NaiveCmd), or in this process.
-func (b *bench) naiveStarter(tool string) starter {
+// naiveConfig is the naive dispatcher's on one tool's jobs, with the
+// bench's settings; ledger: the plain ledger dispatcher's, on the
+// ledger's Postgres.
+func (b *bench) naiveConfig(tool string, ledger bool) NaiveConfig {
 	cfg := NaiveConfig{NATSURL: b.cfg.NATSURL, ToolURL: b.url + "/v1/payments", Tool: tool, Durable: "bench-naive-" + tool,
 		Workers: 4 * b.cfg.Concurrency, Concurrency: b.cfg.Concurrency}
+	if ledger {
+		cfg.LedgerURL, cfg.Durable = b.cfg.DatabaseURL, "bench-plain-"+tool
+	}
+	return cfg
+}
+
+// naiveStartup is the name of what a process of the naive dispatcher (or
+// of the plain ledger dispatcher) allocates to start, in bench.startups.
+func naiveStartup(ledger bool) string {
+	if ledger {
+		return "plain"
+	}
+	return "naive"
+}
+
+// naiveStarter starts the naive dispatcher on one tool's jobs (ledger:
+// the plain ledger dispatcher): a process of its own (Config.NaiveCmd), or
+// in this process.
+func (b *bench) naiveStarter(tool string, ledger bool) starter {
+	cfg := b.naiveConfig(tool, ledger)
 	if b.cfg.InProcess || len(b.cfg.NaiveCmd) == 0 {
 		return func(ctx context.Context) (*running, error) {
 			ready := time.Now()
@@ -843,7 +890,7 @@ func (b *bench) naiveStarter(tool string) starter {
 			return nil, err
 		}
 		procs := []*consumerProc{p}
-		allocs := b.countAllocs(ctx, procs, "naive")
+		allocs := b.countAllocs(ctx, procs, naiveStartup(ledger))
 		ready := time.Now()
 		return &running{ready: ready, exited: exited(procs), stop: func() (float64, float64, error) {
 			allocs()
@@ -985,7 +1032,7 @@ type latencySample struct {
 // the machine to settle (the throughput run before it left Postgres
 // writing out and vacuuming its rows), as a throughput run does.
 func (b *bench) latencyRun(ctx context.Context, rate int, of *build, tp trace.TracerProvider, n int) (latencySample, error) {
-	tool, start := "naive_pay", b.naiveStarter("naive_pay")
+	tool, start := "naive_pay", b.naiveStarter("naive_pay", false)
 	if of != nil {
 		tool, start = of.pay, b.toolqStarter(*of, of.pay, 1, tp)
 	}

@@ -150,6 +150,9 @@ func (b *bench) startNaiveProc(ctx context.Context, cfg NaiveConfig) (*consumerP
 	args := append(slices.Clone(b.cfg.NaiveCmd[1:]), "--nats-url", cfg.NATSURL, "--tool-url", cfg.ToolURL, "--tool", cfg.Tool,
 		"--durable", cfg.Durable, "--workers", strconv.Itoa(cfg.Workers), "--concurrency", strconv.Itoa(cfg.Concurrency),
 		"--debug-addr", p.health)
+	if cfg.LedgerURL != "" {
+		args = append(args, "--ledger-url", cfg.LedgerURL)
+	}
 	p.cmd = exec.CommandContext(ctx, b.cfg.NaiveCmd[0], args...)
 	out, err := p.cmd.StdoutPipe()
 	if err != nil {

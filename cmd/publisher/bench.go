@@ -26,7 +26,7 @@ import (
 	"github.com/toolq/toolq/internal/testenv"
 )
 
-const benchSynopsis = `publisher bench [--quick] [--jobs N] [--reps N] [--concurrency N] [--rate R] [--compare CONSUMER] [--json]
+const benchSynopsis = `publisher bench [--quick] [--jobs N] [--reps N] [--concurrency N] [--rate R] [--compare CONSUMER | --plain-ledger] [--json]
 
 Measures, in one run on this machine, what toolq's exactly-once effects cost next to a
 naive dispatcher with no memory (pull, POST the sandbox, publish the result, ack). Each
@@ -41,8 +41,11 @@ With no --nats-url it starts a nats-server process of its own; with no --databas
 throwaway Postgres cluster with fsync and synchronous commit on (initdb and pg_ctl must
 be installed). --compare runs the fresh, duplicate and latency scenarios with a second
 consumer build too, each run beside the first build's, and prints the ratios: of the two
-builds' × naive rep by rep, and of their medians. The JSON line
-(--json) is printed last.`
+builds' × naive rep by rep, and of their medians. --plain-ledger runs them with the
+plain ledger dispatcher in the compared place instead: the naive dispatcher keeping a row
+per call in the same Postgres (claimed before its call without waiting for the disk,
+completed after it waiting, a completed call answered from its row), one statement a
+call. The JSON line (--json) is printed last.`
 
 func runBench(ctx context.Context, args []string, stdio cli.IO, getenv func(string) string) error {
 	fs := cli.NewFlagSet("bench", benchSynopsis, stdio)
@@ -60,6 +63,7 @@ func runBench(ctx context.Context, args []string, stdio cli.IO, getenv func(stri
 	asJSON := fs.Bool("json", false, "print the figures as one JSON object, on the last line")
 	consumer := fs.String("consumer", "", "the consumer binary under test, run as processes (empty: ./consumer beside this binary, if there is one)")
 	fs.StringVar(&cfg.CompareBin, "compare", "", "a second consumer binary: its fresh, duplicate and latency runs are made beside the first's, and the ratios printed")
+	fs.BoolVar(&cfg.ComparePlain, "plain-ledger", false, "run the fresh, duplicate and latency runs with the plain ledger dispatcher beside the consumer's, as --compare does a second build")
 	fs.StringVar(&cfg.ProfileDir, "profile", "", "write a CPU and allocation profile of every consumer process into this directory (of a latency run's: of its counted jobs, and an execution trace)")
 	fs.BoolVar(&cfg.InProcess, "in-process", false, "run toolq's worker and the naive dispatcher inside this process (with --cpuprofile: a profile of everything)")
 	processes := fs.String("processes", "1,2,4", "consumer process counts of the scaling runs, comma-separated (empty: none)")
@@ -97,6 +101,9 @@ func runBench(ctx context.Context, args []string, stdio cli.IO, getenv func(stri
 	if cfg.ConsumerBin == "" {
 		cfg.Logger.Warn("bench: no consumer binary beside this one: toolq runs inside this process, and the scaling and memory runs are not made " +
 			"(go build -o bin/ ./cmd/consumer ./cmd/publisher && bin/publisher bench, or --consumer PATH)")
+	}
+	if cfg.CompareBin != "" && cfg.ComparePlain {
+		return cli.Usagef("--compare and --plain-ledger both name what runs in the compared place: give one")
 	}
 	if cfg.CompareBin != "" && (cfg.InProcess || cfg.ConsumerBin == "") {
 		return cli.Usagef("--compare needs the consumer as a process: a --consumer binary (or one beside this one), without --in-process")

@@ -253,3 +253,60 @@ func TestARatiosStealIsMarkedFromTwoPointsAndSaysWhichWay(t *testing.T) {
 		}
 	}
 }
+
+// TestThePlainLedgerDispatcherPaysOnceAndAnswersARetriedTurnFromItsRow:
+// with --plain-ledger the compared place is the plain ledger dispatcher, a
+// process of its own (this binary again): its fresh run pays every call
+// once and writes two ledger commits a call (the claim and the
+// completion), its duplicate run (a retried turn of the same calls) pays
+// nothing, and it is timed at both rates. A second bench on the same
+// database makes calls of its own: its fresh runs pay every call again,
+// though the first bench's ledgers have the first bench's calls completed.
+func TestThePlainLedgerDispatcherPaysOnceAndAnswersARetriedTurnFromItsRow(t *testing.T) {
+	t.Parallel()
+	nats, db := testenv.StartNATS(t), testenv.Postgres(t)
+	for i := range 2 {
+		out, err := runPublisher(t, "", "bench", "--json", "--nats-url", nats.URL, "--database-url", db, "--plain-ledger",
+			"--jobs", "300", "--reps", "1", "--concurrency", "8", "--latency-for", "500ms", "--rate", "200", "--settle", "300ms", "--warm-up", "100ms", "--processes", "")
+		if err != nil {
+			t.Fatalf("bench %d: %v\n%s", i+1, err, out)
+		}
+		lines := strings.Split(strings.TrimSpace(out), "\n")
+		var got struct{ Report bench.Report }
+		if err := json.Unmarshal([]byte(lines[len(lines)-1]), &got); err != nil {
+			t.Fatalf("bench %d: last line is not the JSON object: %v\n%s", i+1, err, out)
+		}
+		r := got.Report
+		if r.Fresh.Payments != 300 || r.Duplicate.Payments != 0 {
+			t.Errorf("bench %d: toolq paid %d calls fresh and %d duplicated, want 300 and 0", i+1, r.Fresh.Payments, r.Duplicate.Payments)
+		}
+		c := r.Compare
+		if c == nil || c.Bin != "plain ledger dispatcher" {
+			t.Fatalf("bench %d: the compared place is %+v, want the plain ledger dispatcher", i+1, c)
+		}
+		if c.Fresh.Payments != 300 || c.Duplicate.Payments != 0 {
+			t.Errorf("bench %d: the plain ledger dispatcher paid %d calls fresh and %d duplicated, want 300 and 0", i+1, c.Fresh.Payments, c.Duplicate.Payments)
+		}
+		// The database's commits count the bench's own statements too.
+		if c.Fresh.CommitsPerJob < 1.9 || c.Fresh.CommitsPerJob-c.Duplicate.CommitsPerJob < 0.8 {
+			t.Errorf("bench %d: the plain ledger dispatcher's commits a call: %.2f fresh (want 2: a claim, a completion), %.2f duplicated (want one fewer: no completion)",
+				i+1, c.Fresh.CommitsPerJob, c.Duplicate.CommitsPerJob)
+		}
+		if c.Fresh.CPUPer1000 <= 0 || c.Fresh.AllocsPerJob <= 0 || c.Lat.Jobs != 100 || c.Lat.P99ms <= 0 || c.Lat100.P99ms <= 0 {
+			t.Errorf("bench %d: the plain ledger dispatcher was not measured as a process of its own: %+v", i+1, c)
+		}
+		if !strings.Contains(out, "compared: plain ledger dispatcher") {
+			t.Errorf("bench %d: the table does not name the plain ledger dispatcher:\n%s", i+1, out)
+		}
+	}
+}
+
+// TestComparePlainLedgerAndABuildIsRefused: the compared place holds one
+// thing.
+func TestComparePlainLedgerAndABuildIsRefused(t *testing.T) {
+	t.Parallel()
+	_, err := runPublisher(t, "", "bench", "--plain-ledger", "--compare", "bin/consumer")
+	if err == nil || !strings.Contains(err.Error(), "give one") {
+		t.Fatalf("--plain-ledger with --compare: %v", err)
+	}
+}
