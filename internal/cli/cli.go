@@ -11,6 +11,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -117,7 +118,8 @@ func Env(getenv func(string) string, name, def string) string {
 }
 
 // ParseDuration is time.ParseDuration that also takes whole days ("30d",
-// "7d12h").
+// "7d12h"). A duration beyond time.Duration's range (about 292 years) is an
+// error, not one that wrapped around.
 func ParseDuration(s string) (time.Duration, error) {
 	days, rest, found := strings.Cut(s, "d")
 	if !found {
@@ -127,11 +129,18 @@ func ParseDuration(s string) (time.Duration, error) {
 	if err != nil || n < 0 {
 		return 0, fmt.Errorf("invalid duration %q (use e.g. 90m, 36h or 30d)", s)
 	}
-	d := time.Duration(n) * 24 * time.Hour
+	const day = 24 * time.Hour
+	if n > int(math.MaxInt64/day) {
+		return 0, fmt.Errorf("invalid duration %q: more than %d days", s, math.MaxInt64/day)
+	}
+	d := time.Duration(n) * day
 	if rest != "" {
 		r, err := time.ParseDuration(rest)
 		if err != nil {
 			return 0, fmt.Errorf("invalid duration %q (use e.g. 90m, 36h or 30d)", s)
+		}
+		if r > math.MaxInt64-d {
+			return 0, fmt.Errorf("invalid duration %q: more than %d days", s, math.MaxInt64/day)
 		}
 		d += r
 	}

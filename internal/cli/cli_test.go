@@ -52,6 +52,25 @@ func TestParseDuration(t *testing.T) {
 	}
 }
 
+// TestADurationInDaysDoesNotWrapAround: "213504d" (585 years, meant as
+// "everything") overflows time.Duration; it is refused, not taken for the
+// 25 minutes it wraps around to.
+func TestADurationInDaysDoesNotWrapAround(t *testing.T) {
+	t.Parallel()
+	d, err := cli.ParseDuration("213504d")
+	if err == nil && d < 100000*24*time.Hour {
+		t.Fatalf("ParseDuration(\"213504d\") = %v, no error", d)
+	}
+	for _, bad := range []string{"213504d", "106751d24h", "106752d"} {
+		if d, err := cli.ParseDuration(bad); err == nil {
+			t.Errorf("%q: %v, no error", bad, d)
+		}
+	}
+	if d, err := cli.ParseDuration("106751d"); err != nil || d != 106751*24*time.Hour {
+		t.Errorf("106751d, the most days there are room for: %v %v", d, err)
+	}
+}
+
 func TestCommands(t *testing.T) {
 	t.Parallel()
 	var ran []string
