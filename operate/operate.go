@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -130,7 +131,7 @@ func GetDeadLetter(ctx context.Context, js jetstream.JetStream, seq uint64) (Dea
 
 // ErrOriginalGone is the error of a dead letter whose body was omitted and
 // whose original job is no longer in TOOLQ_JOBS (it aged out, or was
-// deleted): nothing is left to requeue.
+// deleted, or the stream was made again): nothing is left to requeue.
 var ErrOriginalGone = errors.New("operate: the original job is no longer in " + jobs.JobsStream)
 
 // ErrRequeueDuplicate: TOOLQ_JOBS dropped a requeue's publish as a
@@ -138,8 +139,13 @@ var ErrOriginalGone = errors.New("operate: the original job is no longer in " + 
 var ErrRequeueDuplicate = errors.New("operate: requeue dropped as a duplicate")
 
 // Original returns the job a dead letter was made of, read from TOOLQ_JOBS
-// at d.JobSeq. Errors: ErrOriginalGone when that sequence holds no message,
-// or one of another subject than the dead letter's; JetStream's, wrapped.
+// at d.JobSeq. A dead letter names its original by that sequence alone, and
+// a stream made again (or restored) numbers from 1 again: the message there
+// is taken for the original only if it is on the dead letter's subject, was
+// stored before the dead letter, in a stream made before it, and agrees
+// with what the dead letter kept of it (its headers, its body or the body's
+// size). Errors: ErrOriginalGone when that sequence holds no message or
+// another one; JetStream's, wrapped.
 func Original(ctx context.Context, js jetstream.JetStream, d DeadLetter) (*jetstream.RawStreamMsg, error) {
 	if d.JobSeq == 0 {
 		return nil, fmt.Errorf("%w: dead letter %d names no job sequence", ErrOriginalGone, d.Seq)
@@ -148,6 +154,10 @@ func Original(ctx context.Context, js jetstream.JetStream, d DeadLetter) (*jetst
 	if err != nil {
 		return nil, fmt.Errorf("operate: stream %s: %w", jobs.JobsStream, err)
 	}
+	if created := s.CachedInfo().Created; created.After(d.Time) {
+		return nil, fmt.Errorf("%w: the stream was made at %s, after dead letter %d", ErrOriginalGone,
+			created.UTC().Format(time.RFC3339), d.Seq)
+	}
 	m, err := jsretry.Do(ctx, func(ctx context.Context) (*jetstream.RawStreamMsg, error) { return s.GetMsg(ctx, d.JobSeq) })
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return nil, fmt.Errorf("%w (job %d)", ErrOriginalGone, d.JobSeq)
@@ -155,10 +165,38 @@ func Original(ctx context.Context, js jetstream.JetStream, d DeadLetter) (*jetst
 	if err != nil {
 		return nil, fmt.Errorf("operate: job %d: %w", d.JobSeq, err)
 	}
-	if m.Subject != d.Subject {
-		return nil, fmt.Errorf("%w: job %d is on %s, the dead letter's was on %s", ErrOriginalGone, d.JobSeq, m.Subject, d.Subject)
+	if why := notOriginal(d, m); why != "" {
+		return nil, fmt.Errorf("%w: job %d is another call: %s", ErrOriginalGone, d.JobSeq, why)
 	}
 	return m, nil
+}
+
+// clockSlack is how far ahead of its dead letter's an original's time may
+// be: the two streams' leaders stamp them with their own clocks, and a too
+// large job is dead-lettered within milliseconds of being stored.
+const clockSlack = time.Second
+
+// notOriginal says why m cannot be the job d was made of, or "".
+func notOriginal(d DeadLetter, m *jetstream.RawStreamMsg) string {
+	switch {
+	case m.Subject != d.Subject:
+		return fmt.Sprintf("it is on %s, the dead letter's was on %s", m.Subject, d.Subject)
+	case m.Time.After(d.Time.Add(clockSlack)):
+		return fmt.Sprintf("it was stored at %s, after the dead letter", m.Time.UTC().Format(time.RFC3339Nano))
+	case d.BodyOmitted == 0 && d.Body != string(m.Data):
+		return "its body is not the dead letter's"
+	case d.BodyOmitted > 1 && d.BodyOmitted != len(m.Data):
+		// 1 stands for a size the dead letter did not say (deadLetterOf).
+		return fmt.Sprintf("its body is %d bytes, the dead letter's original was %d", len(m.Data), d.BodyOmitted)
+	}
+	// The dead letter kept the original's headers but JetStream's own (its
+	// Nats-Msg-Id is the dead letter's).
+	for k, v := range d.Header {
+		if !strings.HasPrefix(k, "Nats-") && !slices.Equal(m.Header[k], v) {
+			return fmt.Sprintf("its header %s is not the dead letter's", k)
+		}
+	}
+	return ""
 }
 
 // Requeue publishes the dead letter at seq again on its original subject,

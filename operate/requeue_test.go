@@ -2,7 +2,10 @@ package operate_test
 
 import (
 	"context"
+	"errors"
 	"strconv"
+	"strings"
+	"sync"
 	"testing"
 
 	"github.com/nats-io/nats.go"
@@ -110,5 +113,114 @@ func TestATenantCannotMakeARequeueLoseADeadLetter(t *testing.T) {
 			got = requeued.Subject + " " + string(requeued.Data)
 		}
 		t.Fatalf("dead letter %d removed, and the job was not requeued: Requeue returned seq %d, which is %s", dl, newSeq, got)
+	}
+}
+
+// TestARequeueAfterTheJobsStreamWasMadeAgainDoesNotPublishAnotherCall: a dead
+// letter whose body was omitted names its original by sequence in
+// TOOLQ_JOBS. Once TOOLQ_JOBS is made again (sequences start again at 1),
+// that sequence holds another call on the same subject: the requeue is
+// refused with ErrOriginalGone, publishes nothing and keeps the dead letter.
+func TestARequeueAfterTheJobsStreamWasMadeAgainDoesNotPublishAnotherCall(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	n := testenv.StartNATS(t)
+	js, _ := jetstream.New(n.Connect())
+	if err := jobs.ProvisionStreams(ctx, js, jobs.Streams{}); err != nil {
+		t.Fatal(err)
+	}
+	bodyOf := func(id string) string {
+		return `{"version":1,"conversation_id":"c","turn_index":0,"tool":"send_payment","tool_use_id":"` + id +
+			`","args":{"memo":"` + strings.Repeat("x", 4000) + `","to":"` + id + `"}}`
+	}
+	pub := func(body string) uint64 {
+		m := nats.NewMsg("toolq.jobs.send_payment")
+		m.Data = []byte(body)
+		ack, err := js.PublishMsg(ctx, m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ack.Sequence
+	}
+	mine := bodyOf("toolu_mine")
+	seq := pub(mine)
+	dl := publishDeadLetter(t, js, jobs.DLQTooLarge, seq, "", jobs.HeaderDLQBodyOmitted, strconv.Itoa(len(mine)))
+
+	// The operator recreates TOOLQ_JOBS (a change of storage, of replicas).
+	if err := js.DeleteStream(ctx, jobs.JobsStream); err != nil {
+		t.Fatal(err)
+	}
+	if err := jobs.ProvisionStreams(ctx, js, jobs.Streams{}); err != nil {
+		t.Fatal(err)
+	}
+	other := bodyOf("toolu_other")
+	if s := pub(other); s != seq {
+		t.Fatalf("other job at %d, want %d", s, seq)
+	}
+
+	newSeq, err := operate.Requeue(ctx, js, dl)
+	s, _ := js.Stream(ctx, jobs.JobsStream)
+	if err == nil {
+		m, gerr := s.GetMsg(ctx, newSeq)
+		if gerr == nil && string(m.Data) != mine {
+			_, derr := operate.GetDeadLetter(ctx, js, dl)
+			t.Fatalf("requeue of dead letter %d (call toolu_mine) succeeded and published job %d with another call's body (tool_use_id %s); dead letter still there: %v",
+				dl, newSeq, strings.Split(strings.Split(string(m.Data), `"tool_use_id":"`)[1], `"`)[0], derr == nil)
+		}
+	}
+	if !errors.Is(err, operate.ErrOriginalGone) {
+		t.Fatalf("requeue of dead letter %d: job %d, %v; want ErrOriginalGone", dl, newSeq, err)
+	}
+	if info, _ := s.Info(ctx); info.State.Msgs != 1 {
+		t.Fatalf("%d jobs in %s after the refused requeue; want 1, the other call", info.State.Msgs, jobs.JobsStream)
+	}
+	if _, err := operate.GetDeadLetter(ctx, js, dl); err != nil {
+		t.Fatalf("the dead letter after a refused requeue: %v", err)
+	}
+}
+
+// barrierJS holds every PublishMsg until n of them are waiting: two
+// requeues that both read the dead letter before either publishes.
+type barrierJS struct {
+	jetstream.JetStream
+	wg *sync.WaitGroup
+}
+
+func (b barrierJS) PublishMsg(ctx context.Context, m *nats.Msg, opts ...jetstream.PublishOpt) (*jetstream.PubAck, error) {
+	b.wg.Done()
+	b.wg.Wait()
+	return b.JetStream.PublishMsg(ctx, m, opts...)
+}
+
+// TestTwoRequeuesOfOneDeadLetterAtOncePublishOneJob: two operators
+// requeue the same dead letter at the same moment: TOOLQ_JOBS gets one job
+// (the requeue's message id dedupes the second).
+func TestTwoRequeuesOfOneDeadLetterAtOncePublishOneJob(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	n := testenv.StartNATS(t)
+	real, _ := jetstream.New(n.Connect())
+	if err := jobs.ProvisionStreams(ctx, real, jobs.Streams{}); err != nil {
+		t.Fatal(err)
+	}
+	body := `{"version":1,"conversation_id":"c","turn_index":0,"tool":"send_payment","tool_use_id":"toolu_2x","args":{}}`
+	dl := publishDeadLetter(t, real, jobs.DLQMaxDeliver, 7, body)
+	var wg sync.WaitGroup
+	wg.Add(2)
+	js := barrierJS{real, &wg}
+	var done sync.WaitGroup
+	for i := 0; i < 2; i++ {
+		done.Add(1)
+		go func() {
+			defer done.Done()
+			seq, err := operate.Requeue(ctx, js, dl)
+			t.Logf("requeue: job %d, %v", seq, err)
+		}()
+	}
+	done.Wait()
+	s, _ := real.Stream(ctx, jobs.JobsStream)
+	info, _ := s.Info(ctx)
+	if info.State.Msgs != 1 {
+		t.Fatalf("%d jobs in %s after two requeues of dead letter %d at once; want 1", info.State.Msgs, jobs.JobsStream, dl)
 	}
 }
