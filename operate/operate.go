@@ -347,7 +347,8 @@ type ReplayRange struct {
 }
 
 // Validate returns an error unless r names a subject within toolq.jobs.>
-// and exactly one of a time range and a sequence range.
+// and exactly one of a time range and a sequence range, whose end is not
+// before its start.
 func (r ReplayRange) Validate() error {
 	if r.Subject == "" || !strings.HasPrefix(r.Subject, jobs.JobsPrefix) {
 		return fmt.Errorf("operate: replay subject %q: want one under %s", r.Subject, jobs.JobsPrefix)
@@ -360,6 +361,8 @@ func (r ReplayRange) Validate() error {
 		return errors.New("operate: replay: the sequence range needs a start")
 	case bySeq && r.ToSeq > 0 && r.ToSeq < r.FromSeq:
 		return fmt.Errorf("operate: replay: to-seq %d is before from-seq %d", r.ToSeq, r.FromSeq)
+	case !bySeq && !r.Until.IsZero() && r.Until.Before(r.Since):
+		return fmt.Errorf("operate: replay: until %s is before since %s", r.Until.UTC().Format(time.RFC3339), r.Since.UTC().Format(time.RFC3339))
 	}
 	return nil
 }
@@ -482,9 +485,11 @@ func legacyKey(call jobs.Call) (string, bool) {
 // ledger, so a replay runs only what never settled. With dry set nothing is
 // published. WithLedger says, for each job, what the ledger knew of it just
 // before it was (or would be) published. Replays of replays are skipped, so a range can be replayed
-// again without growing. A subject outside toolq.jobs.> or a range that is
-// not exactly one of time or sequence is an error before anything is read;
-// a failed publish stops the replay and comes back with what was done.
+// again without growing. A time range starts where the server finds since
+// and reads on to the last job there was when the replay began, keeping the
+// jobs stamped within the range. A subject outside toolq.jobs.> or a range
+// that Validate refuses is an error before anything is read; a failed
+// publish stops the replay and comes back with what was done.
 func Replay(ctx context.Context, js jetstream.JetStream, r ReplayRange, dry bool, opts ...ReplayOption) ([]Replayed, error) {
 	var o replayOptions
 	for _, opt := range opts {
@@ -519,12 +524,16 @@ func Replay(ctx context.Context, js jetstream.JetStream, r ReplayRange, dry bool
 			return false, err
 		}
 		seq := meta.Sequence.Stream
-		if (r.ToSeq > 0 && seq > r.ToSeq) || (!r.Until.IsZero() && meta.Timestamp.After(r.Until)) {
+		if r.ToSeq > 0 && seq > r.ToSeq {
 			return false, nil
 		}
-		// A consumer on a server still catching up finds the start time
-		// among what it has stored, which can be before it.
-		if m.Headers().Get(jobs.HeaderReplayOf) != "" || meta.Timestamp.Before(r.Since) {
+		// A time range is read to the end and each job kept by its own
+		// time: a server's clock that stepped back stamps a later job
+		// earlier, so a job after until does not mean none in the range
+		// follows. The start the server found can be before since (a
+		// consumer on a server still catching up searches what it has).
+		if m.Headers().Get(jobs.HeaderReplayOf) != "" || meta.Timestamp.Before(r.Since) ||
+			(!r.Until.IsZero() && meta.Timestamp.After(r.Until)) {
 			return true, nil
 		}
 		rep := Replayed{Seq: seq, Subject: m.Subject(), Key: m.Headers().Get(jobs.HeaderKey), ToolUseID: toolUseIDOf(m.Data())}
