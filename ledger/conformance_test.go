@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -470,6 +471,94 @@ func TestResolveIsRecordedAndIdempotent(t *testing.T) {
 		for _, bad := range []ledger.Resolution{{NotRun: true, By: "alice"}, {NotRun: true, Reason: "why"}} {
 			if _, err := s.Resolve(ctx, indeterminate().Key, bad); err == nil {
 				t.Errorf("%+v accepted", bad)
+			}
+		}
+	})
+}
+
+// TestARepeatedResolutionDoesNotReleaseTheAttemptAfterIt: an operator
+// resolves an indeterminate unkeyed write not-run; the call runs again
+// (attempt 2) and its outcome is uncertain again: indeterminate. The same
+// resolution again (a retry of a command whose answer was lost, a second
+// operator working the same page) is refused, without an attempt or with
+// attempt 1: it would release attempt 2, whose outcome nobody looked at,
+// and the call would run a third time. Naming attempt 2 resolves it.
+func TestARepeatedResolutionDoesNotReleaseTheAttemptAfterIt(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, s *ledger.Store) {
+		ctx := context.Background()
+		c := newClaim(time.Minute)
+		row := mustClaim(t, s, c)
+		if err := s.MarkIndeterminate(ctx, row.Fence(), ledger.ErrorInfo{Code: "reset", Message: "reset"}); err != nil {
+			t.Fatal(err)
+		}
+		nr := ledger.Resolution{NotRun: true, By: "alice", Reason: "no ticket in the tracker for attempt 1"}
+		if changed, err := s.Resolve(ctx, c.Key, nr); !changed || err != nil {
+			t.Fatalf("resolve not-run: %v %v", changed, err)
+		}
+		again := mustClaim(t, s, c) // attempt 2 runs
+		if err := s.MarkIndeterminate(ctx, again.Fence(), ledger.ErrorInfo{Code: "reset", Message: "reset again"}); err != nil {
+			t.Fatal(err)
+		}
+		// The same resolution again.
+		changed, err := s.Resolve(ctx, c.Key, nr)
+		r := claimOne(t, s, c) // the next delivery of the call
+		if changed || r.Claimed {
+			t.Fatalf("the same not-run resolution repeated: changed=%v err=%v; attempt %d's uncertain outcome was released, and the next delivery claims the call again: claimed=%v attempt=%d",
+				changed, err, again.Attempt, r.Claimed, r.Row.Attempt)
+		}
+		isErr(t, err, ledger.ErrOtherAttempt)
+		first := nr
+		first.Attempt = 1
+		isErr(t, resolveErr(s.Resolve(ctx, c.Key, first)), ledger.ErrOtherAttempt)
+		isErr(t, resolveErr(s.Resolve(ctx, c.Key, ledger.Resolution{Output: json.RawMessage(`{}`), By: "bob", Reason: "r", Attempt: 3})), ledger.ErrOtherAttempt)
+		if r := claimOne(t, s, c); r.Claimed || r.Row.State != ledger.Indeterminate {
+			t.Fatalf("after refused resolutions: %+v", r)
+		}
+		second := ledger.Resolution{Output: json.RawMessage(`{"vote":2}`), By: "bob", Reason: "attempt 2's vote is in the tracker", Attempt: 2}
+		if changed, err := s.Resolve(ctx, c.Key, second); !changed || err != nil {
+			t.Fatalf("resolve attempt 2: %v %v", changed, err)
+		}
+		got := mustGet(t, s, c.Key)
+		if ev := got.LastResolution(); got.State != ledger.Completed || len(got.History) != 2 || ev.Attempt != 2 || got.History[0].Attempt != 1 {
+			t.Fatalf("after resolving attempt 2: %s %+v", got.State, got.History)
+		}
+		if changed, err := s.Resolve(ctx, c.Key, second); changed || err != nil {
+			t.Fatalf("attempt 2's resolution again: %v %v", changed, err)
+		}
+	})
+}
+
+// TestOfConcurrentResolutionsOfARowOneChangesIt: operators resolving one
+// row at once with different outputs: exactly one changes it.
+func TestOfConcurrentResolutionsOfARowOneChangesIt(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, s *ledger.Store) {
+		ctx := context.Background()
+		for k := 0; k < 20; k++ {
+			c := newClaim(time.Minute)
+			row := mustClaim(t, s, c)
+			if err := s.MarkIndeterminate(ctx, row.Fence(), ledger.ErrorInfo{Code: "reset", Message: "reset"}); err != nil {
+				t.Fatal(err)
+			}
+			var wg sync.WaitGroup
+			var changed atomic.Int32
+			start := make(chan struct{})
+			for i := 0; i < 8; i++ {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					<-start
+					r := ledger.Resolution{Output: json.RawMessage(`{"op":` + strconv.Itoa(i) + `}`), By: "op" + strconv.Itoa(i), Reason: "found it"}
+					if ok, _ := s.Resolve(ctx, c.Key, r); ok {
+						changed.Add(1)
+					}
+				}()
+			}
+			close(start)
+			wg.Wait()
+			if n := changed.Load(); n != 1 {
+				t.Fatalf("key %s: %d of 8 concurrent resolutions with different outputs changed the row; want 1", c.Key, n)
 			}
 		}
 	})

@@ -39,6 +39,10 @@ var (
 	// ErrDecisionRefused: a decision that does not match the call it names
 	// (another approver group, another args digest).
 	ErrDecisionRefused = errors.New("ledger: decision refused")
+	// ErrOtherAttempt: a resolution of another attempt than the row's (it
+	// ran again since the operator looked), or of no attempt, of a row
+	// resolved before that is indeterminate again.
+	ErrOtherAttempt = errors.New("ledger: the row is at another attempt")
 )
 
 // DefaultTimeout bounds every call whose context has no deadline.
@@ -131,7 +135,7 @@ func (s *Store) retryConflicts(ctx context.Context, f func() error) error {
 }
 
 func isLedgerError(err error) bool {
-	for _, e := range []error{ErrNotFound, ErrFenced, ErrLeaseHeld, ErrMaterialMismatch, ErrNotIndeterminate, ErrUnavailable, ErrInvalidOutput, ErrResolved, ErrTxUnsupported, ErrTxEnded, ErrNotAwaiting, ErrDecisionRefused} {
+	for _, e := range []error{ErrNotFound, ErrFenced, ErrLeaseHeld, ErrMaterialMismatch, ErrNotIndeterminate, ErrUnavailable, ErrInvalidOutput, ErrResolved, ErrTxUnsupported, ErrTxEnded, ErrNotAwaiting, ErrDecisionRefused, ErrOtherAttempt} {
 		if errors.Is(err, e) {
 			return true
 		}

@@ -19,6 +19,10 @@ type Resolution struct {
 	NotRun bool            // the call did not happen: release the row so it can run
 	By     string          // who decided (required)
 	Reason string          // why (required)
+	// Attempt is the attempt decided on (Row.Attempt, as the operator read
+	// it): the outcome checked is that attempt's. 0 takes the row's, and
+	// is refused for a row resolved before (released, it ran again).
+	Attempt int64
 }
 
 // Decision is DecisionNotRun or DecisionCompleted.
@@ -218,9 +222,14 @@ func (s *Store) OldestInFlight(ctx context.Context) (Row, error) {
 // and a redelivery or replay may run it), and appends the decision to the
 // row's history in the same statement. It is idempotent: a row already
 // resolved with the same decision (and output) is left as it is, and changed
-// is false. Errors: ErrNotFound; ErrResolved when the row was resolved with
-// another decision; ErrNotIndeterminate when it is in another state without
-// having been resolved; ErrInvalidOutput.
+// is false. A row released as not run runs again, and can be indeterminate
+// again at a later attempt: a decision settles only the attempt it names
+// (r.Attempt), never one whose outcome nobody checked.
+// Errors: ErrNotFound; ErrOtherAttempt when the row is indeterminate at
+// another attempt than r.Attempt, or r.Attempt is 0 and the row was resolved
+// before; ErrResolved when the row was resolved with another decision;
+// ErrNotIndeterminate when it is in another state without having been
+// resolved; ErrInvalidOutput.
 func (s *Store) Resolve(ctx context.Context, key string, r Resolution) (changed bool, err error) {
 	ctx, cancel := withDefaultTimeout(ctx)
 	defer cancel()
@@ -240,8 +249,20 @@ func (s *Store) Resolve(ctx context.Context, key string, r Resolution) (changed 
 		return false, err
 	}
 	if row.State == Indeterminate {
+		attempt := r.Attempt
+		if last := row.LastResolution(); attempt == 0 && last != nil {
+			return false, fmt.Errorf("%w: %s was resolved %s by %s at %s (%q), ran again and is indeterminate at attempt %d: check that attempt's outcome and name it",
+				ErrOtherAttempt, key, last.Decision, last.By, last.At.Format(time.RFC3339), last.Reason, row.Attempt)
+		}
+		if attempt == 0 {
+			attempt = row.Attempt
+		}
+		if attempt != row.Attempt {
+			return false, fmt.Errorf("%w: %s is indeterminate at attempt %d, not %d: check that attempt's outcome and name it",
+				ErrOtherAttempt, key, row.Attempt, attempt)
+		}
 		ev := Event{At: time.Now().UTC().Truncate(time.Millisecond), By: r.By, Action: "resolve", Decision: r.Decision(),
-			Reason: r.Reason, From: row.State, Error: row.Error, Output: r.Output}
+			Reason: r.Reason, From: row.State, Error: row.Error, Output: r.Output, Attempt: attempt}
 		evJSON, err := json.Marshal(ev)
 		if err != nil {
 			return false, fmt.Errorf("ledger: resolve %s: %w", key, err)
@@ -249,9 +270,9 @@ func (s *Store) Resolve(ctx context.Context, key string, r Resolution) (changed 
 		q := s.db.sql()
 		var n int64
 		if r.NotRun {
-			n, err = s.db.exec(ctx, q.resolveNotRun, namedArgs{"key": key, "event": string(evJSON)})
+			n, err = s.db.exec(ctx, q.resolveNotRun, namedArgs{"key": key, "event": string(evJSON), "attempt": attempt})
 		} else {
-			n, err = s.db.exec(ctx, q.resolveCompleted, namedArgs{"key": key, "event": string(evJSON), "result": string(r.Output)})
+			n, err = s.db.exec(ctx, q.resolveCompleted, namedArgs{"key": key, "event": string(evJSON), "result": string(r.Output), "attempt": attempt})
 		}
 		if err != nil {
 			return false, s.translate("resolve", err)
@@ -259,7 +280,8 @@ func (s *Store) Resolve(ctx context.Context, key string, r Resolution) (changed 
 		if n == 1 {
 			return true, nil
 		}
-		// Another operator resolved it between the read and the update.
+		// Another operator resolved it between the read and the update
+		// (or it was resolved, ran again and is at another attempt).
 		if row, err = s.getAny(ctx, key); err != nil {
 			return false, err
 		}

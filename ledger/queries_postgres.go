@@ -108,9 +108,9 @@ var postgresQueries = &queries{
 	clock:          `SELECT (extract(epoch from now()) * 1000)::bigint`,
 
 	resolveNotRun: `UPDATE toolq_ledger SET state = 'released', result = '', error = '', lease_until = now(), updated_at = now(),
-		history = ` + pgAppendEvent + ` WHERE key = @key AND state = 'indeterminate'`,
+		history = ` + pgAppendEvent + ` WHERE key = @key AND state = 'indeterminate' AND attempt = @attempt`,
 	resolveCompleted: `UPDATE toolq_ledger SET state = 'completed', result = @result, updated_at = now(),
-		history = ` + pgAppendEvent + ` WHERE key = @key AND state = 'indeterminate'`,
+		history = ` + pgAppendEvent + ` WHERE key = @key AND state = 'indeterminate' AND attempt = @attempt`,
 
 	awaitApproval: `UPDATE toolq_ledger SET state = 'awaiting_approval', approval_status = 'awaiting', approval = @approval,
 		approval_expires_at = now() + @ttl_ms::bigint * interval '1 millisecond', waiters = @waiters, lease_until = now(), updated_at = now()

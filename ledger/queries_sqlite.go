@@ -83,9 +83,9 @@ var sqliteQueries = &queries{
 	clock:          `SELECT ` + sqliteNow,
 
 	resolveNotRun: `UPDATE toolq_ledger SET state = 'released', result = '', error = '', lease_until = ` + sqliteNow + `,
-		updated_at = ` + sqliteNow + `, history = ` + sqliteAppendEvent + ` WHERE key = @key AND state = 'indeterminate'`,
+		updated_at = ` + sqliteNow + `, history = ` + sqliteAppendEvent + ` WHERE key = @key AND state = 'indeterminate' AND attempt = @attempt`,
 	resolveCompleted: `UPDATE toolq_ledger SET state = 'completed', result = @result, updated_at = ` + sqliteNow + `,
-		history = ` + sqliteAppendEvent + ` WHERE key = @key AND state = 'indeterminate'`,
+		history = ` + sqliteAppendEvent + ` WHERE key = @key AND state = 'indeterminate' AND attempt = @attempt`,
 
 	awaitApproval: `UPDATE toolq_ledger SET state = 'awaiting_approval', approval_status = 'awaiting', approval = @approval,
 		approval_expires_at = ` + sqliteNow + ` + @ttl_ms, waiters = @waiters, lease_until = ` + sqliteNow + `,

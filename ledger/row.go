@@ -116,8 +116,8 @@ type Event struct {
 	// the approver group it was taken for.
 	Digest string `json:"digest,omitempty"`
 	Group  string `json:"group,omitempty"`
-	// Attempt is the row's attempt when an approval decision was taken: a
-	// claim after it has a later one.
+	// Attempt is the row's attempt when an approval decision or a
+	// resolution was taken: a claim after it has a later one.
 	Attempt int64 `json:"attempt,omitempty"`
 }
 

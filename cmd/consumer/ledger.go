@@ -266,6 +266,9 @@ func eventText(e ledger.Event) string {
 	if e.Digest != "" {
 		s += ", group " + e.Group + ", args digest " + e.Digest
 	}
+	if e.Attempt > 0 {
+		s += fmt.Sprintf(", attempt %d", e.Attempt)
+	}
 	return s
 }
 
@@ -278,18 +281,21 @@ func errorText(e *ledger.ErrorInfo) string {
 
 func ledgerResolve(ctx context.Context, args []string, stdio cli.IO, getenv func(string) string) error {
 	fs := cli.NewFlagSet("resolve", "consumer ledger resolve (KEY | --conversation C --turn N --tool T [--ordinal K] --args JSON)\n"+
-		"                        (--output JSON | --not-run) --reason TEXT [--by NAME]\n\n"+
+		"                        --attempt N (--output JSON | --not-run) --reason TEXT [--by NAME]\n\n"+
 		"Settles an indeterminate row. --output: the call did happen, and this JSON is its\n"+
 		"output (duplicates get it from now on). --not-run: it did not happen; the row is\n"+
-		"released so that a redelivery or a replay runs the call. The decision, who took it\n"+
-		"and why are recorded in the row's history ('ledger show'). Resolving a resolved row\n"+
-		"the same way again changes nothing; another way is refused.", stdio)
+		"released so that a redelivery or a replay runs the call. --attempt: the attempt\n"+
+		"whose outcome you checked, as 'ledger show' prints it; a row at another attempt (it\n"+
+		"ran again) is refused. The decision, who took it and why are recorded in the row's\n"+
+		"history ('ledger show'). Resolving a resolved row the same way again changes\n"+
+		"nothing; another way is refused.", stdio)
 	var sf storeFlags
 	sf.register(fs, getenv)
 	output := fs.String("output", "", "the call's output, as JSON")
 	notRun := fs.Bool("not-run", false, "the call did not take effect: release the row")
 	reason := fs.String("reason", "", "why: what you checked (required; recorded in the row's history)")
 	by := fs.String("by", osUser(getenv), "who decided (default: the OS user)")
+	attempt := fs.Int64("attempt", 0, "the attempt whose outcome you checked ('ledger show'); without it, the row's, refused once the row was resolved before")
 	logFormat := fs.String("log-format", cli.Env(getenv, "TOOLQ_LOG_FORMAT", "text"), "the line that records the decision on standard error: text or json (env TOOLQ_LOG_FORMAT)")
 	var cf callFlags
 	cf.register(fs)
@@ -308,8 +314,10 @@ func ledgerResolve(ctx context.Context, args []string, stdio cli.IO, getenv func
 	if err != nil {
 		return err
 	}
-	res := ledger.Resolution{By: *by, Reason: *reason}
+	res := ledger.Resolution{By: *by, Reason: *reason, Attempt: *attempt}
 	switch {
+	case *attempt < 0:
+		return cli.Usagef("--attempt must be positive")
 	case (*output != "") == *notRun:
 		return errors.New("give exactly one of --output JSON and --not-run")
 	case strings.TrimSpace(*reason) == "":
@@ -331,7 +339,7 @@ func ledgerResolve(ctx context.Context, args []string, stdio cli.IO, getenv func
 	defer st.Close()
 	changed, err := st.Resolve(ctx, key, res)
 	if err == nil {
-		logger.Info("ledger row resolved", "key", key, "decision", res.Decision(), "reason", res.Reason, "by", res.By, "changed", changed)
+		logger.Info("ledger row resolved", "key", key, "attempt", res.Attempt, "decision", res.Decision(), "reason", res.Reason, "by", res.By, "changed", changed)
 	}
 	switch {
 	case err != nil:

@@ -113,7 +113,11 @@ func TestLedgerCommands(t *testing.T) {
 					t.Errorf("%v: %v", bad, err)
 				}
 			}
-			if _, err := runConsumer(t, env, "ledger", "resolve", "k-done", "--output", `{"ticket":"T-9"}`, "--reason", "T-9 is in the tracker"); err != nil {
+			if _, err := runConsumer(t, env, "ledger", "resolve", "k-done", "--attempt", "2", "--output", `{"ticket":"T-9"}`, "--reason", "T-9 is in the tracker"); err == nil ||
+				!strings.Contains(err.Error(), "indeterminate at attempt 1, not 2") {
+				t.Fatalf("a resolution of another attempt: %v", err)
+			}
+			if _, err := runConsumer(t, env, "ledger", "resolve", "k-done", "--attempt", "1", "--output", `{"ticket":"T-9"}`, "--reason", "T-9 is in the tracker"); err != nil {
 				t.Fatal(err)
 			}
 			if _, err := runConsumer(t, env, "ledger", "resolve", "k-notrun", "--not-run", "--reason", "no ticket", "--by", "alice"); err != nil {
