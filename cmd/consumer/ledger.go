@@ -148,8 +148,9 @@ func leaseText(r ledger.Row) string {
 
 // callFlags name a tool call by its fields instead of its key.
 type callFlags struct {
-	call jobs.Call
-	args string
+	call     jobs.Call
+	args     string
+	byFields bool // the key was derived from the fields
 }
 
 func (c *callFlags) register(fs *flag.FlagSet) {
@@ -182,11 +183,38 @@ func (c *callFlags) key(fs *flag.FlagSet, pos []string) (string, error) {
 		if err != nil {
 			return "", fmt.Errorf("the call's fields: %w", err)
 		}
+		c.byFields = true
 		return key, nil
 	case len(pos) != 1:
 		return "", cli.Usagef("want exactly one KEY (or the call's fields), got %d arguments", len(pos))
 	}
 	return pos[0], nil
+}
+
+// rowKey is the key of the row the worker acts on for the call: key, or,
+// for a call named by its fields, the key it had before member names were
+// ordered by all their UTF-16 code units when the ledger has a row under
+// that one (worker/legacykey.go). An error is the ledger's.
+func (c *callFlags) rowKey(ctx context.Context, st *ledger.Store, key string) (string, error) {
+	if !c.byFields {
+		return key, nil
+	}
+	m, err := c.call.Material()
+	if err != nil {
+		return key, nil
+	}
+	legacy, ok := m.Legacy()
+	if !ok {
+		return key, nil
+	}
+	_, err = st.Get(ctx, legacy.Key())
+	switch {
+	case errors.Is(err, ledger.ErrNotFound):
+		return key, nil
+	case err != nil:
+		return "", err
+	}
+	return legacy.Key(), nil
 }
 
 func ledgerShow(ctx context.Context, args []string, stdio cli.IO, getenv func(string) string) error {
@@ -212,6 +240,9 @@ func ledgerShow(ctx context.Context, args []string, stdio cli.IO, getenv func(st
 		return err
 	}
 	defer st.Close()
+	if key, err = cf.rowKey(ctx, st, key); err != nil {
+		return err
+	}
 	r, err := st.Get(ctx, key)
 	if err != nil {
 		return err
@@ -337,6 +368,9 @@ func ledgerResolve(ctx context.Context, args []string, stdio cli.IO, getenv func
 		return err
 	}
 	defer st.Close()
+	if key, err = cf.rowKey(ctx, st, key); err != nil {
+		return err
+	}
 	changed, err := st.Resolve(ctx, key, res)
 	if err == nil {
 		logger.Info("ledger row resolved", "key", key, "attempt", res.Attempt, "decision", res.Decision(), "reason", res.Reason, "by", res.By, "changed", changed)

@@ -467,3 +467,54 @@ func purgeEnv(t *testing.T) (dir string, env map[string]string) {
 	}
 	return dir, env
 }
+
+// TestLedgerShowByFieldsFindsTheRowTheWorkerAnswersFrom: a call whose
+// args have member names sharing a high surrogate (👎, 👍) had another key
+// before the member-order fix; its row, indeterminate, is under that key,
+// and the worker (and replay) answer the call from it. `ledger show` and
+// `ledger resolve` by the call's fields (the runbook's way to find an
+// indeterminate call) find and settle that row, as the worker would.
+func TestLedgerShowByFieldsFindsTheRowTheWorkerAnswersFrom(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dir := t.TempDir()
+	env := map[string]string{"TOOLQ_DATA_DIR": dir}
+	if _, err := runConsumer(t, env, "migrate"); err != nil {
+		t.Fatal(err)
+	}
+	st, err := ledger.Open(ctx, "", dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	args := `{"votes":{"👎":3,"👍":12}}`
+	call := jobs.Call{ConversationID: "c", TurnIndex: 1, Tool: "cast_vote", Args: []byte(args)}
+	m, err := call.Material()
+	if err != nil {
+		t.Fatal(err)
+	}
+	legacy, ok := m.Legacy()
+	if !ok {
+		t.Fatal("no legacy key")
+	}
+	res, err := st.Claim(ctx, []ledger.Claim{{Key: legacy.Key(), ConversationID: "c", TurnIndex: 1, Tool: "cast_vote",
+		ArgsDigest: legacy.ArgsDigest(), ToolUseID: "toolu_0", Owner: "before-the-fix", Lease: time.Hour}})
+	if err != nil || !res[0].Claimed {
+		t.Fatalf("claim: %v %+v", err, res)
+	}
+	if err := st.MarkIndeterminate(ctx, res[0].Row.Fence(), ledger.ErrorInfo{Code: "reset", Message: "reset"}); err != nil {
+		t.Fatal(err)
+	}
+	out, err := runConsumer(t, env, "ledger", "show", "--conversation", "c", "--turn", "1", "--tool", "cast_vote", "--args", args, "--json")
+	var row ledger.Row
+	if err != nil || json.Unmarshal([]byte(out), &row) != nil || row.Key != legacy.Key() {
+		t.Fatalf("ledger show by the call's fields: %q %v; want the indeterminate row under %s, which the worker answers the call from", out, err, legacy.Key())
+	}
+	if out, err := runConsumer(t, env, "ledger", "resolve", "--conversation", "c", "--turn", "1", "--tool", "cast_vote", "--args", args,
+		"--attempt", "1", "--output", `{"counted":true}`, "--reason", "the vote is in"); err != nil || !strings.Contains(out, legacy.Key()) {
+		t.Fatalf("ledger resolve by the call's fields: %q %v; want the row under %s resolved", out, err, legacy.Key())
+	}
+	if row, err := st.Get(ctx, legacy.Key()); err != nil || row.State != ledger.Completed {
+		t.Fatalf("the row under the key before the fix: %+v %v; want completed", row, err)
+	}
+}
