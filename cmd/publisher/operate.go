@@ -101,9 +101,12 @@ func dlq(ctx context.Context, sub string, args []string, stdio cli.IO, getenv fu
 		}
 		w := cli.NewTable(stdio.Out)
 		fmt.Fprintln(w, "SEQ\tTIME\tREASON\tSUBJECT\tJOB SEQ\tDELIVERIES\tTOOL_USE_ID\tDETAIL")
+		// What a dead letter says is the agent's or its job's: printed as
+		// cli.Printable makes it.
+		p := cli.Printable
 		for _, d := range dls {
-			fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n", d.Seq, d.Time.UTC().Format(time.RFC3339), d.Reason, d.Subject,
-				d.JobSeq, d.Deliveries, d.ToolUseID, truncate(d.Detail, 100))
+			fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n", d.Seq, d.Time.UTC().Format(time.RFC3339), p(d.Reason), p(d.Subject),
+				d.JobSeq, d.Deliveries, p(d.ToolUseID), p(truncate(d.Detail, 100)))
 		}
 		return w.Flush()
 	case "show":
@@ -115,16 +118,17 @@ func dlq(ctx context.Context, sub string, args []string, stdio cli.IO, getenv fu
 			return cli.PrintJSON(stdio.Out, d)
 		}
 		w := cli.NewTable(stdio.Out)
+		p := cli.Printable // as in ls
 		fmt.Fprintf(w, "seq:\t%d\ntime:\t%s\nreason:\t%s\ndetail:\t%s\nsubject:\t%s\njob seq:\t%d\ndeliveries:\t%d\nconsumer:\t%s\nhistory:\t%s\n",
-			d.Seq, d.Time.UTC().Format(time.RFC3339Nano), d.Reason, d.Detail, d.Subject, d.JobSeq, d.Deliveries, d.Consumer, d.History)
+			d.Seq, d.Time.UTC().Format(time.RFC3339Nano), p(d.Reason), p(d.Detail), p(d.Subject), d.JobSeq, d.Deliveries, p(d.Consumer), p(d.History))
 		for k, v := range d.Header {
-			fmt.Fprintf(w, "header %s:\t%s\n", k, strings.Join(v, ", "))
+			fmt.Fprintf(w, "header %s:\t%s\n", p(k), p(strings.Join(v, ", ")))
 		}
 		if d.HeadersOmitted != "" {
-			fmt.Fprintf(w, "headers omitted:\t%s (kept by the original, job %d in %s, until it ages out)\n", d.HeadersOmitted, d.JobSeq, jobs.JobsStream)
+			fmt.Fprintf(w, "headers omitted:\t%s (kept by the original, job %d in %s, until it ages out)\n", p(d.HeadersOmitted), d.JobSeq, jobs.JobsStream)
 		}
 		if d.BodyOmitted == 0 {
-			fmt.Fprintf(w, "body:\t%s\n", d.Body)
+			fmt.Fprintf(w, "body:\t%s\n", p(d.Body))
 			return w.Flush()
 		}
 		where := fmt.Sprintf("the original is job %d in %s (requeue reads it from there)", d.JobSeq, jobs.JobsStream)

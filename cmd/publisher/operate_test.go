@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -142,12 +143,12 @@ func TestShowOfAnOmittedBody(t *testing.T) {
 	dl.Header.Set(jobs.HeaderDLQReason, jobs.DLQTooLarge)
 	dl.Header.Set(jobs.HeaderDLQSubject, "toolq.jobs.send_payment")
 	dl.Header.Set(jobs.HeaderDLQStreamSeq, "1")
-	dl.Header.Set(jobs.HeaderDLQBodyOmitted, "2000000")
+	dl.Header.Set(jobs.HeaderDLQBodyOmitted, strconv.Itoa(len(job.Data))) // the original's size, as the worker writes it
 	if _, err := js.PublishMsg(ctx, dl); err != nil {
 		t.Fatal(err)
 	}
 	out, err := runPublisher(t, "", "dlq", "show", "1", "--nats-url", n.URL)
-	if err != nil || !strings.Contains(out, "omitted (2000000 bytes): the original is job 1 in TOOLQ_JOBS") {
+	if err != nil || !strings.Contains(out, "omitted (13 bytes): the original is job 1 in TOOLQ_JOBS") {
 		t.Fatalf("dlq show: %q %v", out, err)
 	}
 	s, _ := js.Stream(ctx, jobs.JobsStream)
@@ -155,7 +156,7 @@ func TestShowOfAnOmittedBody(t *testing.T) {
 		t.Fatal(err)
 	}
 	out, err = runPublisher(t, "", "dlq", "show", "1", "--nats-url", n.URL)
-	if err != nil || !strings.Contains(out, "omitted (2000000 bytes)") || !strings.Contains(out, "no longer in TOOLQ_JOBS") {
+	if err != nil || !strings.Contains(out, "omitted (13 bytes)") || !strings.Contains(out, "no longer in TOOLQ_JOBS") {
 		t.Fatalf("dlq show once the original is gone: %q %v", out, err)
 	}
 }
@@ -278,5 +279,56 @@ func TestAReplayThatFailsPartWayShowsWhatItPublished(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "stopped after the jobs above") || !strings.Contains(out, "replayed 1 job(s)") ||
 		!strings.Contains(out, "toolu_1") || strings.Contains(out, "toolu_2") {
 		t.Fatalf("replay: err %v, out:\n%s", err, out)
+	}
+}
+
+// TestADeadLetterListingEscapesAnAgentsControlCharacters: an invalid
+// job's tool_use_id is agent text; dead-lettered, `dlq ls` and `dlq show`
+// print "\u001b]0;…\u0007\u001b[2J" (set the window title, clear the
+// screen) escaped, not as escape sequences on the operator's terminal;
+// --json keeps the text.
+func TestADeadLetterListingEscapesAnAgentsControlCharacters(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	n := testenv.StartNATS(t)
+	js, _ := jetstream.New(n.Connect())
+	if err := jobs.ProvisionStreams(ctx, js, jobs.Streams{}); err != nil {
+		t.Fatal(err)
+	}
+	dl := nats.NewMsg(jobs.DLQSubject(jobs.DLQInvalid))
+	dl.Data = []byte(`{"version":1,"tool_use_id":"\u001b]0;owned\u0007\u001b[2Jtoolu_x"}`)
+	dl.Header.Set(jobs.HeaderDLQReason, jobs.DLQInvalid)
+	dl.Header.Set(jobs.HeaderDLQDetail, "tool_use_id: invalid")
+	dl.Header.Set(jobs.HeaderDLQSubject, "toolq.jobs.send_payment")
+	dl.Header.Set(jobs.HeaderDLQStreamSeq, "1")
+	if _, err := js.PublishMsg(ctx, dl); err != nil {
+		t.Fatal(err)
+	}
+	out, err := runPublisher(t, "", "dlq", "ls", "--nats-url", n.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.ContainsAny(out, "\x1b\x07") {
+		t.Fatalf("dlq ls printed the agent's escape sequences raw: %q", out)
+	}
+	if !strings.Contains(out, `\x1b]0;owned\a\x1b[2Jtoolu_x`) {
+		t.Fatalf("dlq ls does not show the tool_use_id escaped: %q", out)
+	}
+	raw := nats.NewMsg(jobs.DLQSubject(jobs.DLQInvalid))
+	raw.Data = []byte("{\"tool_use_id\":\"\x1b]0;owned\x07\x1b[2J\"}") // not JSON: invalid, dead-lettered as it came
+	raw.Header.Set(jobs.HeaderDLQReason, jobs.DLQInvalid)
+	raw.Header.Set(jobs.HeaderDLQDetail, "invalid character '\x1b' in string literal")
+	raw.Header.Set(jobs.HeaderDLQSubject, "toolq.jobs.send_payment")
+	if _, err := js.PublishMsg(ctx, raw); err != nil {
+		t.Fatal(err)
+	}
+	out, err = runPublisher(t, "", "dlq", "show", "2", "--nats-url", n.URL)
+	if err != nil || strings.ContainsAny(out, "\x1b\x07") || !strings.Contains(out, `\x1b[2J`) {
+		t.Fatalf("dlq show: %q %v; want the agent's escape sequences escaped", out, err)
+	}
+	out, err = runPublisher(t, "", "dlq", "ls", "--json", "--nats-url", n.URL)
+	var dls []operate.DeadLetter
+	if err != nil || json.Unmarshal([]byte(out), &dls) != nil || len(dls) != 2 || dls[0].ToolUseID != "\x1b]0;owned\a\x1b[2Jtoolu_x" {
+		t.Fatalf("dlq ls --json: %q %v; want the tool_use_id as it is", out, err)
 	}
 }

@@ -71,6 +71,21 @@ func TestADurationInDaysDoesNotWrapAround(t *testing.T) {
 	}
 }
 
+func TestPrintable(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]string{
+		"toolu_1":                "toolu_1",
+		"👍 ünïcode 👨\u200d👩":     "👍 ünïcode 👨\u200d👩", // a joiner is not a control
+		"\x1b]0;t\a\x1b[2Jx":     `\x1b]0;t\a\x1b[2Jx`,
+		"a\tb\nc\r\x7f":          `a\tb\nc\r\x7f`,
+		"\u009b2J \u202egnp.exe": `\u009b2J \u202egnp.exe`,
+	} {
+		if got := cli.Printable(in); got != want {
+			t.Errorf("Printable(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
 func TestCommands(t *testing.T) {
 	t.Parallel()
 	var ran []string
