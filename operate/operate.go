@@ -485,7 +485,8 @@ func legacyKey(call jobs.Call) (string, bool) {
 // ledger, so a replay runs only what never settled. With dry set nothing is
 // published. WithLedger says, for each job, what the ledger knew of it just
 // before it was (or would be) published. Replays of replays are skipped, so a range can be replayed
-// again without growing. A time range starts where the server finds since
+// again without growing; a requeued dead letter is replayed unless a job of
+// its call came before it in the range. A time range starts where the server finds since
 // and reads on to the last job there was when the replay began, keeping the
 // jobs stamped within the range. A subject outside toolq.jobs.> or a range
 // that Validate refuses is an error before anything is read; a failed
@@ -517,7 +518,8 @@ func Replay(ctx context.Context, js jetstream.JetStream, r ReplayRange, dry bool
 	}
 	stamp := time.Now().UnixNano()
 	var out []Replayed
-	runs := map[string]bool{} // keys of jobs in this replay that run now
+	runs := map[string]bool{}      // keys of jobs in this replay that run now
+	published := map[string]bool{} // keys of the jobs this replay publishes
 	err := scanStream(ctx, js, jobs.JobsStream, r.Subject, cfg, o.progress, func(m jetstream.Msg) (bool, error) {
 		meta, err := m.Metadata()
 		if err != nil {
@@ -532,7 +534,12 @@ func Replay(ctx context.Context, js jetstream.JetStream, r ReplayRange, dry bool
 		// earlier, so a job after until does not mean none in the range
 		// follows. The start the server found can be before since (a
 		// consumer on a server still catching up searches what it has).
-		if m.Headers().Get(jobs.HeaderReplayOf) != "" || meta.Timestamp.Before(r.Since) ||
+		// A replay is of a job in TOOLQ_JOBS (Toolq-Replay-Of: <seq>); a
+		// requeued dead letter (dlq:<seq>) is not, and can be its call's
+		// only job left once the original aged out.
+		replayOf := m.Headers().Get(jobs.HeaderReplayOf)
+		requeued := strings.HasPrefix(replayOf, "dlq:")
+		if (replayOf != "" && !requeued) || meta.Timestamp.Before(r.Since) ||
 			(!r.Until.IsZero() && meta.Timestamp.After(r.Until)) {
 			return true, nil
 		}
@@ -544,6 +551,10 @@ func Replay(ctx context.Context, js jetstream.JetStream, r ReplayRange, dry bool
 		if key != "" {
 			rep.Key = key
 		}
+		if requeued && key != "" && published[key] {
+			return true, nil // its call's original (or another job of it) is in this replay
+		}
+		published[key] = true
 		if outcome == RunsNow && runs[key] {
 			outcome = Answered // by the row an earlier job of this replay settles
 		}

@@ -2,6 +2,7 @@ package operate_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"strconv"
 	"strings"
@@ -222,5 +223,47 @@ func TestTwoRequeuesOfOneDeadLetterAtOncePublishOneJob(t *testing.T) {
 	info, _ := s.Info(ctx)
 	if info.State.Msgs != 1 {
 		t.Fatalf("%d jobs in %s after two requeues of dead letter %d at once; want 1", info.State.Msgs, jobs.JobsStream, dl)
+	}
+}
+
+// TestAReplayListsARequeuedDeadLetter: the runbook's answer to results
+// that were never published is a replay of the range, which "publishes
+// their results again". A requeued dead letter carries Toolq-Replay-Of:
+// dlq:N but is not a replay of a job in TOOLQ_JOBS: its original can be in
+// no range (aged out), and it is the call's only job left. It is listed and
+// replayed; its replay is skipped by the next replay of the range.
+func TestAReplayListsARequeuedDeadLetter(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	n := testenv.StartNATS(t)
+	js, _ := jetstream.New(n.Connect())
+	if err := jobs.ProvisionStreams(ctx, js, jobs.Streams{}); err != nil {
+		t.Fatal(err)
+	}
+	c := jobs.NewClient(js)
+	if _, err := c.Publish(ctx, &jobs.Job{ConversationID: "c", Tool: "send_payment", ToolUseID: "toolu_dl", Args: json.RawMessage(`{}`)}); err != nil {
+		t.Fatal(err)
+	}
+	s, _ := js.Stream(ctx, jobs.JobsStream)
+	orig, _ := s.GetMsg(ctx, 1)
+	dl := publishDeadLetter(t, js, jobs.DLQMaxDeliver, 1, string(orig.Data))
+	// The original ages out of TOOLQ_JOBS (7 days); the dead letter (30 days) is requeued.
+	if err := s.DeleteMsg(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	newSeq, err := operate.Requeue(ctx, js, dl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := operate.Replay(ctx, js, operate.ReplayRange{Subject: jobs.JobsSubjects, FromSeq: newSeq, ToSeq: newSeq}, true)
+	if err != nil || len(got) != 1 {
+		t.Fatalf("replay of job %d, the requeued dead letter and the call's only job in %s: %d listed, err %v", newSeq, jobs.JobsStream, len(got), err)
+	}
+	if _, err := operate.Replay(ctx, js, operate.ReplayRange{Subject: jobs.JobsSubjects, FromSeq: newSeq}, false); err != nil {
+		t.Fatal(err)
+	}
+	again, err := operate.Replay(ctx, js, operate.ReplayRange{Subject: jobs.JobsSubjects, FromSeq: newSeq}, true)
+	if err != nil || len(again) != 1 || again[0].Seq != newSeq {
+		t.Fatalf("the range replayed again: %+v %v; want job %d alone, its replay skipped", again, err, newSeq)
 	}
 }
