@@ -1,11 +1,15 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"net"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -95,3 +99,109 @@ func TestCommandsFailCleanly(t *testing.T) {
 }
 
 func itoa(n uint64) string { return strconv.FormatUint(n, 10) }
+
+// blackHole forwards a NATS connection's handshake (INFO, CONNECT, PING,
+// PONG) and then nothing, either way: the server looks alive and never
+// answers.
+func blackHole(t *testing.T, target string) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	var mu sync.Mutex
+	var conns []net.Conn
+	t.Cleanup(func() {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	pipe := func(dst, src net.Conn, until []byte) {
+		buf := make([]byte, 32<<10)
+		var seen []byte
+		open := true
+		for {
+			n, err := src.Read(buf)
+			if n > 0 && open {
+				dst.Write(buf[:n])
+				seen = append(seen, buf[:n]...)
+				if bytes.Contains(seen, until) {
+					open = false
+				}
+			}
+			if err != nil {
+				return
+			}
+		}
+	}
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			s, err := net.Dial("tcp", target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			mu.Lock()
+			conns = append(conns, c, s)
+			mu.Unlock()
+			go pipe(s, c, []byte("PING\r\n"))
+			go pipe(c, s, []byte("PONG\r\n"))
+		}
+	}()
+	return "nats://" + l.Addr().String()
+}
+
+// TestOperatorCommandsEndAgainstAServerThatAnswersNothing: every operator
+// command against a server that completed the handshake and then answers
+// nothing ends, with an error, in bounded time.
+func TestOperatorCommandsEndAgainstAServerThatAnswersNothing(t *testing.T) {
+	t.Parallel()
+	n := testenv.StartNATS(t)
+	url := blackHole(t, n.URL[len("nats://"):])
+	dir := t.TempDir()
+	env := map[string]string{"NATS_URL": url, "TOOLQ_DATA_DIR": dir}
+	cmds := [][]string{
+		{"status", "--no-ledger"},
+		{"dlq", "ls"},
+		{"dlq", "show", "1"},
+		{"dlq", "requeue", "1"},
+		{"dlq", "requeue", "--all"},
+		{"dlq", "purge", "--yes"},
+		{"replay", "--subject", "toolq.jobs.>", "--from-seq", "1", "--dry-run"},
+		{"replay", "--subject", "toolq.jobs.>", "--since", "1h"},
+	}
+	var wg sync.WaitGroup
+	for _, args := range cmds {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			done := make(chan error, 1)
+			began := time.Now()
+			go func() {
+				e := env
+				if args[0] == "replay" {
+					e = map[string]string{"NATS_URL": url}
+				}
+				_, _, err := runPublisherEnv(t, e, args...)
+				done <- err
+			}()
+			select {
+			case err := <-done:
+				t.Logf("%v: ended after %v: %v", args, time.Since(began).Round(time.Millisecond), err)
+				if err == nil {
+					t.Errorf("%v: no error against a black-holed server", args)
+				}
+			case <-time.After(2 * time.Minute):
+				t.Errorf("%v: still running after 2 minutes against a black-holed server", args)
+			}
+		}()
+	}
+	wg.Wait()
+}
