@@ -524,6 +524,44 @@ func TestMCPIdempotencyKeyHeaderIsSentOnToolsCallOnly(t *testing.T) {
 	}
 }
 
+// A tools/call is known as one however large its args: the executor reads
+// the head of each POST's body for its method, where it once decoded at
+// most 4 MiB of it and took a larger call for another request. Such a call
+// was never marked sent, its POST's status not recorded and its key's
+// header not added: a server that stored the document and then answered
+// 500 (or cut the connection) left it "not sent", and an unkeyed write was
+// sent again.
+func TestMCPLargeCallThatActedThenFailedIsAmbiguousNotNotSent(t *testing.T) {
+	t.Parallel()
+	var effects atomic.Int32
+	var keyHeader atomic.Value
+	srv := mcp.NewServer(&mcp.Implementation{Name: "upload", Version: "1"}, nil)
+	sdk := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, nil)
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost {
+			body, _ := io.ReadAll(r.Body)
+			r.Body = io.NopCloser(bytes.NewReader(body))
+			if bytes.Contains(body[:min(len(body), 200)], []byte(`"tools/call"`)) {
+				keyHeader.Store(r.Header.Get("Idempotency-Key"))
+				effects.Add(1) // the document is stored
+				http.Error(w, "internal error after storing", http.StatusInternalServerError)
+				return
+			}
+		}
+		sdk.ServeHTTP(w, r)
+	}))
+	t.Cleanup(ts.Close)
+	tool := mcpTool(t, tools.UnkeyedWrite, tools.MCP{URL: ts.URL, Tool: "store_document"}, 20*time.Second)
+	args := `{"doc":"` + strings.Repeat("A", 5<<20) + `"}` // a 5 MiB attachment
+	_, outcome, te := callKeyed(t, tool, "key_doc", args)
+	if effects.Load() != 1 {
+		t.Fatalf("%d effects", effects.Load())
+	}
+	if outcome != tools.Ambiguous {
+		t.Fatalf("a tools/call the server received and acted on (then answered 500) gave %v %+v (Idempotency-Key header %q): want ambiguous, never not sent", outcome, te, keyHeader.Load())
+	}
+}
+
 // ---------------------------------------------------------------------------
 // tools import
 

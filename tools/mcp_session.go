@@ -6,7 +6,6 @@ package tools
 import (
 	"context"
 	"encoding/json"
-	"io"
 	"net/http"
 	"net/http/httptrace"
 	"strconv"
@@ -240,7 +239,7 @@ func (t mcpTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		r.Header.Set(k, v)
 	}
 	call := callOf(req.Context())
-	if call == nil || req.Method != http.MethodPost || !isToolsCall(req) {
+	if call == nil || req.Method != http.MethodPost || !mayBeToolsCall(req) {
 		// The session's other requests, and a notifications/cancelled the
 		// SDK sends in the call's context, carry no key and say nothing of
 		// how far the call got.
@@ -270,18 +269,42 @@ func (t mcpTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	return resp, err
 }
 
-// isToolsCall reports whether the body of an SDK request is a tools/call.
-func isToolsCall(req *http.Request) bool {
+// mayBeToolsCall reports whether an SDK request may be a tools/call: it is,
+// unless the head of its body names another method. The SDK writes
+// "method" before "params", so the scan stops there and reads none of a
+// large call's args; a body it cannot read counts as a call, since taking
+// a call for another request would lose that it was sent.
+func mayBeToolsCall(req *http.Request) bool {
 	if req.GetBody == nil {
-		return false
+		return true
 	}
 	body, err := req.GetBody()
 	if err != nil {
-		return false
+		return true
 	}
 	defer body.Close()
-	var msg struct {
-		Method string `json:"method"`
+	method, ok := methodOf(json.NewDecoder(body))
+	return !ok || method == "tools/call"
+}
+
+// methodOf reads a JSON-RPC message's "method" member, skipping those
+// before it; ok is false when there is none or the message is not JSON.
+func methodOf(dec *json.Decoder) (method string, ok bool) {
+	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+		return "", false
 	}
-	return json.NewDecoder(io.LimitReader(body, 1<<22)).Decode(&msg) == nil && msg.Method == "tools/call"
+	for dec.More() {
+		name, err := dec.Token()
+		if err != nil {
+			return "", false
+		}
+		if name == "method" {
+			return method, dec.Decode(&method) == nil
+		}
+		var skip json.RawMessage
+		if dec.Decode(&skip) != nil {
+			return "", false
+		}
+	}
+	return "", false
 }
