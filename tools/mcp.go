@@ -258,11 +258,12 @@ func serverEnv(extra map[string]string, inherit bool) []string {
 //	before (the server restarted, or expired the session)                 → NotSent, and sent on a new session
 //	its POST answered another 4xx (but 408)                               → Definite: the server refused it
 //	its POST answered 408 or 5xx                                          → Ambiguous
-//	a JSON-RPC error the server answered: parse error, invalid request,
-//	method not found, invalid params (-32700, -32600…-32602)              → Definite
+//	a JSON-RPC error in the response to the call: parse error, invalid
+//	request, method not found, invalid params (-32700, -32600…-32602)     → Definite
 //	any other JSON-RPC error (internal, server, application, code 0)      → Ambiguous: the tool may have run
 //	a result with isError: true                                           → Definite (IsError "ambiguous": Ambiguous)
-//	a stream cut, a timeout or the server gone once the call was written  → Ambiguous
+//	a stream cut (its resume refused too), a timeout or the server gone
+//	once the call was written                                             → Ambiguous
 //	a result                                                              → Success
 //
 // A stdio server that does not read the call within a second after the
@@ -428,16 +429,17 @@ const (
 	codeRejected      = -32005 // "rejected by transport"
 )
 
-// serverError is the JSON-RPC error the server answered, if err holds one:
-// not one the SDK made itself for a connection that closed, nor one it made
-// reading a line it could not take (a transportError).
+// serverError is the JSON-RPC error the server answered to the call, if
+// err is one. The SDK returns the error of the call's response wrapped
+// once ("calling %q: %w"); a JSON-RPC error deeper in err is no answer to
+// the call: the body of a refused request the SDK decoded (the GET that
+// resumes a cut stream, answered "Session not found" by a server that
+// restarted after acting), or an error of reading the connection (a
+// transportError). Nor is one the SDK made itself for a connection that
+// closed.
 func serverError(err error) *jsonrpc.Error {
-	var te *transportError
-	if errors.As(err, &te) {
-		return nil
-	}
-	var wire *jsonrpc.Error
-	if !errors.As(err, &wire) {
+	wire, ok := errors.Unwrap(err).(*jsonrpc.Error)
+	if !ok {
 		return nil
 	}
 	switch wire.Code {

@@ -562,6 +562,65 @@ func TestMCPLargeCallThatActedThenFailedIsAmbiguousNotNotSent(t *testing.T) {
 	}
 }
 
+// A JSON-RPC error is the server's answer to a call only when it is the
+// response to the call's request. A server (Python SDK style) takes a
+// tools/call, opens its SSE response stream with a numbered event, acts,
+// and restarts: the stream is cut. The SDK resumes it with a GET carrying
+// Last-Event-ID; the restarted server answers 404 with a JSON-RPC error
+// body, -32600 "Session not found", and the SDK fails the connection with
+// an error that wraps it. The call's POST was answered 200, and that -32600
+// was read as the server's answer to the call: definite. The call was
+// written and acted on: an unkeyed write is ambiguous (indeterminate), a
+// keyed one retried under its key.
+func TestMCPStreamCutAfterTheEffectWhoseResumeFindsTheSessionGoneIsAmbiguous(t *testing.T) {
+	t.Parallel()
+	var effects atomic.Int32
+	srv := mcp.NewServer(&mcp.Implementation{Name: "python-like", Version: "1"}, nil)
+	srv.AddTool(&mcp.Tool{Name: "create_ticket", InputSchema: json.RawMessage(`{"type":"object"}`)},
+		func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "ticket"}}}, nil
+		})
+	sdk := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, nil)
+	var restarted atomic.Bool
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if restarted.Load() && r.Header.Get("Mcp-Session-Id") != "" {
+			// python-sdk streamable_http_manager: a session it does not know.
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusNotFound)
+			io.WriteString(w, `{"jsonrpc":"2.0","id":"server-error","error":{"code":-32600,"message":"Session not found"}}`)
+			return
+		}
+		if r.Method == http.MethodPost {
+			body, _ := io.ReadAll(r.Body)
+			r.Body = io.NopCloser(bytes.NewReader(body))
+			var msg struct {
+				Method string `json:"method"`
+			}
+			json.Unmarshal(body, &msg)
+			if msg.Method == "tools/call" {
+				w.Header().Set("Content-Type", "text/event-stream")
+				w.Header().Set("Mcp-Session-Id", r.Header.Get("Mcp-Session-Id"))
+				w.WriteHeader(http.StatusOK)
+				io.WriteString(w, "id: ev-1\ndata: \n\n") // the priming event (SEP-1699): resumable
+				w.(http.Flusher).Flush()
+				effects.Add(1)        // the ticket is made
+				restarted.Store(true) // and the server restarts: the stream ends unanswered
+				return
+			}
+		}
+		sdk.ServeHTTP(w, r)
+	}))
+	t.Cleanup(ts.Close)
+	tool := mcpTool(t, tools.UnkeyedWrite, tools.MCP{URL: ts.URL, Tool: "create_ticket"}, 15*time.Second)
+	_, outcome, te := callKeyed(t, tool, "key_1", `{}`)
+	if effects.Load() != 1 {
+		t.Fatalf("%d effects, want 1", effects.Load())
+	}
+	if outcome != tools.Ambiguous {
+		t.Fatalf("a call written and acted on, whose stream was cut and whose resume found the session gone, gave %v %+v: want ambiguous", outcome, te)
+	}
+}
+
 // ---------------------------------------------------------------------------
 // tools import
 
