@@ -1,6 +1,7 @@
 package tools
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -256,6 +257,7 @@ func serverEnv(extra map[string]string, inherit bool) []string {
 //	its POST answered 429, or 503 with Retry-After                        → NotSent, retry after that
 //	its POST answered 400, 401, 403 or 404 on a session that served calls
 //	before (the server restarted, or expired the session)                 → NotSent, and sent on a new session
+//	its POST answered 409 to a call that carried its key                  → Ambiguous, retry after Retry-After
 //	its POST answered another 4xx (but 408)                               → Definite: the server refused it
 //	its POST answered 408 or 5xx                                          → Ambiguous
 //	a JSON-RPC error in the response to the call: parse error, invalid
@@ -290,7 +292,7 @@ func (m *MCP) callOnce(ctx context.Context, req Request) (json.RawMessage, error
 	if err != nil {
 		return nil, NotSentError("mcp_connect", "could not open a session with the MCP server: "+oneLine(err.Error()), 0, err)
 	}
-	p := new(mcpProgress)
+	p := &mcpProgress{keyed: req.Key != ""}
 	params := &mcp.CallToolParams{Name: m.Tool, Arguments: req.Args}
 	if req.Key != "" {
 		params.Meta = mcp.Meta{MetaIdempotencyKey: req.Key}
@@ -397,6 +399,10 @@ func (m *MCP) classifyError(err error, p *mcpProgress, reused bool, ctx context.
 		return NotSentError(code, oneLine(err.Error()), retry, err)
 	case refused && reused && (status == http.StatusBadRequest || status == http.StatusUnauthorized || status == http.StatusForbidden || status == http.StatusNotFound):
 		return NotSentError(codeSessionGone, "the MCP server refused the session (HTTP "+strconv.Itoa(status)+"): "+oneLine(err.Error()), 0, err)
+	case refused && status == http.StatusConflict && p.keyed:
+		// An idempotency layer in front of the server holds the key: the
+		// first request under it is still in flight, as for the http executor.
+		return AmbiguousError(code, "the same key is still being processed downstream: "+oneLine(err.Error()), cmp.Or(retry, DefaultNotSentDelay), err)
 	case refused && status >= 400 && status < 500 && status != http.StatusRequestTimeout:
 		return &Error{Outcome: Definite, Code: code, Message: "the MCP server refused the call: " + oneLine(err.Error()), Err: err}
 	case refused:

@@ -621,6 +621,46 @@ func TestMCPStreamCutAfterTheEffectWhoseResumeFindsTheSessionGoneIsAmbiguous(t *
 	}
 }
 
+// An HTTP idempotency layer in front of an MCP server answers 409 to a
+// request under a key whose first request is still in flight (as the
+// sandbox's HTTP API does). The call is then uncertain, as for the http
+// executor: ambiguous, retried later under its key, never the server's
+// final no while the first request pays.
+func TestMCPConflictOnTheCallsKeyIsAmbiguous(t *testing.T) {
+	t.Parallel()
+	var busy atomic.Bool
+	url := goSDKServer(t, func(srv *mcp.Server) {
+		srv.AddTool(&mcp.Tool{Name: "pay", InputSchema: json.RawMessage(`{"type":"object"}`)},
+			func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+				return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "paid"}}}, nil
+			})
+	}, func(next http.Handler) http.Handler {
+		// The gateway: the key "key_busy" is held by another request (as
+		// after a lost claim), so its tools/call gets 409.
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.Method == http.MethodPost && strings.Contains(r.Header.Get("Idempotency-Key"), "key_busy") {
+				body, _ := io.ReadAll(r.Body)
+				if strings.Contains(string(body), `"tools/call"`) {
+					busy.Store(true)
+					w.Header().Set("Retry-After", "1")
+					http.Error(w, `{"error":"a request with this key is still being processed"}`, http.StatusConflict)
+					return
+				}
+				r.Body = io.NopCloser(strings.NewReader(string(body)))
+			}
+			next.ServeHTTP(w, r)
+		})
+	})
+	tool := mcpTool(t, tools.KeyedWrite, tools.MCP{URL: url, Tool: "pay"}, 5*time.Second)
+	_, outcome, te := callKeyed(t, tool, "key_busy", `{}`)
+	if !busy.Load() {
+		t.Fatal("the gateway did not answer 409")
+	}
+	if outcome != tools.Ambiguous {
+		t.Fatalf("409 to a call that carried its key (same key in flight downstream) gave %v %+v: want ambiguous, retried under the key (as the http executor does)", outcome, te)
+	}
+}
+
 // ---------------------------------------------------------------------------
 // tools import
 

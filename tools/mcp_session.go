@@ -173,6 +173,8 @@ type mcpProgress struct {
 	// had a connection (as the HTTP executor counts it); over stdio, it
 	// was written to the server's stdin.
 	sent atomic.Bool
+	// keyed: the call carries its key, in _meta (and a header, over HTTP).
+	keyed bool
 
 	mu         sync.Mutex
 	status     int // the HTTP status of the call's POST, once answered
