@@ -272,23 +272,24 @@ func serverEnv(extra map[string]string, inherit bool) []string {
 // timeout is killed (a partial line can never complete): the call was not
 // sent.
 func (m *MCP) Execute(ctx context.Context, req Request) (json.RawMessage, error) {
-	for try := 0; ; try++ {
-		out, err := m.callOnce(ctx, req)
-		var te *Error
-		if err != nil && try == 0 && errors.As(err, &te) && te.Code == codeSessionGone && ctx.Err() == nil {
-			continue
-		}
-		return m.secrets.redactJSON(out), m.secrets.redactError(err)
+	out, err := m.callOnce(ctx, req, false)
+	var te *Error
+	if errors.As(err, &te) && te.Code == codeSessionGone && ctx.Err() == nil {
+		// The server forgot the session, and the idle ones with it: the call
+		// goes once more on a session opened now.
+		m.pool.dropIdle()
+		out, err = m.callOnce(ctx, req, true)
 	}
+	return m.secrets.redactJSON(out), m.secrets.redactError(err)
 }
 
 // codeSessionGone: the server refused the call's session, which it knew
 // no more (see Execute).
 const codeSessionGone = "mcp_session_gone"
 
-// callOnce sends the call on one session.
-func (m *MCP) callOnce(ctx context.Context, req Request) (json.RawMessage, error) {
-	s, reused, err := m.pool.get(ctx)
+// callOnce sends the call on one session (a new one if fresh).
+func (m *MCP) callOnce(ctx context.Context, req Request, fresh bool) (json.RawMessage, error) {
+	s, reused, err := m.pool.get(ctx, fresh)
 	if err != nil {
 		return nil, NotSentError("mcp_connect", "could not open a session with the MCP server: "+oneLine(err.Error()), 0, err)
 	}

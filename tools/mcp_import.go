@@ -44,7 +44,7 @@ func ImportMCP(ctx context.Context, m MCP, getenv func(string) string) ([]byte, 
 		return nil, err
 	}
 	defer e.Close()
-	s, _, err := e.pool.get(ctx)
+	s, _, err := e.pool.get(ctx, false)
 	if err != nil {
 		return nil, fmt.Errorf("connect to the MCP server: %w", reach.secrets.redactError(err))
 	}

@@ -416,6 +416,56 @@ func TestMCPSessionAPythonSDKServerForgotIsReplacedNotDefinite(t *testing.T) {
 	}
 }
 
+// After the server restarted, a call refused on its stale session is sent
+// once more, at once, on a session opened then, and the other idle sessions
+// (as stale) are dropped: the retry took the next idle session, stale as
+// well whenever calls had run side by side before, and the call came back
+// not sent, as did the next ones, for as many sessions as the pool held.
+func TestMCPAfterARestartACallIsSentOnANewSessionNotAnotherStaleOne(t *testing.T) {
+	t.Parallel()
+	var known sync.Map
+	var current atomic.Pointer[http.Handler]
+	restart := func() {
+		known.Clear()
+		srv := mcp.NewServer(&mcp.Implementation{Name: "python-like", Version: "1"}, nil)
+		srv.AddTool(&mcp.Tool{Name: "create_ticket", InputSchema: json.RawMessage(`{"type":"object"}`)},
+			func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+				time.Sleep(300 * time.Millisecond) // the calls overlap: one session each
+				return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "ticket"}}}, nil
+			})
+		var h http.Handler = mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, nil)
+		current.Store(&h)
+	}
+	restart()
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if sid := r.Header.Get("Mcp-Session-Id"); sid != "" {
+			if _, ok := known.Load(sid); !ok {
+				w.Header().Set("Content-Type", "application/json")
+				w.WriteHeader(http.StatusNotFound)
+				io.WriteString(w, `{"jsonrpc":"2.0","id":"server-error","error":{"code":-32600,"message":"Session not found"}}`)
+				return
+			}
+		}
+		(*current.Load()).ServeHTTP(sessionRecorder{w, &known}, r)
+	}))
+	t.Cleanup(ts.Close)
+	tool := mcpTool(t, tools.UnkeyedWrite, tools.MCP{URL: ts.URL, Tool: "create_ticket"}, 10*time.Second)
+	var wg sync.WaitGroup
+	for i := range 3 { // three calls at once: three sessions, idle afterwards
+		wg.Go(func() {
+			if _, outcome, te := callKeyed(t, tool, "key_a"+strconv.Itoa(i), `{}`); outcome != tools.Success {
+				t.Errorf("call %d: %v %+v", i, outcome, te)
+			}
+		})
+	}
+	wg.Wait()
+	restart()
+	_, outcome, te := callKeyed(t, tool, "key_after", `{}`)
+	if outcome != tools.Success {
+		t.Fatalf("the first call after the server restarted gave %v %+v: want it sent once more, at once, on a new session", outcome, te)
+	}
+}
+
 // The SDK sets Mcp-Protocol-Version on every request after initialize from
 // streamableClientConn.sessionUpdated, which it calls through the optional
 // clientConnection interface. trackedConn embeds only mcp.Connection, so the

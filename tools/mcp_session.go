@@ -45,9 +45,10 @@ func newSessionPool(connect func(context.Context) (*mcp.ClientSession, error), s
 	return &sessionPool{connect: connect, shared: shared}
 }
 
-// get returns a session for one call; reused reports one that served calls
+// get returns a session for one call: an idle one, or over HTTP a new one
+// when there is none or fresh is set; reused reports one that served calls
 // before (and so may have gone stale on the server).
-func (p *sessionPool) get(ctx context.Context) (s *mcp.ClientSession, reused bool, err error) {
+func (p *sessionPool) get(ctx context.Context, fresh bool) (s *mcp.ClientSession, reused bool, err error) {
 	p.mu.Lock()
 	if p.closed {
 		p.mu.Unlock()
@@ -56,7 +57,7 @@ func (p *sessionPool) get(ctx context.Context) (s *mcp.ClientSession, reused boo
 	if p.shared {
 		return p.getShared(ctx)
 	}
-	if n := len(p.idle); n > 0 {
+	if n := len(p.idle); n > 0 && !fresh {
 		s = p.idle[n-1]
 		p.idle = p.idle[:n-1]
 		p.mu.Unlock()
@@ -129,6 +130,19 @@ func (p *sessionPool) put(s *mcp.ClientSession, healthy bool) {
 	}
 	p.mu.Unlock()
 	go s.Close() // a session DELETE, or stopping a server: not on the call's path
+}
+
+// dropIdle closes the idle sessions, after the server refused one it no
+// longer knew: it restarted, or expired that session, and the others were
+// idle at least as long (the last one given back is taken first).
+func (p *sessionPool) dropIdle() {
+	p.mu.Lock()
+	idle := p.idle
+	p.idle = nil
+	p.mu.Unlock()
+	for _, s := range idle {
+		go s.Close()
+	}
 }
 
 // close ends every session; calls in flight end with their sessions.
