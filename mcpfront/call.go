@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -380,10 +381,11 @@ func (s *Server) publishAndAwait(ctx context.Context, j *jobs.Job) (*jobs.Result
 	if err != nil {
 		return nil, err
 	}
+	keys := resultKeys(j, pub.Key)
 	if !pub.Duplicate {
 		got, err := aw.Wait(ctx)
 		switch {
-		case err == nil && got[0].Key == pub.Key:
+		case err == nil && slices.Contains(keys, got[0].Key):
 			return got[0], nil
 		case err == nil: // another call's result, with this tool_use_id: read on
 		case !errors.Is(err, jobs.ErrResultsClosed):
@@ -393,18 +395,34 @@ func (s *Server) publishAndAwait(ctx context.Context, j *jobs.Job) (*jobs.Result
 			s.dropResults(reader)
 		}
 	}
-	return s.awaitKey(ctx, j.ConversationID, j.ToolUseID, pub.Key)
+	return s.awaitKey(ctx, j.ConversationID, j.ToolUseID, keys)
+}
+
+// resultKeys are the keys of the results that answer j, whose key is key:
+// that key, and the call's legacy key when it has one, since a call made
+// before the member-order fix is answered from its ledger row under that
+// key, and its result carries it (worker/legacykey.go). No other call has
+// either key.
+func resultKeys(j *jobs.Job, key string) []string {
+	m, err := j.Call().Material()
+	if err != nil {
+		return []string{key}
+	}
+	if legacy, ok := m.Legacy(); ok {
+		return []string{key, legacy.Key()}
+	}
+	return []string{key}
 }
 
 // awaitKey reads the conversation's results from the start until it has
 // read every result published before it started and holds one addressed
-// to toolUseID with the given key: the latest such, since an operator's
-// resolution as not run and the run that follows answer after an
-// indeterminate, and the final result after one awaiting approval (but
+// to toolUseID with one of the call's keys (resultKeys): the latest such,
+// since an operator's resolution as not run and the run that follows
+// answer after an indeterminate, and the final result after one awaiting approval (but
 // never a pending one after a final one: a pending answer that a decision
 // overtook). A result with another key (a job published with the same
 // tool_use_id by someone else) is another call's, and skipped.
-func (s *Server) awaitKey(ctx context.Context, conversationID, toolUseID, key string) (*jobs.Result, error) {
+func (s *Server) awaitKey(ctx context.Context, conversationID, toolUseID string, keys []string) (*jobs.Result, error) {
 	cons, err := pull.OrderedConsumer(ctx, s.cfg.JS, jobs.ResultsStream, jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{jobs.ResultSubject(conversationID)},
 		DeliverPolicy:  jetstream.DeliverAllPolicy,
@@ -433,7 +451,7 @@ func (s *Server) awaitKey(ctx context.Context, conversationID, toolUseID, key st
 		meta, err := msg.Metadata()
 		caughtUp = err != nil || meta.NumPending == 0
 		r, err := jobs.DecodeResult(msg.Data())
-		if err != nil || r.ToolUseID != toolUseID || r.Key != key {
+		if err != nil || r.ToolUseID != toolUseID || !slices.Contains(keys, r.Key) {
 			continue
 		}
 		if r.Supersedes(got) {
