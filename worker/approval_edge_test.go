@@ -355,6 +355,81 @@ func TestAnApprovedCallUnderItsLegacyKeyRunsOnceWithoutASecondRequest(t *testing
 	}
 }
 
+// TestARetriedTurnOfAnApprovedLegacyKeyCallRunsItWithoutAskingAgain: the
+// call of TestAnApprovedCallUnderItsLegacyKeyRunsOnceWithoutASecondRequest
+// (member names that first differ above U+FFFF: a legacy key), asked and
+// approved under its legacy key. The decision is recorded by `consumer
+// approve` while NATS is out, so the decided job waits for the sweep (as
+// documented: within 30 s). Meanwhile the agent retries the turn (same
+// args, new tool_use_id). docs/approvals.md: "A retried turn with the same
+// args is the same key and does not ask again. The ledger runs an approved
+// key once." The retried turn must find the approved legacy row (released,
+// which Get does not return) and run it there, not claim the new key and
+// ask a person a second time: approved again, the payment would be made
+// twice, under two Idempotency-Keys.
+func TestARetriedTurnOfAnApprovedLegacyKeyCallRunsItWithoutAskingAgain(t *testing.T) {
+	t.Parallel()
+	var p payments
+	js, store := sharedEnv(t)
+	svc, err := approvals.New(approvals.Config{Ledger: store, JS: js, Unanswered: 3 * time.Second, Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runWorker(t, js, store, p.registry(t, time.Hour), worker.Config{Approvals: svc, ApprovalSweep: 200 * time.Millisecond})
+	defer stop()
+	ctx := context.Background()
+	conv := "conv-legacy-retry"
+	body := func(id string) string {
+		return `{"version":1,"conversation_id":"` + conv + `","turn_index":1,"ordinal":0,"tool":"pay","tool_use_id":"` + id + `",` +
+			`"args":{"amount_cents":90000,"👎":1,"👍":2}}`
+	}
+	_, m, err := jobs.DecodeJobMaterial([]byte(body("toolu_a")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	legacy, _ := m.Legacy()
+	if got, err := store.Claim(ctx, []ledger.Claim{{Key: legacy.Key(), ConversationID: conv, TurnIndex: 1, Tool: "pay",
+		ArgsDigest: legacy.ArgsDigest(), ToolUseID: "toolu_a", Owner: "before-upgrade", Lease: time.Millisecond, Token: "old"}}); err != nil || !got[0].Claimed {
+		t.Fatalf("%+v %v", got, err)
+	}
+	time.Sleep(10 * time.Millisecond)
+	if _, err := js.Publish(ctx, jobs.JobSubject("pay"), []byte(body("toolu_a"))); err != nil {
+		t.Fatal(err)
+	}
+	if first := resultsOf(t, js, conv, 1)[0]; first.Status != jobs.StatusAwaitingApproval || first.Key != legacy.Key() {
+		t.Fatalf("first answer: %+v", first)
+	}
+	// `consumer approve` with NATS out: recorded in the ledger only.
+	offline, err := approvals.New(approvals.Config{Ledger: store, Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := offline.Decide(ctx, legacy.Key(), ledger.Decision{Approve: true, By: "alice", Reason: "ok"}); err != nil {
+		t.Fatal(err)
+	}
+	// The retried turn, before the sweep announces the decision.
+	if _, err := js.Publish(ctx, jobs.JobSubject("pay"), []byte(body("toolu_b"))); err != nil {
+		t.Fatal(err)
+	}
+	second := resultsOf(t, js, conv, 2)[1]
+	if second.Status == jobs.StatusAwaitingApproval && second.Key != legacy.Key() {
+		// A second request, for another key: the approver sees the same
+		// args again. Approved, it runs again.
+		if _, err := offline.Decide(ctx, second.Key, ledger.Decision{Approve: true, By: "bob", Reason: "looks like the invoice"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rs := collectResults(t, js, conv, 8*time.Second)
+	ev := approvalEvents(t, js, conv)
+	p.mu.Lock()
+	runs := len(p.runs)
+	p.mu.Unlock()
+	if second.Status == jobs.StatusAwaitingApproval || ev[jobs.ApprovalRequested] != 1 || p.n.Load() != 1 {
+		t.Fatalf("the retried turn of an approved call was answered %s under key %s (legacy key %s, new key %s); %d approval requests (want 1); %d payments under %d keys (want 1); results %v",
+			second.Status, second.Key, legacy.Key(), m.Key(), ev[jobs.ApprovalRequested], p.n.Load(), runs, statuses(rs))
+	}
+}
+
 // released describes key's row when it is released (approved, not run
 // since), as the approvals sweep sees it, or says the sweep does not.
 func released(t *testing.T, store *ledger.Store, key string) string {

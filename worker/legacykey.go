@@ -17,7 +17,9 @@ import (
 //
 //   - its tool keeps a ledger and the ledger has a row under the legacy key
 //     (settled, or in flight: the delivery answers from it, awaits it, or
-//     takes it over sending the legacy key downstream, as for any row), or
+//     takes it over sending the legacy key downstream, as for any row; or
+//     approved and not run yet: the delivery runs it, without asking a
+//     person again), or
 //   - its tool keeps no ledger and the job carries the legacy key in its
 //     Toolq-Key header: it was published before the upgrade, and its
 //     earlier deliveries went downstream under that key.
@@ -46,6 +48,11 @@ func (d *delivery) useLegacyKey() error {
 		return nil
 	}
 	row, err := d.w.cfg.Ledger.Get(d.runCtx, key)
+	if errors.Is(err, ledger.ErrNotFound) {
+		// An approved call's released row, which Get does not see: a
+		// retried turn runs it rather than ask again under the new key.
+		row, err = d.w.cfg.Ledger.ApprovedNotRun(d.runCtx, key)
+	}
 	switch {
 	case errors.Is(err, ledger.ErrNotFound):
 		return nil
