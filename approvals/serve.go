@@ -66,13 +66,16 @@ func (s *Service) serveDecision(req micro.Request, tenant, group string) {
 		return
 	}
 	reply := jobs.DecisionReply{Key: d.Key}
+	decision := ledger.Decision{Approve: d.Decision == "approve", By: d.By, Reason: d.Reason, Group: group, Digest: d.Digest}
 	switch {
 	case !keyPattern.MatchString(d.Key):
 		reply.Error = &jobs.ResultError{Code: "bad_request", Message: "key: want 32 lowercase hexadecimal characters"}
 	case d.Decision != "approve" && d.Decision != "deny":
 		reply.Error = &jobs.ResultError{Code: "bad_request", Message: `decision: want "approve" or "deny"`}
-	case strings.TrimSpace(d.By) == "" || strings.TrimSpace(d.Reason) == "":
-		reply.Error = &jobs.ResultError{Code: "bad_request", Message: "by and reason are required: they are recorded with the decision"}
+	default:
+		if err := decision.Check(); err != nil {
+			reply.Error = &jobs.ResultError{Code: "bad_request", Message: err.Error()}
+		}
 	}
 	if reply.Error != nil {
 		refuse(req, "400", reply)
@@ -93,13 +96,15 @@ func (s *Service) serveDecision(req micro.Request, tenant, group string) {
 			return
 		}
 	}
-	row, err := s.Decide(ctx, d.Key, ledger.Decision{Approve: d.Decision == "approve", By: d.By, Reason: d.Reason, Group: group, Digest: d.Digest})
+	row, err := s.Decide(ctx, d.Key, decision)
 	code, errCode := "", ""
 	switch {
 	case err == nil:
 		reply.Status = string(row.ApprovalStatus)
 		req.RespondJSON(reply)
 		return
+	case errors.Is(err, ledger.ErrInvalidDecision):
+		code, errCode = "400", "bad_request"
 	case errors.Is(err, ledger.ErrNotFound):
 		code, errCode = "404", "not_found"
 	case errors.Is(err, ledger.ErrNotAwaiting):

@@ -359,9 +359,6 @@ var (
 	digestPattern = regexp.MustCompile(`^[0-9a-f]{64}$`)
 )
 
-// maxReason is the longest reason taken.
-const maxReason = 2000
-
 // decision is the body of POST /api/decide: the digest is the one of the
 // args the approver saw, and the ledger refuses the decision for any
 // other.
@@ -400,8 +397,8 @@ func (in *Inbox) decide(w http.ResponseWriter, r *http.Request, x *session) {
 	case d.Reason == "":
 		fail(w, http.StatusBadRequest, "bad_request", "a reason is required: it is recorded with the decision")
 		return
-	case len(d.Reason) > maxReason:
-		fail(w, http.StatusBadRequest, "bad_request", fmt.Sprintf("reason: at most %d bytes", maxReason))
+	case len(d.Reason) > ledger.MaxDecisionReason:
+		fail(w, http.StatusBadRequest, "bad_request", fmt.Sprintf("reason: at most %d bytes", ledger.MaxDecisionReason))
 		return
 	case !digestPattern.MatchString(d.Digest):
 		fail(w, http.StatusBadRequest, "bad_request", "digest: want the args digest shown with the call (64 hexadecimal characters)")
@@ -438,6 +435,8 @@ func (in *Inbox) decide(w http.ResponseWriter, r *http.Request, x *session) {
 		reply(w, http.StatusOK, decided{Key: d.Key, Status: string(row.ApprovalStatus), Call: &v})
 	case errors.Is(err, ledger.ErrNotFound):
 		fail(w, http.StatusNotFound, "not_found", "no call has this key")
+	case errors.Is(err, ledger.ErrInvalidDecision):
+		fail(w, http.StatusBadRequest, "bad_request", err.Error())
 	case errors.Is(err, ledger.ErrNotAwaiting):
 		fail(w, http.StatusConflict, "not_awaiting", err.Error())
 	case errors.Is(err, ledger.ErrDecisionRefused):

@@ -14,7 +14,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"regexp"
 	"strings"
@@ -81,17 +80,40 @@ func (a *ApprovalInfo) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
+// The longest name of who decided and reason that a decision takes, in
+// bytes: both travel again, with the call's args, in the approval event
+// and in every result of the call, which must fit the broker's payload.
+const (
+	MaxDecisionBy     = 256
+	MaxDecisionReason = 2000
+)
+
 // Decision is a person's answer to a call awaiting approval.
 type Decision struct {
 	Approve bool
-	By      string // who decided (required)
-	Reason  string // why (required)
+	By      string // who decided (required, at most MaxDecisionBy bytes)
+	Reason  string // why (required, at most MaxDecisionReason bytes)
 	// Group is the approver group the decision comes from: it must be the
 	// call's. Empty: an operator's decision (the CLI), for any group.
 	Group string
 	// Digest, when set, is the args digest the approver saw: a call with
 	// other args is not the one they decided on.
 	Digest string
+}
+
+// Check returns ErrInvalidDecision for a decision that does not say who
+// decided and why, or says it at more length than the call's event and
+// results have room for; Decide refuses it so.
+func (d Decision) Check() error {
+	switch {
+	case strings.TrimSpace(d.By) == "" || strings.TrimSpace(d.Reason) == "":
+		return fmt.Errorf("%w: who decided and why are required: they are recorded with the decision", ErrInvalidDecision)
+	case len(d.By) > MaxDecisionBy:
+		return fmt.Errorf("%w: who decided: at most %d bytes, not %d", ErrInvalidDecision, MaxDecisionBy, len(d.By))
+	case len(d.Reason) > MaxDecisionReason:
+		return fmt.Errorf("%w: reason: at most %d bytes, not %d", ErrInvalidDecision, MaxDecisionReason, len(d.Reason))
+	}
+	return nil
 }
 
 // Decision returns the decision's Event.Decision.
@@ -197,12 +219,13 @@ func (s *Store) AddWaiter(ctx context.Context, key, toolUseID string) (Row, erro
 // the awaiting row, so of two decisions at once exactly one stands; the
 // other gets ErrNotAwaiting, saying which stood. Errors: ErrNotFound;
 // ErrNotAwaiting (decided, expired, or a call that never needed approval);
-// ErrDecisionRefused (another group's call, another digest).
+// ErrDecisionRefused (another group's call, another digest);
+// ErrInvalidDecision (no by or reason, or one too long).
 func (s *Store) Decide(ctx context.Context, key string, d Decision) (Row, error) {
 	ctx, cancel := withDefaultTimeout(ctx)
 	defer cancel()
-	if strings.TrimSpace(d.By) == "" || strings.TrimSpace(d.Reason) == "" {
-		return Row{}, errors.New("ledger: decide: who decided and why are required")
+	if err := d.Check(); err != nil {
+		return Row{}, err
 	}
 	row, err := s.getAny(ctx, key)
 	if err != nil {

@@ -175,9 +175,10 @@ func TestADecisionFromAnotherGroupOrForOtherArgsIsRefused(t *testing.T) {
 		if !errors.Is(err, ledger.ErrDecisionRefused) {
 			t.Fatalf("another digest: %v", err)
 		}
-		for _, d := range []ledger.Decision{{By: "alice"}, {Reason: "x"}} {
-			if _, err := s.Decide(ctx, c.Key, d); err == nil {
-				t.Fatalf("a decision without who or why was taken: %+v", d)
+		for _, d := range []ledger.Decision{{By: "alice"}, {Reason: "x"},
+			{By: strings.Repeat("a", ledger.MaxDecisionBy+1), Reason: "x"}, {By: "alice", Reason: strings.Repeat("x", ledger.MaxDecisionReason+1)}} {
+			if _, err := s.Decide(ctx, c.Key, d); !errors.Is(err, ledger.ErrInvalidDecision) {
+				t.Fatalf("a decision without who or why, or too long to travel with the call, was not refused: %d and %d bytes: %v", len(d.By), len(d.Reason), err)
 			}
 		}
 		if row := mustGet(t, s, c.Key); row.State != ledger.AwaitingApproval {

@@ -43,6 +43,9 @@ var (
 	// ran again since the operator looked), or of no attempt, of a row
 	// resolved before that is indeterminate again.
 	ErrOtherAttempt = errors.New("ledger: the row is at another attempt")
+	// ErrInvalidDecision: a decision without who decided or why, or with
+	// either longer than MaxDecisionBy or MaxDecisionReason.
+	ErrInvalidDecision = errors.New("ledger: invalid decision")
 )
 
 // DefaultTimeout bounds every call whose context has no deadline.

@@ -40,12 +40,17 @@ const OutcomeDecided Outcome = "decided"
 func (d *delivery) decided() bool { return d.msg.Headers().Get(jobs.HeaderApproval) != "" }
 
 // approvalRoom is how large the canonical args of a call that waits for
-// approval may be: they travel whole in the approval event, the pending
-// result and the job published again to run it, which must fit the body
-// limit and the broker's payload.
+// approval may be: they travel whole in the job published again to run it,
+// which must fit the body limit, and, with the decision, in the approval
+// events and the results, which must fit the broker's payload.
 func (d *delivery) approvalRoom() int {
-	return min(d.w.cfg.MaxBodySize, int(d.w.cfg.JS.Conn().MaxPayload())-resultEnvelope) - 2<<10
+	return min(d.w.cfg.MaxBodySize, int(d.w.cfg.JS.Conn().MaxPayload())-resultEnvelope-decisionRoom) - 2<<10
 }
+
+// decisionRoom bounds what a decision adds to its call's events and
+// results: who decided and why (ledger.Decision.Check), each escaped in
+// JSON at worst sixfold (a control character is \u00XX).
+const decisionRoom = 6 * (ledger.MaxDecisionBy + ledger.MaxDecisionReason)
 
 // needsApproval reports whether the claimed call must wait for a person
 // before it runs: its tool has a policy that asks for these args, and no

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
@@ -125,6 +126,135 @@ func TestACallTooLargeToBeApprovedIsRefusedAtOnceAndEveryoneIsTold(t *testing.T)
 	time.Sleep(time.Second) // sweeps
 	if ev := approvalEvents(t, js, conv); len(ev) != 0 || p.n.Load() != 0 || len(deadLetteredIDs(t, js)) != 0 {
 		t.Fatalf("events %v, %d payments, dead letters %v; row: %s", ev, p.n.Load(), deadLetteredIDs(t, js), released(t, store, key))
+	}
+}
+
+// TestADecisionWhoseReasonCannotTravelWithItsCallIsRefused: a decision
+// over NATS (toolq.decide.<group>) carries a long reason. The request fits
+// the broker's max payload, but the reason travels again in the approval
+// event (with the args) and in every result, which would not fit: taken,
+// the decision would be recorded and never announced, the approved call
+// never run, its tool_use_id never answered, and no second decision taken
+// (409). The promise: bad input gets a clear error and loses nothing; every
+// job ends answered.
+func TestADecisionWhoseReasonCannotTravelWithItsCallIsRefused(t *testing.T) {
+	t.Parallel()
+	var p payments
+	js, store := startWorker(t, p.registry(t, time.Hour), worker.Config{ApprovalSweep: 200 * time.Millisecond})
+	ctx := context.Background()
+	// args of 200 KB: below the consumer's body limit (256 KiB) and the
+	// room an approval has.
+	memo := strings.Repeat("m", 200<<10)
+	call := jobs.Job{ConversationID: "conv-bigreason", TurnIndex: 1, Tool: "pay", ToolUseID: "toolu_1",
+		Args: json.RawMessage(`{"to":"acct_9","amount_cents":90000,"memo":"` + memo + `"}`)}
+	key := publish(t, js, &call)
+	first := resultsOf(t, js, "conv-bigreason", 1)[0]
+	if first.Status != jobs.StatusAwaitingApproval {
+		t.Fatalf("first answer: %s %+v", first.Status, first.Error)
+	}
+	svc, err := approvals.New(approvals.Config{Ledger: store, JS: js, Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ms, err := svc.Serve(js.Conn())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ms.Stop()
+	// A reason of 860 KiB: the request (~860 KiB) fits the 1 MiB max payload;
+	// with the 200 KiB of args, the event and the results do not.
+	req, _ := json.Marshal(jobs.DecisionRequest{Key: key, Decision: "approve", By: "alice", Reason: strings.Repeat("r", 860<<10)})
+	msg, err := js.Conn().RequestMsg(&nats.Msg{Subject: jobs.DecidePrefix + "finance", Data: req}, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var reply jobs.DecisionReply
+	_ = json.Unmarshal(msg.Data, &reply)
+	t.Logf("decision reply: status=%q error=%+v (Nats-Service-Error-Code %q)", reply.Status, reply.Error, msg.Header.Get("Nats-Service-Error-Code"))
+	if reply.Error != nil {
+		return // refused with a clear error: nothing lost
+	}
+	// Accepted: the approved call must run once and toolu_1 must get its
+	// final result. Give the sweep (every 200 ms; waiters unanswered for
+	// 30 s by default) its chance: 40 s.
+	deadline := time.Now().Add(40 * time.Second)
+	var final *jobs.Result
+	for time.Now().Before(deadline) && final == nil {
+		final = finalByID(collectResults(t, js, "conv-bigreason", 2*time.Second))["toolu_1"]
+	}
+	row, _ := store.ApprovedNotRun(ctx, key)
+	st, _ := store.ApprovalStatusOf(ctx, key)
+	if final == nil || p.n.Load() != 1 {
+		t.Fatalf("the decision was answered %q, yet after 40 s the approved call ran %d times and toolu_1 has no final result (ledger: approval %q, state %q, waiters %v); a second decision: %v",
+			reply.Status, p.n.Load(), st, row.State, row.Waiters, cutErr(secondDecision(svc, key)))
+	}
+}
+
+func secondDecision(svc *approvals.Service, key string) error {
+	_, err := svc.Decide(context.Background(), key, ledger.Decision{Approve: true, By: "bob", Reason: "again"})
+	return err
+}
+
+func cutErr(err error) string {
+	if err == nil {
+		return "<nil>"
+	}
+	s := err.Error()
+	if len(s) > 160 {
+		s = s[:160] + "…"
+	}
+	return s
+}
+
+// TestTheLongestDecisionOnTheLargestArgsAskedForIsAnnounced: args as large
+// as an approval takes, and a denial whose who and why are as long as a
+// decision takes and escape in JSON at their worst (control characters):
+// the event and every result still fit the broker's payload, so the
+// asker is told. A call whose args leave no room for that is refused at
+// once instead, before anyone is asked.
+func TestTheLongestDecisionOnTheLargestArgsAskedForIsAnnounced(t *testing.T) {
+	t.Parallel()
+	var p payments
+	js, store := startWorker(t, p.registry(t, time.Hour), worker.Config{ApprovalSweep: 200 * time.Millisecond, MaxBodySize: 1 << 20})
+	svc, err := approvals.New(approvals.Config{Ledger: store, JS: js, Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	payload := int(js.Conn().MaxPayload())
+	asked := 0
+	// Just under the room an approval had with no account of the decision
+	// (refused now), and just under the room it has with it.
+	for i, size := range []int{payload - 10<<10 - 100, payload - 24<<10 - 100} {
+		conv := fmt.Sprintf("conv-longest-%d", i)
+		memo := strings.Repeat("m", size-len(`{"amount_cents":90000,"to":""}`))
+		call := jobs.Job{ConversationID: conv, TurnIndex: 1, Tool: "pay", ToolUseID: "toolu_1",
+			Args: json.RawMessage(`{"amount_cents":90000,"to":"` + memo + `"}`)}
+		key := publish(t, js, &call)
+		first := resultsOf(t, js, conv, 1)[0]
+		if first.Status == jobs.StatusError && first.Error != nil && first.Error.Code == "args_too_large_for_approval" {
+			continue // refused at once: nothing lost
+		}
+		if first.Status != jobs.StatusAwaitingApproval {
+			t.Fatalf("args of %d bytes: %s %+v", size, first.Status, first.Error)
+		}
+		asked++
+		d := ledger.Decision{By: strings.Repeat("\x01", ledger.MaxDecisionBy), Reason: strings.Repeat("\x01", ledger.MaxDecisionReason)}
+		if _, err := svc.Decide(context.Background(), key, d); err != nil {
+			t.Fatal(err)
+		}
+		var final *jobs.Result
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline) && final == nil; {
+			final = finalByID(collectResults(t, js, conv, time.Second))["toolu_1"]
+		}
+		if final == nil || final.Status != jobs.StatusDenied {
+			t.Fatalf("args of %d bytes, denied with the longest decision: no final result for toolu_1 (%v)", size, final)
+		}
+		if ev := approvalEvents(t, js, conv); ev[jobs.ApprovalDenied] != 1 {
+			t.Fatalf("args of %d bytes: events %v, want the denial", size, ev)
+		}
+	}
+	if asked == 0 {
+		t.Fatal("no call was asked for: the test sizes its args for rooms an approval no longer has")
 	}
 }
 

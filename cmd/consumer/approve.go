@@ -64,6 +64,9 @@ func decide(ctx context.Context, args []string, stdio cli.IO, getenv func(string
 	case strings.TrimSpace(*by) == "":
 		return cli.Usagef("--by is required: no OS user to record as who decided")
 	}
+	if err := (ledger.Decision{By: *by, Reason: *reason}).Check(); err != nil {
+		return cli.Usagef("%w", err)
+	}
 	st, err := sf.open(ctx)
 	if err != nil {
 		return err

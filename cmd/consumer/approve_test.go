@@ -59,6 +59,9 @@ func TestApproveAndDenyCommands(t *testing.T) {
 		{"approve", yes, "--reason", " "},
 		{"approve", yes, "--reason", "r", "--by", ""},
 		{"approve", "--reason", "r"},
+		// Longer than the call's event and results have room for.
+		{"approve", yes, "--reason", strings.Repeat("r", ledger.MaxDecisionReason+1), "--by", "alice"},
+		{"approve", yes, "--reason", "r", "--by", strings.Repeat("a", ledger.MaxDecisionBy+1)},
 	} {
 		if _, err := runConsumer(t, env, bad...); err == nil {
 			t.Errorf("%v was taken", bad)
