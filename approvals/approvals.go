@@ -19,6 +19,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -66,6 +67,9 @@ type Service struct {
 	log     *slog.Logger
 	tracer  trace.Tracer
 	metrics instruments
+
+	sweepMu    sync.Mutex
+	sweepAfter string // the key of the unanswered call the last sweep stopped at
 }
 
 type instruments struct {
@@ -205,8 +209,9 @@ func (s *Service) announce(ctx context.Context, row ledger.Row) error {
 // Sweep expires the calls whose approval ran out undecided (they never run)
 // and announces them, then announces again every decided call whose
 // waiters still lack their final answer after Unanswered: a process
-// stopped between the decision and the answers. It returns how many calls
-// it expired and announced again.
+// stopped between the decision and the answers. It reads at most a
+// thousand of those, and the next sweep goes on from where it stopped. It
+// returns how many calls it expired and announced again.
 func (s *Service) Sweep(ctx context.Context) (expired, again int, err error) {
 	for {
 		rows, err := s.cfg.Ledger.ExpireApprovals(ctx, 100)
@@ -228,22 +233,42 @@ func (s *Service) Sweep(ctx context.Context) (expired, again int, err error) {
 	if s.cfg.JS == nil {
 		return expired, 0, nil
 	}
-	rows, err := s.cfg.Ledger.UnansweredApprovals(ctx, s.cfg.Unanswered, 100)
-	if err != nil {
-		return expired, 0, err
-	}
+	// The unanswered calls, a page at a time, up to sweepPages of them:
+	// calls this consumer cannot announce (another tenant's, or a call
+	// that fails) must not hold up those after them, and the next sweep
+	// goes on where this one stopped, so that each call is reached.
+	s.sweepMu.Lock()
+	after := s.sweepAfter
+	s.sweepMu.Unlock()
 	var failed error
-	for _, row := range rows {
-		// One call that cannot be announced must not hold up the others.
-		if err := s.announce(ctx, row); err != nil {
-			s.log.WarnContext(ctx, "announcing a decided call again failed; the next sweep tries again", "key", row.Key, "error", err)
-			failed = err
-			continue
+	for range sweepPages {
+		rows, err := s.cfg.Ledger.UnansweredApprovals(ctx, s.cfg.Unanswered, after, sweepPage)
+		if err != nil {
+			return expired, again, err
 		}
-		again++
+		for _, row := range rows {
+			if err := s.announce(ctx, row); err != nil {
+				s.log.WarnContext(ctx, "announcing a decided call again failed; the next sweep tries again", "key", row.Key, "error", err)
+				failed = err
+				continue
+			}
+			again++
+		}
+		if len(rows) < sweepPage {
+			after = "" // the last page: the next sweep starts from the first
+			break
+		}
+		after = rows[len(rows)-1].Key
 	}
+	s.sweepMu.Lock()
+	s.sweepAfter = after
+	s.sweepMu.Unlock()
 	return expired, again, failed
 }
+
+// A sweep reads the unanswered calls sweepPage at a time, sweepPages pages
+// at most.
+const sweepPage, sweepPages = 100, 10
 
 // Run sweeps every interval until ctx ends.
 func (s *Service) Run(ctx context.Context, interval time.Duration) {

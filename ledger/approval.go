@@ -290,13 +290,16 @@ func (s *Store) ExpireApprovals(ctx context.Context, limit int) ([]Row, error) {
 // UnansweredApprovals returns up to limit calls that were decided (or,
 // approved, ran) more than olderThan ago and still have waiters without
 // their final answer: the consumer that decided or ran them stopped before
-// answering them all. An approved call released again after a claim (its
-// downstream refused it) is not among them: its job is with JetStream's
-// redeliveries and the delivery limit, as any call's.
-func (s *Store) UnansweredApprovals(ctx context.Context, olderThan time.Duration, limit int) ([]Row, error) {
+// answering them all. They come in the order of their keys, from the first
+// after after ("": from the first): a reader pages on past the calls it
+// cannot answer with the last key it read. An approved call released
+// again after a claim (its downstream refused it) is not among them: its
+// job is with JetStream's redeliveries and the delivery limit, as any
+// call's.
+func (s *Store) UnansweredApprovals(ctx context.Context, olderThan time.Duration, after string, limit int) ([]Row, error) {
 	ctx, cancel := withDefaultTimeout(ctx)
 	defer cancel()
-	rows, err := s.rows(ctx, s.db.sql().unanswered, namedArgs{"older_ms": olderThan.Milliseconds(), "limit": max(limit, 1)})
+	rows, err := s.rows(ctx, s.db.sql().unanswered, namedArgs{"older_ms": olderThan.Milliseconds(), "after": after, "limit": max(limit, 1)})
 	if err != nil {
 		return nil, s.translate("unanswered approvals", err)
 	}

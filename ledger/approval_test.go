@@ -84,7 +84,7 @@ func TestAnApprovedCallIsReleasedToRunOnceWithoutAskingAgain(t *testing.T) {
 			t.Fatal(err)
 		}
 		// Approved and not claimed yet: its job is to be published.
-		if rows, err := s.UnansweredApprovals(ctx, 0, 10); err != nil || len(rows) != 1 {
+		if rows, err := s.UnansweredApprovals(ctx, 0, "", 10); err != nil || len(rows) != 1 {
 			t.Fatalf("an approved call not claimed since: %v %v", rows, err)
 		}
 		if decided.ApprovalStatus != ledger.ApprovalApproved {
@@ -107,7 +107,7 @@ func TestAnApprovedCallIsReleasedToRunOnceWithoutAskingAgain(t *testing.T) {
 		if err := s.Release(ctx, run.Fence()); err != nil {
 			t.Fatal(err)
 		}
-		if rows, err := s.UnansweredApprovals(ctx, 0, 10); err != nil || len(rows) != 0 {
+		if rows, err := s.UnansweredApprovals(ctx, 0, "", 10); err != nil || len(rows) != 0 {
 			t.Fatalf("an approved call released after a claim is unanswered: %v %v", rows, err)
 		}
 		again.Token = newToken()
@@ -124,14 +124,14 @@ func TestAnApprovedCallIsReleasedToRunOnceWithoutAskingAgain(t *testing.T) {
 		if err := s.Complete(ctx, run.Fence(), json.RawMessage(`{"paid":true}`)); err != nil {
 			t.Fatal(err)
 		}
-		rows, err := s.UnansweredApprovals(ctx, 0, 10)
+		rows, err := s.UnansweredApprovals(ctx, 0, "", 10)
 		if err != nil || len(rows) != 1 || rows[0].Key != c.Key {
 			t.Fatalf("unanswered: %v %v", rows, err)
 		}
 		if err := s.WaitersAnswered(ctx, c.Key); err != nil {
 			t.Fatal(err)
 		}
-		if rows, _ = s.UnansweredApprovals(ctx, 0, 10); len(rows) != 0 || mustGet(t, s, c.Key).Waiters != nil {
+		if rows, _ = s.UnansweredApprovals(ctx, 0, "", 10); len(rows) != 0 || mustGet(t, s, c.Key).Waiters != nil {
 			t.Fatalf("after answering: %v", rows)
 		}
 	})
@@ -268,7 +268,7 @@ func TestAnUndecidedCallExpiresAndNeverRuns(t *testing.T) {
 			t.Fatalf("the other call: %s", row.State)
 		}
 		// Expired rows still have their waiters to answer.
-		rows, err := s.UnansweredApprovals(ctx, 0, 10)
+		rows, err := s.UnansweredApprovals(ctx, 0, "", 10)
 		if err != nil || len(rows) != 1 || rows[0].Key != c.Key {
 			t.Fatalf("unanswered: %v %v", rows, err)
 		}
@@ -372,7 +372,7 @@ func TestUnansweredApprovalsFindsADecisionBehindAHundredApprovedCallsHandedBack(
 		if _, err := s.Decide(ctx, c.Key, ledger.Decision{By: "bob", Reason: "no"}); err != nil {
 			t.Fatal(err)
 		}
-		rows, err := s.UnansweredApprovals(ctx, 0, 100)
+		rows, err := s.UnansweredApprovals(ctx, 0, "", 100)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -382,6 +382,43 @@ func TestUnansweredApprovalsFindsADecisionBehindAHundredApprovedCallsHandedBack(
 			}
 		}
 		t.Fatalf("the denied call is not among the %d unanswered approvals: its waiters are never told", len(rows))
+	})
+}
+
+// The unanswered approvals come in the order of their keys, a page at a
+// time from the first after the key given: a reader pages on past calls
+// it cannot answer.
+func TestUnansweredApprovalsPageOnPastTheKeyGiven(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, s *ledger.Store) {
+		ctx := context.Background()
+		var keys []string
+		for range 3 {
+			c, _ := awaiting(t, s, payment)
+			if _, err := s.Decide(ctx, c.Key, ledger.Decision{By: "bob", Reason: "no"}); err != nil {
+				t.Fatal(err)
+			}
+			keys = append(keys, c.Key)
+		}
+		slices.Sort(keys)
+		var got []string
+		after := ""
+		for range 3 {
+			rows, err := s.UnansweredApprovals(ctx, 0, after, 2)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, r := range rows {
+				got = append(got, r.Key)
+			}
+			if len(rows) < 2 {
+				break
+			}
+			after = rows[len(rows)-1].Key
+		}
+		if !slices.Equal(got, keys) {
+			t.Fatalf("pages of 2 read %v, want every unanswered call once, by key: %v", got, keys)
+		}
 	})
 }
 

@@ -128,7 +128,7 @@ var postgresQueries = &queries{
 		AND state = 'awaiting_approval' AND approval_expires_at <= now() RETURNING ` + pgCols,
 	unanswered: `SELECT ` + pgCols + ` FROM toolq_ledger WHERE waiters <> '[]'
 		AND state IN ('completed', 'failed', 'indeterminate', 'released') AND NOT (state = 'released' AND attempt > approval_attempt)
-		AND updated_at <= now() - @older_ms::bigint * interval '1 millisecond' ORDER BY updated_at LIMIT @limit`,
+		AND updated_at <= now() - @older_ms::bigint * interval '1 millisecond' AND key > @after ORDER BY key LIMIT @limit`,
 	waitersAnswered: `UPDATE toolq_ledger SET waiters = '[]' WHERE key = @key AND state IN ('completed', 'failed', 'indeterminate')`,
 	failApproved: `UPDATE toolq_ledger SET state = 'failed', error = @error, updated_at = now()
 		WHERE key = @key AND state = 'released' AND approval_status = 'approved' RETURNING ` + pgCols,

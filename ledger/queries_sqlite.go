@@ -106,7 +106,7 @@ var sqliteQueries = &queries{
 		AND state = 'awaiting_approval' AND approval_expires_at <= ` + sqliteNow + ` RETURNING ` + sqliteCols,
 	unanswered: `SELECT ` + sqliteCols + ` FROM toolq_ledger WHERE waiters <> '[]'
 		AND state IN ('completed', 'failed', 'indeterminate', 'released') AND NOT (state = 'released' AND attempt > approval_attempt)
-		AND updated_at <= ` + sqliteNow + ` - @older_ms ORDER BY updated_at LIMIT @limit`,
+		AND updated_at <= ` + sqliteNow + ` - @older_ms AND key > @after ORDER BY key LIMIT @limit`,
 	waitersAnswered: `UPDATE toolq_ledger SET waiters = '[]' WHERE key = @key AND state IN ('completed', 'failed', 'indeterminate')`,
 	failApproved: `UPDATE toolq_ledger SET state = 'failed', error = @error, updated_at = ` + sqliteNow + `
 		WHERE key = @key AND state = 'released' AND approval_status = 'approved' RETURNING ` + sqliteCols,

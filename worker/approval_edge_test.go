@@ -564,7 +564,7 @@ func TestARetriedTurnOfAnApprovedLegacyKeyCallRunsItWithoutAskingAgain(t *testin
 // since), as the approvals sweep sees it, or says the sweep does not.
 func released(t *testing.T, store *ledger.Store, key string) string {
 	t.Helper()
-	rows, err := store.UnansweredApprovals(context.Background(), 0, 100)
+	rows, err := store.UnansweredApprovals(context.Background(), 0, "", 100)
 	if err != nil {
 		t.Fatal(err)
 	}
