@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"io"
 	"regexp"
 	"strings"
 	"time"
@@ -61,7 +63,11 @@ func (s *Service) serveDecision(req micro.Request, tenant, group string) {
 	var d jobs.DecisionRequest
 	dec := json.NewDecoder(strings.NewReader(string(req.Data())))
 	dec.DisallowUnknownFields()
-	if err := dec.Decode(&d); err != nil {
+	err := dec.Decode(&d)
+	if err == nil && dec.Decode(new(json.RawMessage)) != io.EOF {
+		err = errors.New("data after the request") // two requests are no request
+	}
+	if err != nil {
 		refuse(req, "400", jobs.DecisionReply{Error: &jobs.ResultError{Code: "bad_request", Message: "want a DecisionRequest: " + err.Error()}})
 		return
 	}
@@ -83,20 +89,11 @@ func (s *Service) serveDecision(req micro.Request, tenant, group string) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
-	if len(s.cfg.Tenants) > 0 { // only the call's tenant's subject decides it
-		row, err := s.cfg.Ledger.Get(ctx, d.Key)
-		if err == nil && row.Approval != nil {
-			if t, terr := s.TenantOf(row); terr != nil || t != tenant {
-				err = ledger.ErrNotFound
-			}
-		}
-		if err != nil || row.Approval == nil {
-			reply.Error = &jobs.ResultError{Code: "not_found", Message: "no call of this tenant awaits a decision under this key"}
-			refuse(req, "404", reply)
-			return
-		}
+	var row ledger.Row
+	err = s.tenantsCall(ctx, d.Key, tenant)
+	if err == nil {
+		row, err = s.Decide(ctx, d.Key, decision)
 	}
-	row, err := s.Decide(ctx, d.Key, decision)
 	code, errCode := "", ""
 	switch {
 	case err == nil:
@@ -121,6 +118,26 @@ func (s *Service) serveDecision(req micro.Request, tenant, group string) {
 	}
 	reply.Error = &jobs.ResultError{Code: errCode, Message: err.Error()}
 	refuse(req, code, reply)
+}
+
+// tenantsCall returns ledger.ErrNotFound unless key is the key of a call
+// of tenant that asked for approval: only its tenant's subject decides a
+// call, and a consumer without tenants configured knows the default
+// tenant's calls only. An approved call that has not run yet is one (its
+// row is released, which Get does not return): a decision on it is refused
+// as no longer awaiting, naming the approval.
+func (s *Service) tenantsCall(ctx context.Context, key, tenant string) error {
+	row, err := s.cfg.Ledger.Get(ctx, key)
+	if errors.Is(err, ledger.ErrNotFound) {
+		row, err = s.cfg.Ledger.ApprovedNotRun(ctx, key)
+	}
+	if err != nil {
+		return err
+	}
+	if t, err := s.TenantOf(row); err != nil || t != tenant {
+		return fmt.Errorf("%w: no call of this tenant asked for approval under %s", ledger.ErrNotFound, key)
+	}
+	return nil
 }
 
 func refuse(req micro.Request, code string, reply jobs.DecisionReply) {

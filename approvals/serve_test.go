@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -16,19 +17,30 @@ import (
 	"github.com/toolq/toolq/ledger"
 )
 
-// awaiting makes key a call awaiting approval by finance for ttl.
-func awaiting(t *testing.T, store *ledger.Store, key string, ttl time.Duration) {
+// turns numbers the calls awaiting makes, so that each has a key of its own.
+var turns atomic.Int64
+
+// awaiting makes a call of the default tenant await approval by finance for
+// ttl, and returns its key: a real call's, which the decision service finds
+// to be the default tenant's.
+func awaiting(t *testing.T, store *ledger.Store, ttl time.Duration) string {
 	t.Helper()
 	ctx := context.Background()
-	got, err := store.Claim(ctx, []ledger.Claim{{Key: key, ConversationID: "c", TurnIndex: 1, Tool: "pay", ArgsDigest: "d",
+	args := json.RawMessage(`{"amount_cents":90000}`)
+	turn := turns.Add(1)
+	key, err := jobs.Call{ConversationID: "c", TurnIndex: turn, Tool: "pay", Args: args}.Key()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := store.Claim(ctx, []ledger.Claim{{Key: key, ConversationID: "c", TurnIndex: turn, Tool: "pay", ArgsDigest: "d",
 		ToolUseID: "toolu_1", Owner: "t", Lease: time.Minute, Token: "tok-" + key}})
 	if err != nil || !got[0].Claimed {
 		t.Fatalf("%+v %v", got, err)
 	}
-	if _, err := store.AwaitApproval(ctx, got[0].Row.Fence(), ledger.ApprovalInfo{Args: json.RawMessage(`{"amount_cents":90000}`),
-		Group: "finance", TTL: ttl}, "toolu_1"); err != nil {
+	if _, err := store.AwaitApproval(ctx, got[0].Row.Fence(), ledger.ApprovalInfo{Args: args, Group: "finance", TTL: ttl}, "toolu_1"); err != nil {
 		t.Fatal(err)
 	}
+	return key
 }
 
 func decideOverNATS(t *testing.T, nc *nats.Conn, req jobs.DecisionRequest) (jobs.DecisionReply, string) {
@@ -88,8 +100,7 @@ func TestARefusedDecisionsReplySaysWhatStands(t *testing.T) {
 	t.Parallel()
 	nc, store := serving(t)
 
-	approved := "0123456789abcdef0123456789abcdef"
-	awaiting(t, store, approved, time.Hour)
+	approved := awaiting(t, store, time.Hour)
 	if r, code := decideOverNATS(t, nc, jobs.DecisionRequest{Key: approved, Decision: "approve", By: "alice", Reason: "ok"}); code != "" || r.Status != "approved" {
 		t.Fatalf("the first decision: %+v %s", r, code)
 	}
@@ -98,8 +109,7 @@ func TestARefusedDecisionsReplySaysWhatStands(t *testing.T) {
 		t.Errorf("a second decision after an approval: code %q, status %q (want 409, approved); %+v", code, r.Status, r.Error)
 	}
 
-	expired := "fedcba9876543210fedcba9876543210"
-	awaiting(t, store, expired, time.Millisecond)
+	expired := awaiting(t, store, time.Millisecond)
 	time.Sleep(50 * time.Millisecond)
 	r, code = decideOverNATS(t, nc, jobs.DecisionRequest{Key: expired, Decision: "approve", By: "alice", Reason: "ok"})
 	if code != "409" || r.Status == "awaiting" {
@@ -107,15 +117,28 @@ func TestARefusedDecisionsReplySaysWhatStands(t *testing.T) {
 	}
 }
 
+// TestADenialAfterTheTTLIsRefusedAsExpired: a denial, as an approval, of a
+// call whose ttl ran out before the sweep expired it is refused as expired
+// (the deny statement's expiry condition).
+func TestADenialAfterTheTTLIsRefusedAsExpired(t *testing.T) {
+	t.Parallel()
+	nc, store := serving(t)
+	key := awaiting(t, store, time.Millisecond)
+	time.Sleep(50 * time.Millisecond)
+	r, code := decideOverNATS(t, nc, jobs.DecisionRequest{Key: key, Decision: "deny", By: "bob", Reason: "no"})
+	if code != "409" || r.Status != "expired" {
+		t.Fatalf("a denial after the ttl, before the sweep: code %q, status %q (want 409, expired)", code, r.Status)
+	}
+}
+
 // TestAMalformedDecisionIsRefusedAndDecidesNothing: what is not a decision
-// (not JSON, unknown fields, a bad key, another verb, no reason) is refused
-// 400 and the call still awaits.
+// (not JSON, unknown fields, a bad key, another verb, no reason, two
+// decisions in one request) is refused 400 and the call still awaits.
 func TestAMalformedDecisionIsRefusedAndDecidesNothing(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	nc, store := serving(t)
-	key := "0123456789abcdef0123456789abcdef"
-	awaiting(t, store, key, time.Hour)
+	key := awaiting(t, store, time.Hour)
 	for _, body := range []string{
 		`not json`,
 		`{"key":"` + key + `","decision":"approve","by":"a","reason":"r","extra":1}`,
@@ -123,6 +146,8 @@ func TestAMalformedDecisionIsRefusedAndDecidesNothing(t *testing.T) {
 		`{"key":"` + key + `","decision":"maybe","by":"a","reason":"r"}`,
 		`{"key":"` + key + `","decision":"approve","by":"a","reason":" "}`,
 		`{"key":"` + key + `","decision":"approve","by":"","reason":"r"}`,
+		// Two JSON values, an approval then a denial: the first alone must not be taken.
+		`{"key":"` + key + `","decision":"approve","by":"a","reason":"r"}{"key":"` + key + `","decision":"deny","by":"a","reason":"r"}`,
 	} {
 		msg, err := nc.Request(jobs.DecideSubject("finance"), []byte(body), 10*time.Second)
 		if err != nil {

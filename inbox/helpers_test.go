@@ -156,7 +156,10 @@ func (br *browser) do(method, path string, body any) response {
 	br.t.Helper()
 	var rd io.Reader
 	if body != nil {
-		raw, _ := json.Marshal(body)
+		raw, ok := body.([]byte) // a body as it is sent
+		if !ok {
+			raw, _ = json.Marshal(body)
+		}
 		rd = bytes.NewReader(raw)
 	}
 	req, err := http.NewRequest(method, br.base+path, rd)

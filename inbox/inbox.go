@@ -407,6 +407,11 @@ func (in *Inbox) decide(w http.ResponseWriter, r *http.Request, x *session) {
 	// A decision is finished once begun, even if the page goes away.
 	ctx := context.WithoutCancel(r.Context())
 	row, err := in.cfg.Ledger.Get(ctx, d.Key)
+	if errors.Is(err, ledger.ErrNotFound) {
+		// An approved call not run yet: released, which Get does not
+		// return. A second decision on it is refused naming the approval.
+		row, err = in.cfg.Ledger.ApprovedNotRun(ctx, d.Key)
+	}
 	switch {
 	case errors.Is(err, ledger.ErrNotFound):
 		fail(w, http.StatusNotFound, "not_found", "no call has this key")
@@ -505,7 +510,11 @@ func readJSON(w http.ResponseWriter, r *http.Request, v any) bool {
 	}
 	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBody))
 	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
+	err := dec.Decode(v)
+	if err == nil && dec.Decode(new(json.RawMessage)) != io.EOF {
+		err = errors.New("data after the JSON value") // two requests are no request
+	}
+	if err != nil {
 		fail(w, http.StatusBadRequest, "bad_request", "want a JSON body: "+err.Error())
 		return false
 	}

@@ -206,8 +206,9 @@ func TestADecisionNeedsAReasonAndTheDigestTheApproverSaw(t *testing.T) {
 	br := b.browser(t)
 	br.login(aliceToken)
 	other := strings.Repeat("0", 64)
+	both := `{"key":"` + call.Key + `","decision":"approve","reason":"ok","digest":"` + call.ArgsDigest + `"}`
 	for _, c := range []struct {
-		body map[string]string
+		body any
 		want int
 	}{
 		{decide(call.Key, "approve", "", call.ArgsDigest), http.StatusBadRequest},
@@ -219,9 +220,11 @@ func TestADecisionNeedsAReasonAndTheDigestTheApproverSaw(t *testing.T) {
 		{decide(strings.Repeat("a", 32), "approve", "ok", call.ArgsDigest), http.StatusNotFound},
 		{decide(call.Key, "approve", "ok", other), http.StatusConflict},
 		{map[string]string{"key": call.Key, "decision": "approve", "reason": "ok", "digest": call.ArgsDigest, "by": "mallory"}, http.StatusBadRequest},
+		// Two decisions in one body, an approval then a denial: the first alone must not be taken.
+		{[]byte(both + strings.Replace(both, "approve", "deny", 1)), http.StatusBadRequest},
 	} {
 		if res := br.do(http.MethodPost, "/api/decide", c.body); res.status != c.want {
-			t.Errorf("%v: %d %s, want %d", c.body, res.status, res.body, c.want)
+			t.Errorf("%s: %d %s, want %d", c.body, res.status, res.body, c.want)
 		}
 	}
 	if row, _ := b.store.Get(context.Background(), call.Key); row.State != ledger.AwaitingApproval {
@@ -233,6 +236,28 @@ func TestADecisionNeedsAReasonAndTheDigestTheApproverSaw(t *testing.T) {
 	res := br.do(http.MethodPost, "/api/decide", decide(call.Key, "approve", "changed my mind", call.ArgsDigest))
 	if res.status != http.StatusConflict || res.code() != "not_awaiting" || !strings.Contains(string(res.body), "denied by alice") {
 		t.Fatalf("a second decision: %d %s", res.status, res.body)
+	}
+}
+
+// TestASecondDecisionAfterAnApprovalIsAConflictSayingWhatStood: of two
+// approvers deciding one call (a page not refreshed yet), the second must
+// get 409 naming the decision that stood (docs/approvals.md; the inbox's
+// decide: "409 (no longer awaiting …)"), also after an approval whose call
+// has not run yet (its row released, which Ledger.Get does not return),
+// not the 404 of a key no call has.
+func TestASecondDecisionAfterAnApprovalIsAConflictSayingWhatStood(t *testing.T) {
+	t.Parallel()
+	b := setup(t, inbox.Config{Approvers: []inbox.Approver{approver("alice", aliceToken, "finance"), approver("bob", oscarToken, "finance")}})
+	call := b.awaiting(t, "finance", `{"amount_cents":90000}`)
+	alice, bob := b.browser(t), b.browser(t)
+	alice.login(aliceToken)
+	bob.login(oscarToken)
+	if res := alice.do(http.MethodPost, "/api/decide", decide(call.Key, "approve", "invoice 42", call.ArgsDigest)); res.status != http.StatusOK {
+		t.Fatalf("approve: %d %s", res.status, res.body)
+	}
+	res := bob.do(http.MethodPost, "/api/decide", decide(call.Key, "deny", "unknown payee", call.ArgsDigest))
+	if res.status != http.StatusConflict || res.code() != "not_awaiting" || !strings.Contains(string(res.body), "approved by alice") {
+		t.Fatalf("a second decision after an approval: %d %s (want 409 not_awaiting, approved by alice)", res.status, strings.TrimSpace(string(res.body)))
 	}
 }
 

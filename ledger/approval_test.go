@@ -276,17 +276,24 @@ func TestAnUndecidedCallExpiresAndNeverRuns(t *testing.T) {
 }
 
 // A decision on an expired call that the sweep has not reached yet is
-// refused as expired: the expiry is the database's clock, not the sweep's.
+// refused as expired, an approval as a denial: the expiry is the
+// database's clock, not the sweep's.
 func TestADecisionAfterTheExpiryIsRefusedBeforeTheSweep(t *testing.T) {
 	t.Parallel()
 	eachBackend(t, func(t *testing.T, s *ledger.Store) {
 		short := payment
 		short.TTL = 100 * time.Millisecond
-		c, _ := awaiting(t, s, short)
+		approved, _ := awaiting(t, s, short)
+		denied, _ := awaiting(t, s, short)
 		time.Sleep(300 * time.Millisecond)
-		_, err := s.Decide(context.Background(), c.Key, ledger.Decision{Approve: true, By: "alice", Reason: "late"})
-		if !errors.Is(err, ledger.ErrNotAwaiting) || !strings.Contains(err.Error(), "expired at") {
-			t.Fatalf("decision after the expiry: %v", err)
+		for _, d := range []struct {
+			key     string
+			approve bool
+		}{{approved.Key, true}, {denied.Key, false}} {
+			_, err := s.Decide(context.Background(), d.key, ledger.Decision{Approve: d.approve, By: "alice", Reason: "late"})
+			if !errors.Is(err, ledger.ErrNotAwaiting) || !strings.Contains(err.Error(), "expired at") {
+				t.Fatalf("decision (approve %v) after the expiry: %v", d.approve, err)
+			}
 		}
 	})
 }
