@@ -191,7 +191,11 @@ const mcpResumes = 3
 
 // connect opens a session with the server.
 func (m *MCP) connect(ctx context.Context) (*mcp.ClientSession, error) {
-	client := mcp.NewClient(&mcp.Implementation{Name: "toolq", Version: version.Get().Version}, nil)
+	// The SDK's answering of a tool's requests for input is off: it has
+	// nothing to answer them with, and it reads a server that sheds load as
+	// an error indistinguishable from a lost answer (see classify).
+	client := mcp.NewClient(&mcp.Implementation{Name: "toolq", Version: version.Get().Version},
+		&mcp.ClientOptions{MultiRoundTrip: &mcp.MultiRoundTripOptions{Disabled: true}})
 	if m.URL != "" {
 		// Not wrapped: the SDK's own connection keeps the session's protocol
 		// version for its headers; how far a call got is traced by
@@ -255,14 +259,20 @@ func serverEnv(extra map[string]string, inherit bool) []string {
 //
 //	no session could be opened; the call not written                      → NotSent
 //	its POST answered 429, or 503 with Retry-After                        → NotSent, retry after that
-//	its POST answered 400, 401, 403 or 404 on a session that served calls
-//	before (the server restarted, or expired the session)                 → NotSent, and sent on a new session
+//	its POST answered 400, 401, 403 or 404 with no JSON-RPC answer to the
+//	call, on a session with an ID that served calls before (the server
+//	restarted, or expired the session)                                    → NotSent, and sent on a new session
 //	its POST answered 409 to a call that carried its key                  → Ambiguous, retry after Retry-After
 //	its POST answered another 4xx (but 408)                               → Definite: the server refused it
 //	its POST answered 408 or 5xx                                          → Ambiguous
-//	a JSON-RPC error in the response to the call: parse error, invalid
-//	request, method not found, invalid params (-32700, -32600…-32602)     → Definite
+//	a JSON-RPC error in the response to the call (in a 2xx, or as the
+//	body of any other status: protocol 2026-07-28 sends invalid params
+//	as a 400 and method not found as a 404, after the tool ran): parse
+//	error, invalid request, method not found, invalid params
+//	(-32700, -32600…-32602)                                               → Definite
 //	any other JSON-RPC error (internal, server, application, code 0)      → Ambiguous: the tool may have run
+//	a result saying the server is busy (an empty inputRequests)           → NotSent, retry later
+//	a result asking for input (elicitation, roots, sampling)              → Ambiguous: the tool may have acted first
 //	a result with isError: true                                           → Definite (IsError "ambiguous": Ambiguous)
 //	a stream cut (its resume refused too), a timeout or the server gone
 //	once the call was written                                             → Ambiguous
@@ -301,7 +311,10 @@ func (m *MCP) callOnce(ctx context.Context, req Request, fresh bool) (json.RawMe
 	stop := m.killIfStuck(ctx, s)
 	res, callErr := s.CallTool(context.WithValue(ctx, mcpCallKey{}, &mcpCall{req: req, progress: p}), params)
 	stop()
-	out, err := m.classify(res, callErr, p, reused, ctx)
+	// Only a session with an ID can be forgotten by its server; a 4xx on
+	// one without (protocol 2026-07-28, a stateless server) is an answer.
+	stale := reused && s.ID() != ""
+	out, err := m.classify(res, callErr, p, stale, ctx)
 	m.pool.put(s, healthy(err))
 	if !healthy(err) {
 		m.pool.procs.Delete(s)
@@ -341,26 +354,38 @@ func (m *MCP) killIfStuck(ctx context.Context, s *mcp.ClientSession) (stop func(
 }
 
 // healthy reports whether a session that gave err can serve the next call:
-// the server answered the call (a result, or a JSON-RPC error in a 2xx).
-// After a transport failure, a refused POST or a timeout it is closed.
+// the server answered the call (a result, a JSON-RPC error, busy, or a
+// request for input). After a transport failure, a refused POST or a
+// timeout it is closed.
 func healthy(err error) bool {
 	var te *Error
 	switch {
 	case err == nil:
 		return true
 	case errors.As(err, &te):
-		return te.Code == codeToolError || strings.HasPrefix(te.Code, "jsonrpc_")
+		return te.Code == codeToolError || te.Code == codeBusy || te.Code == codeInputRequired || strings.HasPrefix(te.Code, "jsonrpc_")
 	}
 	return false
 }
 
-// codeToolError: a result with isError.
-const codeToolError = "mcp_tool_error"
+const (
+	codeToolError     = "mcp_tool_error"     // a result with isError
+	codeBusy          = "mcp_busy"           // a server shedding load
+	codeInputRequired = "mcp_input_required" // a tool asking for input
+)
 
 // classify maps what CallTool returned to an outcome (see Execute).
-func (m *MCP) classify(res *mcp.CallToolResult, err error, p *mcpProgress, reused bool, ctx context.Context) (json.RawMessage, error) {
+func (m *MCP) classify(res *mcp.CallToolResult, err error, p *mcpProgress, stale bool, ctx context.Context) (json.RawMessage, error) {
 	if err != nil {
-		return nil, m.classifyError(err, p, reused, ctx)
+		return nil, m.classifyError(err, p, stale, ctx)
+	}
+	if res.NeedsInput() && len(res.InputRequests) == 0 {
+		// Load shedding (protocol 2026-07-28): the server is busy and did
+		// not run the tool.
+		return nil, NotSentError(codeBusy, "the MCP server is busy: retry later", DefaultNotSentDelay, nil)
+	}
+	if res.NeedsInput() {
+		return nil, AmbiguousError(codeInputRequired, "the MCP tool asked for input (elicitation, roots or sampling), which toolq cannot give, and may have acted before asking", 0, nil)
 	}
 	if res.IsError {
 		msg := m.secrets.snippet([]byte(contentText(res.Content)))
@@ -389,8 +414,8 @@ func (m *MCP) classify(res *mcp.CallToolResult, err error, p *mcpProgress, reuse
 	return out, nil
 }
 
-func (m *MCP) classifyError(err error, p *mcpProgress, reused bool, ctx context.Context) error {
-	status, retry := p.answer()
+func (m *MCP) classifyError(err error, p *mcpProgress, stale bool, ctx context.Context) error {
+	status, retry, answered := p.answer()
 	refused := status != 0 && (status < 200 || status > 299)
 	code := "http_" + strconv.Itoa(status)
 	switch {
@@ -398,7 +423,9 @@ func (m *MCP) classifyError(err error, p *mcpProgress, reused bool, ctx context.
 		return NotSentError(code, oneLine(err.Error()), max(retry, DefaultNotSentDelay), err)
 	case refused && status == http.StatusServiceUnavailable && retry > 0:
 		return NotSentError(code, oneLine(err.Error()), retry, err)
-	case refused && reused && (status == http.StatusBadRequest || status == http.StatusUnauthorized || status == http.StatusForbidden || status == http.StatusNotFound):
+	case refused && answered != nil:
+		// The server's answer to the call, classified below as in a 2xx.
+	case refused && stale && (status == http.StatusBadRequest || status == http.StatusUnauthorized || status == http.StatusForbidden || status == http.StatusNotFound):
 		return NotSentError(codeSessionGone, "the MCP server refused the session (HTTP "+strconv.Itoa(status)+"): "+oneLine(err.Error()), 0, err)
 	case refused && status == http.StatusConflict && p.keyed:
 		// An idempotency layer in front of the server holds the key: the
@@ -409,7 +436,7 @@ func (m *MCP) classifyError(err error, p *mcpProgress, reused bool, ctx context.
 	case refused:
 		return AmbiguousError(code, "the MCP server failed while handling the call, which may have taken effect: "+oneLine(err.Error()), 0, err)
 	}
-	if wire := serverError(err); wire != nil {
+	if wire := cmp.Or(answered, serverError(err)); wire != nil {
 		code := "jsonrpc_" + strconv.FormatInt(wire.Code, 10)
 		msg := oneLine(wire.Message)
 		switch wire.Code {

@@ -1,8 +1,8 @@
 package tools_test
 
 // The mcp executor against servers that misbehave: lines that are no
-// answer, errors after the effect, forgotten sessions, stdin that is not
-// read, hostile tool lists.
+// answer, errors after the effect, forgotten sessions, load shedding,
+// stdin that is not read, hostile tool lists.
 
 import (
 	"bufio"
@@ -23,6 +23,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/toolq/toolq/internal/testenv"
@@ -261,9 +262,21 @@ func TestMCPStdioCallsWaitingForTheServerToStartEndByTheirTimeout(t *testing.T) 
 
 func goSDKServer(t *testing.T, add func(*mcp.Server), wrap func(http.Handler) http.Handler) string {
 	t.Helper()
+	return serveGoSDK(t, nil, add, wrap)
+}
+
+// statelessServer is a Go SDK server in stateless mode: it speaks protocol
+// 2026-07-28 (SEP-2575) with the executor's client, with no session ID.
+func statelessServer(t *testing.T, add func(*mcp.Server), wrap func(http.Handler) http.Handler) string {
+	t.Helper()
+	return serveGoSDK(t, &mcp.StreamableHTTPOptions{Stateless: true}, add, wrap)
+}
+
+func serveGoSDK(t *testing.T, opts *mcp.StreamableHTTPOptions, add func(*mcp.Server), wrap func(http.Handler) http.Handler) string {
+	t.Helper()
 	srv := mcp.NewServer(&mcp.Implementation{Name: "hostile", Version: "1"}, nil)
 	add(srv)
-	var h http.Handler = mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, nil)
+	var h http.Handler = mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, opts)
 	if wrap != nil {
 		h = wrap(h)
 	}
@@ -482,7 +495,7 @@ func TestMCPToolsCallCarriesTheProtocolVersionHeader(t *testing.T) {
 			func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
 				return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "ok"}}}, nil
 			})
-	}, recordPosts(func(method string, h http.Header) { versions.Store(method, h.Get("Mcp-Protocol-Version")) }))
+	}, recordPosts(func(method string, h http.Header, _ []byte) { versions.Store(method, h.Get("Mcp-Protocol-Version")) }))
 	tool := mcpTool(t, tools.Read, tools.MCP{URL: url, Tool: "echo"}, 5*time.Second)
 	if _, outcome, te := callKeyed(t, tool, "", `{}`); outcome != tools.Success {
 		t.Fatalf("%v %+v", outcome, te)
@@ -493,9 +506,9 @@ func TestMCPToolsCallCarriesTheProtocolVersionHeader(t *testing.T) {
 	}
 }
 
-// recordPosts calls note with the JSON-RPC method and the headers of every
-// POST, before the server handles it.
-func recordPosts(note func(method string, h http.Header)) func(http.Handler) http.Handler {
+// recordPosts calls note with the JSON-RPC method, the headers and the body
+// of every POST, before the server handles it.
+func recordPosts(note func(method string, h http.Header, body []byte)) func(http.Handler) http.Handler {
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			if r.Method == http.MethodPost {
@@ -505,7 +518,7 @@ func recordPosts(note func(method string, h http.Header)) func(http.Handler) htt
 					Method string `json:"method"`
 				}
 				json.Unmarshal(body, &msg)
-				note(msg.Method, r.Header.Clone())
+				note(msg.Method, r.Header.Clone(), body)
 			}
 			next.ServeHTTP(w, r)
 		})
@@ -534,7 +547,7 @@ func TestMCPIdempotencyKeyHeaderIsSentOnToolsCallOnly(t *testing.T) {
 				}
 				return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "done"}}}, nil
 			})
-	}, recordPosts(func(method string, h http.Header) {
+	}, recordPosts(func(method string, h http.Header, _ []byte) {
 		if k := h.Get("Idempotency-Key"); k != "" && method != "tools/call" {
 			mu.Lock()
 			leaked = append(leaked, method+" with Idempotency-Key "+k)
@@ -722,6 +735,114 @@ func TestMCPConflictOnTheCallsKeyIsAmbiguous(t *testing.T) {
 // raw into the head comment), and U+0085 in a property name of the schema
 // (json.Marshal writes it raw; yaml.Unmarshal of that JSON reads it as a
 // line break in a key and fails, and the import aborts).
+// A server on protocol 2026-07-28 (SEP-2575; the Go SDK's stateless mode,
+// which the executor's client negotiates by default) answers a tools/call
+// whose JSON-RPC error is invalid params (-32602) with HTTP 400, and method
+// not found with 404: the server's answer to the call, after its handler
+// ran. Taken for a session the server forgot, it was sent again on a new
+// session: a tool that acted and then said -32602 (a late validation, say)
+// acted twice in one Execute. There is no session to forget: the server is
+// stateless.
+func TestMCPInvalidParamsAs400OnAReusedStatelessSessionIsNotSentAgain(t *testing.T) {
+	t.Parallel()
+	var effects, calls atomic.Int32
+	url := statelessServer(t, func(srv *mcp.Server) {
+		srv.AddTool(&mcp.Tool{Name: "create_ticket", InputSchema: json.RawMessage(`{"type":"object"}`)},
+			func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+				effects.Add(1) // the ticket is made
+				var args struct{ Priority string }
+				json.Unmarshal(req.Params.Arguments, &args)
+				if args.Priority == "urgent" {
+					// made, but the pager it was to notify refuses the priority
+					return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: "priority urgent: no pager on duty"}
+				}
+				return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "ticket"}}}, nil
+			})
+	}, recordPosts(func(method string, _ http.Header, body []byte) {
+		if method == "tools/call" && bytes.Contains(body, []byte("urgent")) {
+			calls.Add(1)
+		}
+	}))
+	tool := mcpTool(t, tools.UnkeyedWrite, tools.MCP{URL: url, Tool: "create_ticket"}, 10*time.Second)
+	if _, outcome, te := callKeyed(t, tool, "key_1", `{}`); outcome != tools.Success {
+		t.Fatalf("first call: %v %+v", outcome, te)
+	}
+	_, outcome, te := callKeyed(t, tool, "key_2", `{"priority":"urgent"}`)
+	if effects.Load() != 2 || calls.Load() != 1 {
+		t.Fatalf("an unkeyed write answered -32602 (HTTP 400, SEP-2575) on a reused session was sent %d times, %d effects (want 1 and 2 in all); outcome %v %+v", calls.Load(), effects.Load()-1, outcome, te)
+	}
+	if outcome != tools.Definite || te.Code != "jsonrpc_-32602" {
+		t.Fatalf("invalid params answered as a 400: %v %+v, want definite jsonrpc_-32602", outcome, te)
+	}
+}
+
+// A 4xx whose body is the JSON-RPC answer to the call (its id) is the
+// server's answer even on a session with an ID: the server knew the
+// session, and may have run the tool.
+func TestMCPJSONRPCAnswerInA400OnAStatefulSessionIsNotSentAgain(t *testing.T) {
+	t.Parallel()
+	var effects, calls atomic.Int32
+	url := goSDKServer(t, func(srv *mcp.Server) {
+		srv.AddTool(&mcp.Tool{Name: "create_ticket", InputSchema: json.RawMessage(`{"type":"object"}`)},
+			func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+				effects.Add(1)
+				return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "ticket"}}}, nil
+			})
+	}, func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			body, _ := io.ReadAll(r.Body)
+			r.Body = io.NopCloser(bytes.NewReader(body))
+			var msg struct {
+				ID     json.RawMessage `json:"id"`
+				Method string          `json:"method"`
+			}
+			json.Unmarshal(body, &msg)
+			if msg.Method == "tools/call" && calls.Add(1) > 1 {
+				effects.Add(1) // acted, then answered as a 2026-07-28 server does
+				w.Header().Set("Content-Type", "application/json")
+				w.WriteHeader(http.StatusBadRequest)
+				io.WriteString(w, `{"jsonrpc":"2.0","id":`+string(msg.ID)+`,"error":{"code":-32602,"message":"late validation"}}`)
+				return
+			}
+			next.ServeHTTP(w, r)
+		})
+	})
+	tool := mcpTool(t, tools.UnkeyedWrite, tools.MCP{URL: url, Tool: "create_ticket"}, 10*time.Second)
+	if _, outcome, te := callKeyed(t, tool, "key_1", `{}`); outcome != tools.Success {
+		t.Fatalf("first call: %v %+v", outcome, te)
+	}
+	_, outcome, te := callKeyed(t, tool, "key_2", `{}`)
+	if calls.Load() != 2 || outcome != tools.Definite {
+		t.Fatalf("a call answered -32602 in a 400 on a stateful session: %d tools/call POSTs in all (want 2), %d effects; %v %+v, want definite", calls.Load(), effects.Load(), outcome, te)
+	}
+}
+
+// A 2026-07-28 server that sheds load answers a tools/call with an empty
+// inputRequests (SEP-2322: busy, retry later), before its tool acts. The
+// SDK's multi-round-trip middleware sent the call again, three times in
+// all, and then failed with an error of its own, which read as an answer
+// lost after the call was sent: an unkeyed write went indeterminate
+// although the server said, three times, that it did not run it.
+func TestMCPCallAServerShedsIsNotAmbiguous(t *testing.T) {
+	t.Parallel()
+	var effects, rounds atomic.Int32
+	url := statelessServer(t, func(srv *mcp.Server) {
+		srv.AddTool(&mcp.Tool{Name: "create_ticket", InputSchema: json.RawMessage(`{"type":"object"}`)},
+			func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+				rounds.Add(1)
+				return &mcp.CallToolResult{InputRequests: mcp.InputRequestMap{}}, nil // busy
+			})
+	}, nil)
+	tool := mcpTool(t, tools.UnkeyedWrite, tools.MCP{URL: url, Tool: "create_ticket"}, 10*time.Second)
+	_, outcome, te := callKeyed(t, tool, "key_1", `{}`)
+	if outcome == tools.Ambiguous {
+		t.Fatalf("a call the server shed %d times (%d effects) gave %v %+v: want not sent, retried later", rounds.Load(), effects.Load(), outcome, te)
+	}
+	if outcome != tools.NotSent {
+		t.Fatalf("a call the server shed: %v %+v, want not sent", outcome, te)
+	}
+}
+
 func TestMCPImportOfAnyToolListWritesAFileThatLoads(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {

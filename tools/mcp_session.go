@@ -4,8 +4,11 @@ package tools
 // of how far it got.
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
+	"io"
 	"net/http"
 	"net/http/httptrace"
 	"strconv"
@@ -193,12 +196,16 @@ type mcpProgress struct {
 	mu         sync.Mutex
 	status     int // the HTTP status of the call's POST, once answered
 	retryAfter int // its Retry-After in seconds, if any
+	// wire is the JSON-RPC error a refused POST carried as its answer to
+	// the call: a server on protocol 2026-07-28 sends invalid params as a
+	// 400 and method not found as a 404, after its tool ran.
+	wire *jsonrpc.Error
 }
 
-func (p *mcpProgress) answer() (status int, retryAfter time.Duration) {
+func (p *mcpProgress) answer() (status int, retryAfter time.Duration, wire *jsonrpc.Error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.status, time.Duration(p.retryAfter) * time.Second
+	return p.status, time.Duration(p.retryAfter) * time.Second, p.wire
 }
 
 // trackedTransport marks a tools/call written once its connection took it.
@@ -276,13 +283,64 @@ func (t mcpTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		WroteRequest: func(httptrace.WroteRequestInfo) { mark() },
 	}))
 	resp, err := t.next.RoundTrip(r)
-	if err == nil {
-		p.mu.Lock()
-		p.status = resp.StatusCode
-		p.retryAfter, _ = strconv.Atoi(resp.Header.Get("Retry-After"))
-		p.mu.Unlock()
+	if err != nil {
+		return resp, err
 	}
-	return resp, err
+	var wire *jsonrpc.Error
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		wire = errorAnswer(req, resp)
+	}
+	p.mu.Lock()
+	p.status = resp.StatusCode
+	p.retryAfter, _ = strconv.Atoi(resp.Header.Get("Retry-After"))
+	p.wire = wire
+	p.mu.Unlock()
+	return resp, nil
+}
+
+// maxErrorBody bounds what is read of a refused POST's body to find the
+// call's answer in it.
+const maxErrorBody = 64 << 10
+
+// errorAnswer is the JSON-RPC error a refused POST's body carries as the
+// answer to the call it sent, if it does: a response with the call's id.
+// A body with another id (null, as servers answer for a session they do
+// not know) or none is the refusal of the request, not of the call. The
+// body is read ahead and left whole for the SDK.
+func errorAnswer(req *http.Request, resp *http.Response) *jsonrpc.Error {
+	head, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
+	resp.Body = readCloser{io.MultiReader(bytes.NewReader(head), resp.Body), resp.Body}
+	msg, err := jsonrpc.DecodeMessage(head)
+	if err != nil || req.GetBody == nil {
+		return nil
+	}
+	answer, ok := msg.(*jsonrpc.Response)
+	if !ok || answer.Error == nil {
+		return nil
+	}
+	body, err := req.GetBody()
+	if err != nil {
+		return nil
+	}
+	defer body.Close()
+	sent, err := io.ReadAll(body)
+	if err != nil {
+		return nil
+	}
+	call, err := jsonrpc.DecodeMessage(sent)
+	if r, ok := call.(*jsonrpc.Request); err != nil || !ok || r.ID != answer.ID {
+		return nil
+	}
+	var wire *jsonrpc.Error
+	if !errors.As(answer.Error, &wire) {
+		return nil
+	}
+	return wire
+}
+
+type readCloser struct {
+	io.Reader
+	io.Closer
 }
 
 // mayBeToolsCall reports whether an SDK request may be a tools/call: it is,
