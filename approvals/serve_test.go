@@ -25,28 +25,42 @@ var turns atomic.Int64
 // to be the default tenant's.
 func awaiting(t *testing.T, store *ledger.Store, ttl time.Duration) string {
 	t.Helper()
+	return awaitingCall(t, store, jobs.Call{ConversationID: "c", TurnIndex: turns.Add(1), Tool: "pay", Args: json.RawMessage(`{"amount_cents":90000}`)}, ttl)
+}
+
+// awaitingCall claims call and makes it await approval by finance for ttl,
+// and returns its key.
+func awaitingCall(t *testing.T, store *ledger.Store, call jobs.Call, ttl time.Duration) string {
+	t.Helper()
 	ctx := context.Background()
-	args := json.RawMessage(`{"amount_cents":90000}`)
-	turn := turns.Add(1)
-	key, err := jobs.Call{ConversationID: "c", TurnIndex: turn, Tool: "pay", Args: args}.Key()
+	key, err := call.Key()
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := store.Claim(ctx, []ledger.Claim{{Key: key, ConversationID: "c", TurnIndex: turn, Tool: "pay", ArgsDigest: "d",
+	got, err := store.Claim(ctx, []ledger.Claim{{Key: key, ConversationID: call.ConversationID, TurnIndex: call.TurnIndex, Tool: call.Tool, ArgsDigest: "d",
 		ToolUseID: "toolu_1", Owner: "t", Lease: time.Minute, Token: "tok-" + key}})
 	if err != nil || !got[0].Claimed {
 		t.Fatalf("%+v %v", got, err)
 	}
-	if _, err := store.AwaitApproval(ctx, got[0].Row.Fence(), ledger.ApprovalInfo{Args: args, Group: "finance", TTL: ttl}, "toolu_1"); err != nil {
+	if _, err := store.AwaitApproval(ctx, got[0].Row.Fence(), ledger.ApprovalInfo{Args: call.Args, Group: "finance", TTL: ttl}, "toolu_1"); err != nil {
 		t.Fatal(err)
 	}
 	return key
 }
 
+// decideOverNATS sends req to the decision service of the default tenant's
+// finance group.
 func decideOverNATS(t *testing.T, nc *nats.Conn, req jobs.DecisionRequest) (jobs.DecisionReply, string) {
 	t.Helper()
+	return decideOn(t, nc, jobs.DecideSubject("finance"), req)
+}
+
+// decideOn sends req on subject and returns the reply and its service
+// error code ("" for none).
+func decideOn(t *testing.T, nc *nats.Conn, subject string, req jobs.DecisionRequest) (jobs.DecisionReply, string) {
+	t.Helper()
 	body, _ := json.Marshal(req)
-	msg, err := nc.Request(jobs.DecideSubject("finance"), body, 10*time.Second)
+	msg, err := nc.Request(subject, body, 10*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,9 +71,9 @@ func decideOverNATS(t *testing.T, nc *nats.Conn, req jobs.DecisionRequest) (jobs
 	return reply, msg.Header.Get("Nats-Service-Error-Code")
 }
 
-// serving is a broker and a SQLite ledger with the decision service
-// answering on them.
-func serving(t *testing.T) (*nats.Conn, *ledger.Store) {
+// broker is a broker with the streams of the default tenant and tenants,
+// and a SQLite ledger.
+func broker(t *testing.T, tenants ...string) (*nats.Conn, jetstream.JetStream, *ledger.Store) {
 	t.Helper()
 	ctx := context.Background()
 	n := testenv.StartNATS(t)
@@ -68,7 +82,7 @@ func serving(t *testing.T) (*nats.Conn, *ledger.Store) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := jobs.ProvisionStreams(ctx, js, jobs.Streams{}); err != nil {
+	if err := jobs.ProvisionStreams(ctx, js, jobs.Streams{Tenants: tenants}); err != nil {
 		t.Fatal(err)
 	}
 	store, err := ledger.OpenSQLite(ctx, filepath.Join(t.TempDir(), "ledger.db"))
@@ -79,7 +93,15 @@ func serving(t *testing.T) (*nats.Conn, *ledger.Store) {
 	if err := store.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
-	svc, err := approvals.New(approvals.Config{Ledger: store, JS: js})
+	return nc, js, store
+}
+
+// serving is a broker and a SQLite ledger with the decision service of
+// tenants (and the default tenant) answering on them.
+func serving(t *testing.T, tenants ...string) (*nats.Conn, *ledger.Store) {
+	t.Helper()
+	nc, js, store := broker(t, tenants...)
+	svc, err := approvals.New(approvals.Config{Ledger: store, JS: js, Tenants: tenants})
 	if err != nil {
 		t.Fatal(err)
 	}

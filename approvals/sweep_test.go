@@ -3,14 +3,10 @@ package approvals_test
 import (
 	"context"
 	"encoding/json"
-	"path/filepath"
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/toolq/toolq/approvals"
-	"github.com/toolq/toolq/internal/testenv"
 	"github.com/toolq/toolq/jobs"
 	"github.com/toolq/toolq/ledger"
 )
@@ -30,20 +26,7 @@ import (
 func TestASweepReachesADecisionBehindAHundredItCannotAnnounce(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	n := testenv.StartNATS(t)
-	nc := n.Connect()
-	js, _ := jetstream.New(nc)
-	if err := jobs.ProvisionStreams(ctx, js, jobs.Streams{Tenants: []string{"acme", "globex"}}); err != nil {
-		t.Fatal(err)
-	}
-	store, err := ledger.OpenSQLite(ctx, filepath.Join(t.TempDir(), "ledger.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(store.Close)
-	if err := store.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	_, js, store := broker(t, "acme", "globex")
 	offline, err := approvals.New(approvals.Config{Ledger: store, Tenants: []string{"acme", "globex"}})
 	if err != nil {
 		t.Fatal(err)
@@ -57,15 +40,7 @@ func TestASweepReachesADecisionBehindAHundredItCannotAnnounce(t *testing.T) {
 		return key
 	}
 	decided := func(tenant string, turn int64) string {
-		key := keyOf(tenant, turn)
-		got, err := store.Claim(ctx, []ledger.Claim{{Key: key, ConversationID: "c", TurnIndex: turn, Tool: "pay", ArgsDigest: "d",
-			ToolUseID: "toolu_1", Owner: "t", Lease: time.Minute, Token: key}})
-		if err != nil || !got[0].Claimed {
-			t.Fatalf("%+v %v", got, err)
-		}
-		if _, err := store.AwaitApproval(ctx, got[0].Row.Fence(), ledger.ApprovalInfo{Args: args, Group: "finance", TTL: time.Hour}, "toolu_1"); err != nil {
-			t.Fatal(err)
-		}
+		key := awaitingCall(t, store, jobs.Call{Tenant: tenant, ConversationID: "c", TurnIndex: turn, Tool: "pay", Args: args}, time.Hour)
 		if _, err := offline.Decide(ctx, key, ledger.Decision{Approve: true, By: "gina", Reason: "ok"}); err != nil {
 			t.Fatal(err)
 		}

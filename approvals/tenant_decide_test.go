@@ -3,14 +3,9 @@ package approvals_test
 import (
 	"context"
 	"encoding/json"
-	"path/filepath"
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
-	"github.com/toolq/toolq/approvals"
-	"github.com/toolq/toolq/internal/testenv"
 	"github.com/toolq/toolq/jobs"
 	"github.com/toolq/toolq/ledger"
 )
@@ -26,19 +21,7 @@ func TestATenantsCallIsNotDecidedOnTheDefaultTenantsSubjectWithoutTenants(t *tes
 	t.Parallel()
 	ctx := context.Background()
 	nc, store := serving(t) // a decision service without tenants configured
-	args := json.RawMessage(`{"amount_cents":90000}`)
-	key, err := jobs.Call{Tenant: "acme", ConversationID: "c", TurnIndex: 1, Tool: "pay", Args: args}.Key()
-	if err != nil {
-		t.Fatal(err)
-	}
-	got, err := store.Claim(ctx, []ledger.Claim{{Key: key, ConversationID: "c", TurnIndex: 1, Tool: "pay", ArgsDigest: "d",
-		ToolUseID: "toolu_1", Owner: "t", Lease: time.Minute, Token: "tok"}})
-	if err != nil || !got[0].Claimed {
-		t.Fatalf("%+v %v", got, err)
-	}
-	if _, err := store.AwaitApproval(ctx, got[0].Row.Fence(), ledger.ApprovalInfo{Args: args, Group: "finance", TTL: time.Hour}, "toolu_1"); err != nil {
-		t.Fatal(err)
-	}
+	key := awaitingCall(t, store, jobs.Call{Tenant: "acme", ConversationID: "c", TurnIndex: 1, Tool: "pay", Args: json.RawMessage(`{"amount_cents":90000}`)}, time.Hour)
 	r, code := decideOverNATS(t, nc, jobs.DecisionRequest{Key: key, Decision: "approve", By: "default-tenant-approver", Reason: "ok"})
 	st, _ := store.ApprovalStatusOf(ctx, key)
 	if code != "404" || st != ledger.ApprovalAwaiting {
@@ -57,52 +40,12 @@ func TestATenantsCallIsNotDecidedOnTheDefaultTenantsSubjectWithoutTenants(t *tes
 // without tenants).
 func TestWithTenantsASecondDecisionOnAnApprovedCallSaysWhatStands(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	n := testenv.StartNATS(t)
-	nc := n.Connect()
-	js, _ := jetstream.New(nc)
-	tenants := []string{"acme"}
-	if err := jobs.ProvisionStreams(ctx, js, jobs.Streams{Tenants: tenants}); err != nil {
-		t.Fatal(err)
-	}
-	store, err := ledger.OpenSQLite(ctx, filepath.Join(t.TempDir(), "ledger.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(store.Close)
-	if err := store.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	svc, err := approvals.New(approvals.Config{Ledger: store, JS: js, Tenants: tenants})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ms, err := svc.Serve(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ms.Stop() })
+	nc, store := serving(t, "acme")
 	for _, tenant := range []string{"", "acme"} {
-		args := json.RawMessage(`{"amount_cents":90000}`)
-		key, _ := jobs.Call{Tenant: tenant, ConversationID: "c", TurnIndex: 1, Tool: "pay", Args: args}.Key()
-		got, err := store.Claim(ctx, []ledger.Claim{{Key: key, ConversationID: "c", TurnIndex: 1, Tool: "pay", ArgsDigest: "d",
-			ToolUseID: "toolu_1", Owner: "t", Lease: time.Minute, Token: "tok" + tenant}})
-		if err != nil || !got[0].Claimed {
-			t.Fatalf("%+v %v", got, err)
-		}
-		if _, err := store.AwaitApproval(ctx, got[0].Row.Fence(), ledger.ApprovalInfo{Args: args, Group: "finance", TTL: time.Hour}, "toolu_1"); err != nil {
-			t.Fatal(err)
-		}
+		key := awaitingCall(t, store, jobs.Call{Tenant: tenant, ConversationID: "c", TurnIndex: 1, Tool: "pay", Args: json.RawMessage(`{"amount_cents":90000}`)}, time.Hour)
 		subject := jobs.TenantDecideSubject(tenant, "finance")
 		decide := func(decision string) (jobs.DecisionReply, string) {
-			body, _ := json.Marshal(jobs.DecisionRequest{Key: key, Decision: decision, By: "alice", Reason: "r"})
-			msg, err := nc.Request(subject, body, 10*time.Second)
-			if err != nil {
-				t.Fatal(err)
-			}
-			var reply jobs.DecisionReply
-			_ = json.Unmarshal(msg.Data, &reply)
-			return reply, msg.Header.Get("Nats-Service-Error-Code")
+			return decideOn(t, nc, subject, jobs.DecisionRequest{Key: key, Decision: decision, By: "alice", Reason: "r"})
 		}
 		if r, code := decide("approve"); code != "" || r.Status != "approved" {
 			t.Fatalf("tenant %q: the first decision: %+v %s", tenant, r, code)

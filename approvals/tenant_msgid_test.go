@@ -3,7 +3,6 @@ package approvals_test
 import (
 	"context"
 	"encoding/json"
-	"path/filepath"
 	"strconv"
 	"testing"
 	"time"
@@ -12,7 +11,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/toolq/toolq/approvals"
-	"github.com/toolq/toolq/internal/testenv"
 	"github.com/toolq/toolq/jobs"
 	"github.com/toolq/toolq/ledger"
 )
@@ -26,33 +24,9 @@ import (
 func TestADecidedCallsJobGoesOutEvenWhenAnotherTenantTookItsID(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	n := testenv.StartNATS(t)
-	js, _ := jetstream.New(n.Connect())
 	tenants := []string{"acme", "globex"}
-	if err := jobs.ProvisionStreams(ctx, js, jobs.Streams{Tenants: tenants}); err != nil {
-		t.Fatal(err)
-	}
-	store, err := ledger.OpenSQLite(ctx, filepath.Join(t.TempDir(), "ledger.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(store.Close)
-	if err := store.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	args := json.RawMessage(`{"amount_cents":90000}`)
-	key, err := jobs.Call{Tenant: "globex", ConversationID: "c", TurnIndex: 1, Tool: "pay", Args: args}.Key()
-	if err != nil {
-		t.Fatal(err)
-	}
-	got, err := store.Claim(ctx, []ledger.Claim{{Key: key, ConversationID: "c", TurnIndex: 1, Tool: "pay", ArgsDigest: "d",
-		ToolUseID: "toolu_1", Owner: "t", Lease: time.Minute, Token: "tok"}})
-	if err != nil || !got[0].Claimed {
-		t.Fatalf("%+v %v", got, err)
-	}
-	if _, err := store.AwaitApproval(ctx, got[0].Row.Fence(), ledger.ApprovalInfo{Args: args, Group: "finance", TTL: time.Hour}, "toolu_1"); err != nil {
-		t.Fatal(err)
-	}
+	_, js, store := broker(t, tenants...)
+	key := awaitingCall(t, store, jobs.Call{Tenant: "globex", ConversationID: "c", TurnIndex: 1, Tool: "pay", Args: json.RawMessage(`{"amount_cents":90000}`)}, time.Hour)
 	// Decided without NATS: announced by the sweep below.
 	offline, err := approvals.New(approvals.Config{Ledger: store, Tenants: tenants})
 	if err != nil {
@@ -85,16 +59,7 @@ func TestADecidedCallsJobGoesOutEvenWhenAnotherTenantTookItsID(t *testing.T) {
 	}
 
 	// Untaken, the job's id is toolq's own: the sweep's repeat is dropped.
-	args2 := json.RawMessage(`{"amount_cents":90001}`)
-	key2, _ := jobs.Call{Tenant: "globex", ConversationID: "c", TurnIndex: 1, Tool: "refund", Args: args2}.Key()
-	got, err = store.Claim(ctx, []ledger.Claim{{Key: key2, ConversationID: "c", TurnIndex: 1, Tool: "refund", ArgsDigest: "d2",
-		ToolUseID: "toolu_2", Owner: "t", Lease: time.Minute, Token: "tok2"}})
-	if err != nil || !got[0].Claimed {
-		t.Fatalf("%+v %v", got, err)
-	}
-	if _, err := store.AwaitApproval(ctx, got[0].Row.Fence(), ledger.ApprovalInfo{Args: args2, Group: "finance", TTL: time.Hour}, "toolu_2"); err != nil {
-		t.Fatal(err)
-	}
+	key2 := awaitingCall(t, store, jobs.Call{Tenant: "globex", ConversationID: "c", TurnIndex: 1, Tool: "refund", Args: json.RawMessage(`{"amount_cents":90001}`)}, time.Hour)
 	if _, err := offline.Decide(ctx, key2, ledger.Decision{Approve: true, By: "gina", Reason: "invoice 8"}); err != nil {
 		t.Fatal(err)
 	}
