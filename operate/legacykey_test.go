@@ -7,9 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
-	"github.com/toolq/toolq/internal/testenv"
 	"github.com/toolq/toolq/jobs"
 	"github.com/toolq/toolq/ledger"
 	"github.com/toolq/toolq/operate"
@@ -23,10 +20,7 @@ import (
 func TestReplayFindsARowUnderTheKeyBeforeTheMemberOrderFix(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	js, _ := jetstream.New(testenv.StartNATS(t).Connect())
-	if err := jobs.ProvisionStreams(ctx, js, jobs.Streams{}); err != nil {
-		t.Fatal(err)
-	}
+	_, js := withStreams(t)
 	st, err := ledger.OpenSQLite(ctx, filepath.Join(t.TempDir(), "ledger.db"))
 	if err != nil {
 		t.Fatal(err)

@@ -13,7 +13,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/toolq/toolq/internal/testenv"
 	"github.com/toolq/toolq/jobs"
 	"github.com/toolq/toolq/ledger"
 	"github.com/toolq/toolq/operate"
@@ -22,11 +21,7 @@ import (
 func TestReplay(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	n := testenv.StartNATS(t)
-	js, _ := jetstream.New(n.Connect())
-	if err := jobs.ProvisionStreams(ctx, js, jobs.Streams{}); err != nil {
-		t.Fatal(err)
-	}
+	_, js := withStreams(t)
 	c := jobs.NewClient(js)
 	start := time.Now()
 	for i, tool := range []string{"send_payment", "create_ticket", "send_payment"} {
@@ -75,11 +70,7 @@ func TestReplay(t *testing.T) {
 func TestReplayConsultsTheLedger(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	n := testenv.StartNATS(t)
-	js, _ := jetstream.New(n.Connect())
-	if err := jobs.ProvisionStreams(ctx, js, jobs.Streams{}); err != nil {
-		t.Fatal(err)
-	}
+	_, js := withStreams(t)
 	st, err := ledger.OpenSQLite(ctx, filepath.Join(t.TempDir(), "ledger.db"))
 	if err != nil {
 		t.Fatal(err)
@@ -161,11 +152,7 @@ func mustDigest(t *testing.T, j *jobs.Job) string {
 func TestDeadLetters(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	n := testenv.StartNATS(t)
-	js, _ := jetstream.New(n.Connect())
-	if err := jobs.ProvisionStreams(ctx, js, jobs.Streams{}); err != nil {
-		t.Fatal(err)
-	}
+	_, js := withStreams(t)
 	body := `{"version":1,"conversation_id":"c","turn_index":0,"tool":"send_payment","tool_use_id":"toolu_dead","args":{}}`
 	for i, reason := range []string{jobs.DLQMaxDeliver, jobs.DLQInvalid} {
 		msg := nats.NewMsg(jobs.DLQSubject(reason))
@@ -247,11 +234,7 @@ func publishDeadLetter(t *testing.T, js jetstream.JetStream, reason string, jobS
 func TestPurgeKeepsWhatArrivedAfterTheCount(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	n := testenv.StartNATS(t)
-	js, _ := jetstream.New(n.Connect())
-	if err := jobs.ProvisionStreams(ctx, js, jobs.Streams{}); err != nil {
-		t.Fatal(err)
-	}
+	_, js := withStreams(t)
 	publishDeadLetter(t, js, jobs.DLQMaxDeliver, 1, "{}")
 	publishDeadLetter(t, js, jobs.DLQInvalid, 2, "{}")
 	c, err := operate.CountDeadLetters(ctx, js, jobs.DLQMaxDeliver)
@@ -277,11 +260,7 @@ func TestPurgeKeepsWhatArrivedAfterTheCount(t *testing.T) {
 func TestRequeueOfAnOmittedBody(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	n := testenv.StartNATS(t)
-	js, _ := jetstream.New(n.Connect())
-	if err := jobs.ProvisionStreams(ctx, js, jobs.Streams{}); err != nil {
-		t.Fatal(err)
-	}
+	_, js := withStreams(t)
 	body := `{"version":1,"conversation_id":"c","turn_index":0,"tool":"send_payment","tool_use_id":"toolu_big","args":{"memo":"` +
 		strings.Repeat("x", 4000) + `"}}`
 	job := nats.NewMsg("toolq.jobs.send_payment")

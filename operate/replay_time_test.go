@@ -9,7 +9,6 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/toolq/toolq/internal/testenv"
 	"github.com/toolq/toolq/jobs"
 	"github.com/toolq/toolq/operate"
 )
@@ -73,6 +72,24 @@ func (m steppedMsg) Metadata() (*jetstream.MsgMetadata, error) {
 	return &cp, nil
 }
 
+// publishJob publishes the send_payment call toolu_<i> of turn i.
+func publishJob(t *testing.T, js jetstream.JetStream, i int) {
+	t.Helper()
+	if _, err := jobs.NewClient(js).Publish(context.Background(), &jobs.Job{ConversationID: "c", TurnIndex: int64(i), Tool: "send_payment",
+		ToolUseID: "toolu_" + strconv.Itoa(i), Args: json.RawMessage(`{}`)}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// replayedSeqs is the sequences of the jobs a replay listed.
+func replayedSeqs(got []operate.Replayed, err error) ([]uint64, error) {
+	var seqs []uint64
+	for _, g := range got {
+		seqs = append(seqs, g.Seq)
+	}
+	return seqs, err
+}
+
 // TestATimeRangeReplayReadsPastAJobStampedAfterUntil: JetStream stamps a
 // message with its (leader) server's clock, which can step backwards (an
 // NTP correction of a clock that ran fast; a leader change to a node whose
@@ -83,17 +100,9 @@ func (m steppedMsg) Metadata() (*jetstream.MsgMetadata, error) {
 func TestATimeRangeReplayReadsPastAJobStampedAfterUntil(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	n := testenv.StartNATS(t)
-	real, _ := jetstream.New(n.Connect())
-	if err := jobs.ProvisionStreams(ctx, real, jobs.Streams{}); err != nil {
-		t.Fatal(err)
-	}
-	c := jobs.NewClient(real)
-	for i := 0; i < 5; i++ {
-		if _, err := c.Publish(ctx, &jobs.Job{ConversationID: "c", TurnIndex: int64(i), Tool: "send_payment",
-			ToolUseID: "toolu_" + strconv.Itoa(i), Args: json.RawMessage(`{}`)}); err != nil {
-			t.Fatal(err)
-		}
+	_, real := withStreams(t)
+	for i := range 5 {
+		publishJob(t, real, i)
 	}
 	js := steppedClock{real, func(seq uint64) time.Duration {
 		if seq <= 3 {
@@ -103,11 +112,7 @@ func TestATimeRangeReplayReadsPastAJobStampedAfterUntil(t *testing.T) {
 	}}
 	now := time.Now()
 	r := operate.ReplayRange{Subject: jobs.JobsSubjects, Since: now.Add(-time.Hour), Until: now.Add(-5 * time.Minute)}
-	got, err := operate.Replay(ctx, js, r, true)
-	var seqs []uint64
-	for _, g := range got {
-		seqs = append(seqs, g.Seq)
-	}
+	seqs, err := replayedSeqs(operate.Replay(ctx, js, r, true))
 	if err != nil || len(seqs) != 2 {
 		t.Fatalf("replay --since 1h --until 5m: sequences %v, err %v; want [4 5], the jobs stamped in the range", seqs, err)
 	}
@@ -121,17 +126,9 @@ func TestATimeRangeReplayReadsPastAJobStampedAfterUntil(t *testing.T) {
 func TestATimeRangeReplaySkipsAJobStampedBeforeSince(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	n := testenv.StartNATS(t)
-	real, _ := jetstream.New(n.Connect())
-	if err := jobs.ProvisionStreams(ctx, real, jobs.Streams{}); err != nil {
-		t.Fatal(err)
-	}
-	c := jobs.NewClient(real)
-	for i := 0; i < 3; i++ {
-		if _, err := c.Publish(ctx, &jobs.Job{ConversationID: "c", TurnIndex: int64(i), Tool: "send_payment",
-			ToolUseID: "toolu_" + strconv.Itoa(i), Args: json.RawMessage(`{}`)}); err != nil {
-			t.Fatal(err)
-		}
+	_, real := withStreams(t)
+	for i := range 3 {
+		publishJob(t, real, i)
 	}
 	js := steppedClock{real, func(seq uint64) time.Duration {
 		if seq == 1 {
@@ -139,11 +136,7 @@ func TestATimeRangeReplaySkipsAJobStampedBeforeSince(t *testing.T) {
 		}
 		return 0
 	}}
-	got, err := operate.Replay(ctx, js, operate.ReplayRange{Subject: jobs.JobsSubjects, Since: time.Now().Add(-time.Hour)}, true)
-	var seqs []uint64
-	for _, g := range got {
-		seqs = append(seqs, g.Seq)
-	}
+	seqs, err := replayedSeqs(operate.Replay(ctx, js, operate.ReplayRange{Subject: jobs.JobsSubjects, Since: time.Now().Add(-time.Hour)}, true))
 	if err != nil || len(seqs) != 2 || seqs[0] != 2 {
 		t.Fatalf("replay --since 1h: sequences %v, err %v; want [2 3], the jobs stamped in the range", seqs, err)
 	}
@@ -154,25 +147,14 @@ func TestATimeRangeReplaySkipsAJobStampedBeforeSince(t *testing.T) {
 func TestAReplayStopsAtUntil(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	n := testenv.StartNATS(t)
-	js, _ := jetstream.New(n.Connect())
-	if err := jobs.ProvisionStreams(ctx, js, jobs.Streams{}); err != nil {
-		t.Fatal(err)
-	}
-	c := jobs.NewClient(js)
-	pub := func(i int) {
-		if _, err := c.Publish(ctx, &jobs.Job{ConversationID: "c", TurnIndex: int64(i), Tool: "send_payment",
-			ToolUseID: "toolu_" + strconv.Itoa(i), Args: json.RawMessage(`{}`)}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	_, js := withStreams(t)
 	since := time.Now().Add(-time.Minute)
-	pub(0)
-	pub(1)
+	publishJob(t, js, 0)
+	publishJob(t, js, 1)
 	time.Sleep(50 * time.Millisecond)
 	until := time.Now()
 	time.Sleep(50 * time.Millisecond)
-	pub(2)
+	publishJob(t, js, 2)
 	got, err := operate.Replay(ctx, js, operate.ReplayRange{Subject: jobs.JobsSubjects, Since: since, Until: until}, true)
 	if err != nil || len(got) != 2 || got[1].Seq != 2 {
 		t.Fatalf("replay up to until: %+v %v; want jobs 1 and 2", got, err)

@@ -12,7 +12,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/toolq/toolq/internal/testenv"
 	"github.com/toolq/toolq/jobs"
 	"github.com/toolq/toolq/operate"
 )
@@ -25,11 +24,7 @@ import (
 func TestRequeueOfOmittedHeadersRestoresThem(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	n := testenv.StartNATS(t)
-	js, _ := jetstream.New(n.Connect())
-	if err := jobs.ProvisionStreams(ctx, js, jobs.Streams{}); err != nil {
-		t.Fatal(err)
-	}
+	_, js := withStreams(t)
 	body := `{"version":1,"conversation_id":"c","turn_index":0,"tool":"send_payment","tool_use_id":"toolu_h","args":{}}`
 	job := nats.NewMsg("toolq.jobs.send_payment")
 	job.Data = []byte(body)
@@ -77,11 +72,7 @@ func TestRequeueOfOmittedHeadersRestoresThem(t *testing.T) {
 func TestATenantCannotMakeARequeueLoseADeadLetter(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	n := testenv.StartNATS(t)
-	js, _ := jetstream.New(n.Connect())
-	if err := jobs.ProvisionStreams(ctx, js, jobs.Streams{Tenants: []string{"acme"}}); err != nil {
-		t.Fatal(err)
-	}
+	_, js := withStreams(t, "acme")
 	// Acme, on its own subject, takes the ids of the next requeues.
 	for seq := 1; seq <= 5; seq++ {
 		m := nats.NewMsg(jobs.TenantJobSubject("acme", "pay"))
@@ -125,11 +116,7 @@ func TestATenantCannotMakeARequeueLoseADeadLetter(t *testing.T) {
 func TestARequeueAfterTheJobsStreamWasMadeAgainDoesNotPublishAnotherCall(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	n := testenv.StartNATS(t)
-	js, _ := jetstream.New(n.Connect())
-	if err := jobs.ProvisionStreams(ctx, js, jobs.Streams{}); err != nil {
-		t.Fatal(err)
-	}
+	_, js := withStreams(t)
 	bodyOf := func(id string) string {
 		return `{"version":1,"conversation_id":"c","turn_index":0,"tool":"send_payment","tool_use_id":"` + id +
 			`","args":{"memo":"` + strings.Repeat("x", 4000) + `","to":"` + id + `"}}`
@@ -199,11 +186,7 @@ func (b barrierJS) PublishMsg(ctx context.Context, m *nats.Msg, opts ...jetstrea
 func TestTwoRequeuesOfOneDeadLetterAtOncePublishOneJob(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	n := testenv.StartNATS(t)
-	real, _ := jetstream.New(n.Connect())
-	if err := jobs.ProvisionStreams(ctx, real, jobs.Streams{}); err != nil {
-		t.Fatal(err)
-	}
+	_, real := withStreams(t)
 	body := `{"version":1,"conversation_id":"c","turn_index":0,"tool":"send_payment","tool_use_id":"toolu_2x","args":{}}`
 	dl := publishDeadLetter(t, real, jobs.DLQMaxDeliver, 7, body)
 	var wg sync.WaitGroup
@@ -235,11 +218,7 @@ func TestTwoRequeuesOfOneDeadLetterAtOncePublishOneJob(t *testing.T) {
 func TestAReplayListsARequeuedDeadLetter(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	n := testenv.StartNATS(t)
-	js, _ := jetstream.New(n.Connect())
-	if err := jobs.ProvisionStreams(ctx, js, jobs.Streams{}); err != nil {
-		t.Fatal(err)
-	}
+	_, js := withStreams(t)
 	c := jobs.NewClient(js)
 	if _, err := c.Publish(ctx, &jobs.Job{ConversationID: "c", Tool: "send_payment", ToolUseID: "toolu_dl", Args: json.RawMessage(`{}`)}); err != nil {
 		t.Fatal(err)

@@ -70,11 +70,7 @@ func (a answerLost) PublishMsg(ctx context.Context, m *nats.Msg, opts ...jetstre
 // published.
 func TestAReplayWhosePublishIsUnansweredSaysItMayHaveBeenPublished(t *testing.T) {
 	defer jsretry.SetPatience(300 * time.Millisecond)()
-	n := testenv.StartNATS(t)
-	direct, _ := jetstream.New(n.Connect())
-	if err := jobs.ProvisionStreams(context.Background(), direct, jobs.Streams{}); err != nil {
-		t.Fatal(err)
-	}
+	_, direct := withStreams(t)
 	if _, err := jobs.NewClient(direct).Publish(context.Background(), &jobs.Job{ConversationID: "c", Tool: "send_payment",
 		ToolUseID: "toolu_1", Args: json.RawMessage(`{}`)}); err != nil {
 		t.Fatal(err)

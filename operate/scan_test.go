@@ -223,15 +223,23 @@ func TestAListingReadsAgainWhatWasLostMidBatch(t *testing.T) {
 	}
 }
 
+// withStreams starts a server with toolq's streams, the default tenant's
+// and those of tenants.
+func withStreams(t *testing.T, tenants ...string) (*testenv.NATS, jetstream.JetStream) {
+	t.Helper()
+	n := testenv.StartNATS(t)
+	js, _ := jetstream.New(n.Connect())
+	if err := jobs.ProvisionStreams(context.Background(), js, jobs.Streams{Tenants: tenants}); err != nil {
+		t.Fatal(err)
+	}
+	return n, js
+}
+
 // withDeadLetters starts a server with toolq's streams and k dead letters,
 // at sequences 1 to k, of the calls toolu_1 to toolu_k.
 func withDeadLetters(t *testing.T, k int) (*testenv.NATS, jetstream.JetStream) {
 	t.Helper()
-	n := testenv.StartNATS(t)
-	direct, _ := jetstream.New(n.Connect())
-	if err := jobs.ProvisionStreams(context.Background(), direct, jobs.Streams{}); err != nil {
-		t.Fatal(err)
-	}
+	n, direct := withStreams(t)
 	for i := range k {
 		publishDeadLetter(t, direct, jobs.DLQMaxDeliver, uint64(i+1), `{"tool_use_id":"toolu_`+strconv.Itoa(i+1)+`"}`)
 	}

@@ -8,8 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/toolq/toolq/internal/jsretry"
 	"github.com/toolq/toolq/internal/testenv"
 	"github.com/toolq/toolq/jobs"
@@ -26,11 +24,7 @@ func TestOperatorsCommandsOutliveUnansweredJetStreamRequests(t *testing.T) {
 	defer jsretry.SetPatience(300 * time.Millisecond)()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	n := testenv.StartNATS(t)
-	direct, _ := jetstream.New(n.Connect())
-	if err := jobs.ProvisionStreams(ctx, direct, jobs.Streams{}); err != nil {
-		t.Fatal(err)
-	}
+	n, direct := withStreams(t)
 	c := jobs.NewClient(direct)
 	for i := range 3 {
 		if _, err := c.Publish(ctx, &jobs.Job{ConversationID: "c", TurnIndex: int64(i), Tool: "send_payment", ToolUseID: "toolu_" + strconv.Itoa(i), Args: json.RawMessage(`{}`)}); err != nil {
