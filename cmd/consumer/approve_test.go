@@ -7,9 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
-	"github.com/toolq/toolq/internal/testenv"
 	"github.com/toolq/toolq/jobs"
 	"github.com/toolq/toolq/ledger"
 )
@@ -21,20 +18,9 @@ import (
 func TestApproveAndDenyCommands(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	n := testenv.StartNATS(t)
-	js, _ := jetstream.New(n.Connect())
-	if err := jobs.ProvisionStreams(ctx, js, jobs.Streams{}); err != nil {
-		t.Fatal(err)
-	}
+	n, js := withStreams(t)
 	env := map[string]string{"TOOLQ_DATA_DIR": t.TempDir(), "NATS_URL": n.URL}
-	if _, err := runConsumer(t, env, "migrate"); err != nil {
-		t.Fatal(err)
-	}
-	st, err := ledger.Open(ctx, "", env["TOOLQ_DATA_DIR"])
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
+	st := migratedLedger(t, env)
 	// Real calls' keys: a decision is announced as the call's tenant's,
 	// the default tenant's here, only when the row's key is that call's.
 	await := func(name, args string) string {

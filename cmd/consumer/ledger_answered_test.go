@@ -21,14 +21,7 @@ func TestLedgerShowSaysARowAnsweredADuplicate(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
 	env := map[string]string{"TOOLQ_DATA_DIR": dir}
-	if _, err := runConsumer(t, env, "migrate"); err != nil {
-		t.Fatal(err)
-	}
-	st, err := ledger.Open(ctx, "", dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
+	st := migratedLedger(t, env)
 	c := ledger.Claim{Key: "k-paid", ConversationID: "c", Tool: "send_payment", ArgsDigest: "d", ToolUseID: "toolu_1", Owner: "o", Lease: time.Hour}
 	res, err := st.Claim(ctx, []ledger.Claim{c})
 	if err != nil || !res[0].Claimed {

@@ -243,21 +243,10 @@ func TestLedgerPurgeDeletesOnlyFinishedRows(t *testing.T) {
 func TestLedgerCommandsFailCleanly(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	n := testenv.StartNATS(t)
-	js, _ := jetstream.New(n.Connect())
-	if err := jobs.ProvisionStreams(ctx, js, jobs.Streams{}); err != nil {
-		t.Fatal(err)
-	}
+	n, _ := withStreams(t)
 	dir, empty := t.TempDir(), t.TempDir()
 	env := map[string]string{"TOOLQ_DATA_DIR": dir, "NATS_URL": n.URL}
-	if _, err := runConsumer(t, env, "migrate"); err != nil {
-		t.Fatal(err)
-	}
-	st, err := ledger.Open(ctx, "", dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
+	st := migratedLedger(t, env)
 	for _, key := range []string{"k-done", "k-unknown"} {
 		res, err := st.Claim(ctx, []ledger.Claim{{Key: key, ConversationID: "c", Tool: "create_ticket", ArgsDigest: "d", ToolUseID: "toolu_1", Owner: "o", Lease: time.Hour}})
 		if err != nil {
@@ -450,16 +439,38 @@ func TestLedgerPurgeOutlivesTheStreams(t *testing.T) {
 	}
 }
 
-// purgeEnv is a purge's surroundings: a NATS server with toolq's streams
-// (a purge reads their ages) and a migrated SQLite ledger in dir, named in
-// env as the consumer reads them.
-func purgeEnv(t *testing.T) (dir string, env map[string]string) {
+// withStreams starts a server with toolq's streams.
+func withStreams(t *testing.T) (*testenv.NATS, jetstream.JetStream) {
 	t.Helper()
 	n := testenv.StartNATS(t)
 	js, _ := jetstream.New(n.Connect())
 	if err := jobs.ProvisionStreams(context.Background(), js, jobs.Streams{}); err != nil {
 		t.Fatal(err)
 	}
+	return n, js
+}
+
+// migratedLedger migrates the ledger env names with `consumer migrate` and
+// opens it.
+func migratedLedger(t *testing.T, env map[string]string) *ledger.Store {
+	t.Helper()
+	if _, err := runConsumer(t, env, "migrate"); err != nil {
+		t.Fatal(err)
+	}
+	st, err := ledger.Open(context.Background(), env["DATABASE_URL"], env["TOOLQ_DATA_DIR"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(st.Close)
+	return st
+}
+
+// purgeEnv is a purge's surroundings: a NATS server with toolq's streams
+// (a purge reads their ages) and a migrated SQLite ledger in dir, named in
+// env as the consumer reads them.
+func purgeEnv(t *testing.T) (dir string, env map[string]string) {
+	t.Helper()
+	n, _ := withStreams(t)
 	dir = t.TempDir()
 	env = map[string]string{"TOOLQ_DATA_DIR": dir, "NATS_URL": n.URL}
 	if _, err := runConsumer(t, env, "migrate"); err != nil {
@@ -479,14 +490,7 @@ func TestLedgerShowByFieldsFindsTheRowTheWorkerAnswersFrom(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
 	env := map[string]string{"TOOLQ_DATA_DIR": dir}
-	if _, err := runConsumer(t, env, "migrate"); err != nil {
-		t.Fatal(err)
-	}
-	st, err := ledger.Open(ctx, "", dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
+	st := migratedLedger(t, env)
 	args := `{"votes":{"👎":3,"👍":12}}`
 	call := jobs.Call{ConversationID: "c", TurnIndex: 1, Tool: "cast_vote", Args: []byte(args)}
 	m, err := call.Material()

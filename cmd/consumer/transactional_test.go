@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/toolq/toolq/internal/testenv"
 	"github.com/toolq/toolq/jobs"
@@ -32,11 +31,7 @@ const refundsTools = `tools:
 func TestTransactionalToolRunsOnPostgresOnly(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	n := testenv.StartNATS(t)
-	js, _ := jetstream.New(n.Connect())
-	if err := jobs.ProvisionStreams(ctx, js, jobs.Streams{}); err != nil {
-		t.Fatal(err)
-	}
+	n, js := withStreams(t)
 	toolsFile := filepath.Join(t.TempDir(), "tools.yaml")
 	if err := os.WriteFile(toolsFile, []byte(refundsTools), 0o600); err != nil {
 		t.Fatal(err)
