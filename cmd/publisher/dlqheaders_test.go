@@ -6,9 +6,7 @@ import (
 	"testing"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/toolq/toolq/internal/testenv"
 	"github.com/toolq/toolq/jobs"
 )
 
@@ -17,11 +15,7 @@ import (
 func TestShowOfOmittedHeaders(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	n := testenv.StartNATS(t)
-	js, _ := jetstream.New(n.Connect())
-	if err := jobs.ProvisionStreams(ctx, js, jobs.Streams{}); err != nil {
-		t.Fatal(err)
-	}
+	n, js := withStreams(t)
 	dl := nats.NewMsg(jobs.DLQSubject(jobs.DLQInvalid))
 	dl.Data = []byte(`not a job`)
 	dl.Header.Set(jobs.HeaderDLQReason, jobs.DLQInvalid)

@@ -129,11 +129,7 @@ func TestOperatorWorksTheDeadLetters(t *testing.T) {
 func TestShowOfAnOmittedBody(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	n := testenv.StartNATS(t)
-	js, _ := jetstream.New(n.Connect())
-	if err := jobs.ProvisionStreams(ctx, js, jobs.Streams{}); err != nil {
-		t.Fatal(err)
-	}
+	n, js := withStreams(t)
 	job := nats.NewMsg("toolq.jobs.send_payment")
 	job.Data = []byte(`{"version":1}`)
 	if _, err := js.PublishMsg(ctx, job); err != nil {
@@ -161,6 +157,17 @@ func TestShowOfAnOmittedBody(t *testing.T) {
 	}
 }
 
+// withStreams starts a server with toolq's streams.
+func withStreams(t *testing.T) (*testenv.NATS, jetstream.JetStream) {
+	t.Helper()
+	n := testenv.StartNATS(t)
+	js, _ := jetstream.New(n.Connect())
+	if err := jobs.ProvisionStreams(context.Background(), js, jobs.Streams{}); err != nil {
+		t.Fatal(err)
+	}
+	return n, js
+}
+
 func runPublisherEnv(t *testing.T, env map[string]string, args ...string) (stdout, stderr string, err error) {
 	t.Helper()
 	var out, errOut bytes.Buffer
@@ -176,11 +183,7 @@ func runPublisherEnv(t *testing.T, env map[string]string, args ...string) (stdou
 func TestRequeueRefusesWhatAPurgeMayHaveDeleted(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	n := testenv.StartNATS(t)
-	js, _ := jetstream.New(n.Connect())
-	if err := jobs.ProvisionStreams(ctx, js, jobs.Streams{}); err != nil {
-		t.Fatal(err)
-	}
+	n, js := withStreams(t)
 	deadLetter := func() time.Time {
 		msg := nats.NewMsg(jobs.DLQSubject(jobs.DLQMaxDeliver))
 		msg.Data = []byte(`{"version":1,"conversation_id":"c","turn_index":0,"tool":"send_payment","tool_use_id":"toolu_1","args":{}}`)
@@ -240,11 +243,7 @@ func TestRequeueRefusesWhatAPurgeMayHaveDeleted(t *testing.T) {
 func TestAReplayThatFailsPartWayShowsWhatItPublished(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	n := testenv.StartNATS(t)
-	js, _ := jetstream.New(n.Connect())
-	if err := jobs.ProvisionStreams(ctx, js, jobs.Streams{}); err != nil {
-		t.Fatal(err)
-	}
+	n, js := withStreams(t)
 	c := jobs.NewClient(js)
 	for i := range 3 {
 		if _, err := c.Publish(ctx, &jobs.Job{ConversationID: "c", TurnIndex: int64(i), Tool: "send_payment",
@@ -290,11 +289,7 @@ func TestAReplayThatFailsPartWayShowsWhatItPublished(t *testing.T) {
 func TestADeadLetterListingEscapesAnAgentsControlCharacters(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	n := testenv.StartNATS(t)
-	js, _ := jetstream.New(n.Connect())
-	if err := jobs.ProvisionStreams(ctx, js, jobs.Streams{}); err != nil {
-		t.Fatal(err)
-	}
+	n, js := withStreams(t)
 	dl := nats.NewMsg(jobs.DLQSubject(jobs.DLQInvalid))
 	dl.Data = []byte(`{"version":1,"tool_use_id":"\u001b]0;owned\u0007\u001b[2Jtoolu_x"}`)
 	dl.Header.Set(jobs.HeaderDLQReason, jobs.DLQInvalid)
