@@ -372,6 +372,42 @@ func (w sessionRecorder) Write(b []byte) (int, error) { w.note(); return w.Respo
 func (w sessionRecorder) Flush()                      { w.ResponseWriter.(http.Flusher).Flush() }
 func (w sessionRecorder) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
+// sessionNotFound answers a request for a session the server does not know
+// as a Python SDK server does (streamable_http_manager._send_session_not_found).
+func sessionNotFound(w http.ResponseWriter) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusNotFound)
+	io.WriteString(w, `{"jsonrpc":"2.0","id":"server-error","error":{"code":-32600,"message":"Session not found"}}`)
+}
+
+// forgetfulServer is a Python-SDK-like server of one tool, create_ticket,
+// answered by handle: restart makes it forget every session it handed out,
+// which it then answers with sessionNotFound. It returns the server's URL.
+func forgetfulServer(t *testing.T, handle mcp.ToolHandler) (url string, restart func()) {
+	t.Helper()
+	var known sync.Map
+	var current atomic.Pointer[http.Handler]
+	restart = func() {
+		known.Clear()
+		srv := mcp.NewServer(&mcp.Implementation{Name: "python-like", Version: "1"}, nil)
+		srv.AddTool(&mcp.Tool{Name: "create_ticket", InputSchema: json.RawMessage(`{"type":"object"}`)}, handle)
+		var h http.Handler = mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, nil)
+		current.Store(&h)
+	}
+	restart()
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if sid := r.Header.Get("Mcp-Session-Id"); sid != "" {
+			if _, ok := known.Load(sid); !ok {
+				sessionNotFound(w)
+				return
+			}
+		}
+		(*current.Load()).ServeHTTP(sessionRecorder{w, &known}, r)
+	}))
+	t.Cleanup(ts.Close)
+	return ts.URL, restart
+}
+
 // Python SDK servers (StreamableHTTPSessionManager, as quoted by projects
 // built on it) answer a request for a session they do not know (restarted,
 // or the session expired) with 404 and a JSON-RPC error whose id is the
@@ -387,33 +423,11 @@ func (w sessionRecorder) Unwrap() http.ResponseWriter { return w.ResponseWriter 
 func TestMCPSessionAPythonSDKServerForgotIsReplacedNotDefinite(t *testing.T) {
 	t.Parallel()
 	var effects atomic.Int32
-	var known sync.Map
-	var current atomic.Pointer[http.Handler]
-	restart := func() {
-		known.Clear()
-		srv := mcp.NewServer(&mcp.Implementation{Name: "python-like", Version: "1"}, nil)
-		srv.AddTool(&mcp.Tool{Name: "create_ticket", InputSchema: json.RawMessage(`{"type":"object"}`)},
-			func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
-				effects.Add(1)
-				return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "ticket"}}}, nil
-			})
-		var h http.Handler = mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, nil)
-		current.Store(&h)
-	}
-	restart()
-	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if sid := r.Header.Get("Mcp-Session-Id"); sid != "" {
-			if _, ok := known.Load(sid); !ok { // python-sdk streamable_http_manager._send_session_not_found
-				w.Header().Set("Content-Type", "application/json")
-				w.WriteHeader(http.StatusNotFound)
-				io.WriteString(w, `{"jsonrpc":"2.0","id":"server-error","error":{"code":-32600,"message":"Session not found"}}`)
-				return
-			}
-		}
-		(*current.Load()).ServeHTTP(sessionRecorder{w, &known}, r)
-	}))
-	t.Cleanup(ts.Close)
-	tool := mcpTool(t, tools.UnkeyedWrite, tools.MCP{URL: ts.URL, Tool: "create_ticket"}, 5*time.Second)
+	url, restart := forgetfulServer(t, func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		effects.Add(1)
+		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "ticket"}}}, nil
+	})
+	tool := mcpTool(t, tools.UnkeyedWrite, tools.MCP{URL: url, Tool: "create_ticket"}, 5*time.Second)
 	if _, outcome, te := callKeyed(t, tool, "key_1", `{}`); outcome != tools.Success {
 		t.Fatalf("first call: %v %+v", outcome, te)
 	}
@@ -436,33 +450,11 @@ func TestMCPSessionAPythonSDKServerForgotIsReplacedNotDefinite(t *testing.T) {
 // not sent, as did the next ones, for as many sessions as the pool held.
 func TestMCPAfterARestartACallIsSentOnANewSessionNotAnotherStaleOne(t *testing.T) {
 	t.Parallel()
-	var known sync.Map
-	var current atomic.Pointer[http.Handler]
-	restart := func() {
-		known.Clear()
-		srv := mcp.NewServer(&mcp.Implementation{Name: "python-like", Version: "1"}, nil)
-		srv.AddTool(&mcp.Tool{Name: "create_ticket", InputSchema: json.RawMessage(`{"type":"object"}`)},
-			func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
-				time.Sleep(300 * time.Millisecond) // the calls overlap: one session each
-				return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "ticket"}}}, nil
-			})
-		var h http.Handler = mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, nil)
-		current.Store(&h)
-	}
-	restart()
-	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if sid := r.Header.Get("Mcp-Session-Id"); sid != "" {
-			if _, ok := known.Load(sid); !ok {
-				w.Header().Set("Content-Type", "application/json")
-				w.WriteHeader(http.StatusNotFound)
-				io.WriteString(w, `{"jsonrpc":"2.0","id":"server-error","error":{"code":-32600,"message":"Session not found"}}`)
-				return
-			}
-		}
-		(*current.Load()).ServeHTTP(sessionRecorder{w, &known}, r)
-	}))
-	t.Cleanup(ts.Close)
-	tool := mcpTool(t, tools.UnkeyedWrite, tools.MCP{URL: ts.URL, Tool: "create_ticket"}, 10*time.Second)
+	url, restart := forgetfulServer(t, func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		time.Sleep(300 * time.Millisecond) // the calls overlap: one session each
+		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "ticket"}}}, nil
+	})
+	tool := mcpTool(t, tools.UnkeyedWrite, tools.MCP{URL: url, Tool: "create_ticket"}, 10*time.Second)
 	var wg sync.WaitGroup
 	for i := range 3 { // three calls at once: three sessions, idle afterwards
 		wg.Go(func() {
@@ -647,10 +639,7 @@ func TestMCPStreamCutAfterTheEffectWhoseResumeFindsTheSessionGoneIsAmbiguous(t *
 	var restarted atomic.Bool
 	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if restarted.Load() && r.Header.Get("Mcp-Session-Id") != "" {
-			// python-sdk streamable_http_manager: a session it does not know.
-			w.Header().Set("Content-Type", "application/json")
-			w.WriteHeader(http.StatusNotFound)
-			io.WriteString(w, `{"jsonrpc":"2.0","id":"server-error","error":{"code":-32600,"message":"Session not found"}}`)
+			sessionNotFound(w)
 			return
 		}
 		if r.Method == http.MethodPost {
