@@ -35,16 +35,7 @@ type bundle struct {
 // adjusts the front door's Config.
 func setup(t *testing.T, faults sandbox.Faults, cfg ...func(*mcpfront.Config)) *bundle {
 	t.Helper()
-	ctx := context.Background()
-	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	st, err := embedded.Start(ctx, embedded.Config{SandboxFaults: faults, Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(st.Close)
-	if _, err := st.StartWorker(ctx, worker.Config{Logger: quiet}); err != nil {
-		t.Fatal(err)
-	}
+	st, quiet := workerStack(t, embedded.Config{SandboxFaults: faults}, worker.Config{})
 	// The ledger lookup, which every consumer serves: the front door asks it
 	// of a call answered indeterminate.
 	lookup, err := worker.ServeLookup(st.Conn, st.Store, quiet)
@@ -55,6 +46,24 @@ func setup(t *testing.T, faults sandbox.Faults, cfg ...func(*mcpfront.Config)) *
 	b := &bundle{st: st}
 	b.front, b.addr = serve(t, st, quiet, cfg...)
 	return b
+}
+
+// workerStack starts a stack of cfg and a worker of wcfg, both logging
+// nowhere, stopped when the test ends; it returns the stack and that
+// logger.
+func workerStack(t *testing.T, cfg embedded.Config, wcfg worker.Config) (*embedded.Stack, *slog.Logger) {
+	t.Helper()
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	cfg.Logger, wcfg.Logger = quiet, quiet
+	st, err := embedded.Start(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(st.Close)
+	if _, err := st.StartWorker(context.Background(), wcfg); err != nil {
+		t.Fatal(err)
+	}
+	return st, quiet
 }
 
 // serve starts another front door on the stack's registry.
@@ -223,16 +232,7 @@ func approvalNoteStack(t *testing.T, wcfg worker.Config, approval *tools.Approva
 	if err != nil {
 		t.Fatal(err)
 	}
-	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	st, err := embedded.Start(context.Background(), embedded.Config{Tools: reg, Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(st.Close)
-	wcfg.Logger = quiet
-	if _, err := st.StartWorker(context.Background(), wcfg); err != nil {
-		t.Fatal(err)
-	}
+	st, _ := workerStack(t, embedded.Config{Tools: reg}, wcfg)
 	return st, n
 }
 

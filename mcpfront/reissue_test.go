@@ -4,8 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"io"
-	"log/slog"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -168,15 +166,7 @@ func TestAReissueOfACallSettledUnderItsLegacyKeyIsAnswered(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	st, err := embedded.Start(context.Background(), embedded.Config{Tools: reg, Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(st.Close)
-	if _, err := st.StartWorker(context.Background(), worker.Config{Logger: quiet}); err != nil {
-		t.Fatal(err)
-	}
+	st, quiet := workerStack(t, embedded.Config{Tools: reg}, worker.Config{})
 	const votes = `{"poll":"p-7","votes":{"👎":3,"👍":12}}`
 	call := jobs.Call{ConversationID: "conv-legacy", TurnIndex: 1, Tool: "vote", Args: []byte(votes)}
 	m, err := call.Material()
