@@ -10,7 +10,6 @@ package worker
 // settled, and answers every waiter.
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"slices"
@@ -184,19 +183,7 @@ func (d *delivery) publishTo(row ledger.Row, waiter string) error {
 	msg.Header.Set(jobs.HeaderKey, d.key)
 	msg.Header.Set(jetstream.MsgIDHeader, jobs.ResultMsgID(d.key, waiter, answerID(r, true, d.jobSeq())))
 	d.w.propagator.Inject(d.ctx, jobs.HeaderCarrier(msg.Header))
-	var err error
-	if msg.Data, err = encodeResult(r, d.w.payloadLimit(msg), d.w.outputLimit()); err != nil {
-		return err
-	}
-	return d.durably(d.runCtx, "publish a waiter's result", func() error {
-		ctx, cancel := context.WithTimeout(d.runCtx, 10*time.Second)
-		defer cancel()
-		_, err := d.w.cfg.JS.PublishMsg(ctx, msg)
-		if err != nil && !tooLarge(err) && !refused(err) {
-			return &brokerError{err}
-		}
-		return err
-	})
+	return d.sendResult(d.runCtx, msg, r)
 }
 
 // refuseDecided settles a decided call whose job, published again to run

@@ -592,3 +592,56 @@ func keysOf(m map[string]*jobs.Result) []string {
 // change, a consumer restarted with it). Approved, its job is refused
 // (invalid_args) before any claim. Every tool_use_id that asked must get a
 // final result, and the sweep must not publish the decided call's job and
+
+// TestEveryToolUseIDOfAnApprovedCallWhoseOutputDoesNotFitBesideItsArgsIsAnswered:
+// a call that asks approval with args well inside the room an approval
+// takes (150 KiB of 1 MiB), asked twice (a retried turn joins as a
+// waiter), approved; its output (900 KiB) would fit a result alone but not
+// beside the approval (its args) that every result of the call carries.
+// Every tool_use_id that asked ends with a final result, and the same one.
+func TestEveryToolUseIDOfAnApprovedCallWhoseOutputDoesNotFitBesideItsArgsIsAnswered(t *testing.T) {
+	t.Parallel()
+	out := json.RawMessage(`{"blob":"` + strings.Repeat("o", 900<<10) + `"}`)
+	exec := tools.ExecutorFunc(func(ctx context.Context, r tools.Request) (json.RawMessage, error) { return out, nil })
+	reg, err := tools.NewRegistry([]tools.Definition{{Name: "pay", Class: tools.KeyedWrite, Executor: exec,
+		Schema:   json.RawMessage(`{"type":"object","properties":{"amount_cents":{"type":"integer"},"to":{"type":"string"}}}`),
+		Approval: &tools.Approval{When: "args.amount_cents > 50000", TTL: time.Hour, Group: "finance"}}}, tools.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, store := startWorker(t, reg, worker.Config{ApprovalSweep: 200 * time.Millisecond, Logger: testLogger(t)})
+	conv := "conv-rev2-bigout"
+	call := jobs.Job{ConversationID: conv, TurnIndex: 1, Tool: "pay", ToolUseID: "toolu_1",
+		Args: json.RawMessage(`{"amount_cents":90000,"to":"` + strings.Repeat("a", 150<<10) + `"}`)}
+	key := publish(t, js, &call)
+	if r := resultsOf(t, js, conv, 1)[0]; r.Status != jobs.StatusAwaitingApproval {
+		t.Fatalf("first answer: %s %+v", r.Status, r.Error)
+	}
+	retried := call
+	retried.ToolUseID = "toolu_2"
+	publish(t, js, &retried)
+	if r := resultsOf(t, js, conv, 2)[1]; r.Status != jobs.StatusAwaitingApproval {
+		t.Fatalf("retried turn: %s", r.Status)
+	}
+	svc, err := approvals.New(approvals.Config{Ledger: store, JS: js, Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := svc.Decide(context.Background(), key, ledger.Decision{Approve: true, By: "alice", Reason: "ok"}); err != nil {
+		t.Fatal(err)
+	}
+	var final map[string]*jobs.Result
+	for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); {
+		final = finalByID(collectResults(t, js, conv, 2*time.Second))
+		if final["toolu_1"] != nil && final["toolu_2"] != nil {
+			break
+		}
+	}
+	if final["toolu_1"] == nil || final["toolu_2"] == nil {
+		row, _ := store.Get(context.Background(), key)
+		t.Fatalf("final results %v; row %s waiters %v; dead letters %v", keysOf(final), row.State, row.Waiters, deadLetteredIDs(t, js))
+	}
+	if a, b := string(final["toolu_1"].Output), string(final["toolu_2"].Output); a != b || !strings.Contains(a, `"response_too_large":true`) {
+		t.Fatalf("outputs differ or carry the whole output: %.80s / %.80s", a, b)
+	}
+}

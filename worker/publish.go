@@ -46,9 +46,29 @@ func (d *delivery) publish(r *jobs.Result, label Outcome) verdict {
 	msg.Header.Set(jobs.HeaderKey, d.key)
 	d.w.propagator.Inject(ctx, jobs.HeaderCarrier(msg.Header))
 	msg.Header.Set(jetstream.MsgIDHeader, msgID)
+	err := d.sendResult(ctx, msg, r)
+	switch {
+	case err == nil:
+	case transient(err):
+		return retryUncounted(d.w.backoff(d), fmt.Errorf("publish result: %w", err))
+	default:
+		return retryAfter(d.w.backoff(d), fmt.Errorf("publish result: %w", err))
+	}
+	d.hook(AfterPublish)
+	return answered(label)
+}
+
+// sendResult publishes r in msg, its headers set, and waits for JetStream
+// to have it: every result toolq publishes, to the delivery's tool_use_id
+// or to a waiter's, goes through it. r is encoded to fit the broker
+// (encodeResult); a result refused for its size all the same (the results
+// stream's max message size is lower than the server's) is published in
+// its smallest form, without its output: the call took effect, and every
+// tool_use_id that asked must still be answered.
+func (d *delivery) sendResult(ctx context.Context, msg *nats.Msg, r *jobs.Result) error {
 	var err error
 	if msg.Data, err = encodeResult(r, d.w.payloadLimit(msg), d.w.outputLimit()); err != nil {
-		return retryAfter(d.w.backoff(d), fmt.Errorf("encode result: %w", err))
+		return fmt.Errorf("encode result: %w", err)
 	}
 	send := func() error {
 		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -60,20 +80,13 @@ func (d *delivery) publish(r *jobs.Result, label Outcome) verdict {
 		return err
 	}
 	err = d.durably(ctx, "publish result", send)
-	if tooLarge(err) { // a limit lower than the server's (the stream's max message size): the smallest form
-		d.w.log.WarnContext(d.ctx, "result too large for the results stream; publishing it without its output", d.attrs("bytes", len(msg.Data), "error", err)...)
+	if tooLarge(err) {
+		d.w.log.WarnContext(d.ctx, "result too large for the results stream; publishing it without its output",
+			d.attrs("answer_to", r.ToolUseID, "bytes", len(msg.Data), "error", err)...)
 		msg.Data, _ = encodeResult(r, 0, 0)
 		err = d.durably(ctx, "publish result", send)
 	}
-	switch {
-	case err == nil:
-	case transient(err):
-		return retryUncounted(d.w.backoff(d), fmt.Errorf("publish result: %w", err))
-	default:
-		return retryAfter(d.w.backoff(d), fmt.Errorf("publish result: %w", err))
-	}
-	d.hook(AfterPublish)
-	return answered(label)
+	return err
 }
 
 // answerID names one answer to one publication of a job, for its result's
@@ -140,6 +153,16 @@ func (w *Worker) outputLimit() int {
 // error message by its first KiB: the result still says what happened,
 // and the ledger keeps the whole output.
 func encodeResult(r *jobs.Result, limit, outputLimit int) ([]byte, error) {
+	if r.Approval != nil {
+		// Every result of a call that waited for a person carries the
+		// approval, its args with it, the same in each: the output has that
+		// much less room, in every result of the call.
+		a, err := marshalApproval(r.Approval)
+		if err != nil {
+			return nil, fmt.Errorf("approval: %w", err)
+		}
+		outputLimit -= len(a)
+	}
 	body, err := marshal(r)
 	if err != nil || (len(body) <= limit && len(r.Output) <= outputLimit) {
 		return body, err

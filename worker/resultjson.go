@@ -77,11 +77,21 @@ func marshal(r *jobs.Result) ([]byte, error) {
 
 // marshalReflect is marshal by encoding/json.
 func marshalReflect(r *jobs.Result, size int) ([]byte, error) {
+	return encodeJSON(r, size)
+}
+
+// marshalApproval encodes a result's approval as marshal writes it.
+func marshalApproval(a *jobs.ResultApproval) ([]byte, error) {
+	return encodeJSON(a, len(a.Args)+512)
+}
+
+// encodeJSON is encoding/json with HTML escaping off.
+func encodeJSON(v any, size int) ([]byte, error) {
 	var b bytes.Buffer
 	b.Grow(size)
 	enc := json.NewEncoder(&b)
 	enc.SetEscapeHTML(false)
-	if err := enc.Encode(r); err != nil {
+	if err := enc.Encode(v); err != nil {
 		return nil, err
 	}
 	return bytes.TrimSuffix(b.Bytes(), []byte("\n")), nil
