@@ -74,3 +74,78 @@ func TestASweepReachesADecisionBehindAHundredItCannotAnnounce(t *testing.T) {
 		t.Fatalf("three sweeps of the acme consumer never announced acme's decided call (%v): it starves behind 100 globex decisions it cannot announce", err)
 	}
 }
+
+// TestASweepGoesOnFromWhereTheLastOneStopped: each sweep reads up to a
+// thousand unanswered decisions, and the next goes on from where it
+// stopped (docs/approvals.md). 1000 globex decisions the acme consumer
+// cannot announce come before acme's by key: the first sweep reads only
+// them, the next goes on past them to acme's. (A hundred, as above, fit in
+// one sweep and would not tell.)
+func TestASweepGoesOnFromWhereTheLastOneStopped(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	n := testenv.StartNATS(t)
+	js, _ := jetstream.New(n.Connect())
+	if err := jobs.ProvisionStreams(ctx, js, jobs.Streams{Tenants: []string{"acme", "globex"}}); err != nil {
+		t.Fatal(err)
+	}
+	store, err := ledger.OpenSQLite(ctx, filepath.Join(t.TempDir(), "ledger.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(store.Close)
+	if err := store.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	offline, err := approvals.New(approvals.Config{Ledger: store, Tenants: []string{"acme", "globex"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := json.RawMessage(`{"amount_cents":90000}`)
+	keyOf := func(tenant string, turn int64) string {
+		key, err := jobs.Call{Tenant: tenant, ConversationID: "c", TurnIndex: turn, Tool: "pay", Args: args}.Key()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return key
+	}
+	decided := func(tenant string, turn int64) string {
+		key := keyOf(tenant, turn)
+		got, err := store.Claim(ctx, []ledger.Claim{{Key: key, ConversationID: "c", TurnIndex: turn, Tool: "pay", ArgsDigest: "d",
+			ToolUseID: "toolu_1", Owner: "t", Lease: time.Minute, Token: key}})
+		if err != nil || !got[0].Claimed {
+			t.Fatalf("%+v %v", got, err)
+		}
+		if _, err := store.AwaitApproval(ctx, got[0].Row.Fence(), ledger.ApprovalInfo{Args: args, Group: "finance", TTL: time.Hour}, "toolu_1"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := offline.Decide(ctx, key, ledger.Decision{Approve: true, By: "gina", Reason: "ok"}); err != nil {
+			t.Fatal(err)
+		}
+		return key
+	}
+	acmeTurn := int64(100000)
+	for keyOf("acme", acmeTurn) < "f" {
+		acmeTurn++
+	}
+	for turn, n := int64(0), 0; n < 1000; turn++ {
+		if keyOf("globex", turn) < keyOf("acme", acmeTurn) {
+			decided("globex", turn)
+			n++
+		}
+	}
+	acme := decided("acme", acmeTurn)
+	time.Sleep(20 * time.Millisecond)
+	svc, err := approvals.New(approvals.Config{Ledger: store, JS: js, Tenants: []string{"acme"}, Unanswered: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		svc.Sweep(ctx)
+	}
+	s, _ := js.Stream(ctx, jobs.JobsStream)
+	m, err := s.GetLastMsgForSubject(ctx, jobs.TenantJobSubject("acme", "pay"))
+	if err != nil || m.Header.Get(jobs.HeaderKey) != acme {
+		t.Fatalf("three sweeps never announced acme's decided call behind 1000 globex ones (%v)", err)
+	}
+}
