@@ -124,13 +124,10 @@ func (s *Service) serveDecision(req micro.Request, tenant, group string) {
 // of tenant that asked for approval: only its tenant's subject decides a
 // call, and a consumer without tenants configured knows the default
 // tenant's calls only. An approved call that has not run yet is one (its
-// row is released, which Get does not return): a decision on it is refused
+// row is released, which GetOrApproved returns): a decision on it is refused
 // as no longer awaiting, naming the approval.
 func (s *Service) tenantsCall(ctx context.Context, key, tenant string) error {
-	row, err := s.cfg.Ledger.Get(ctx, key)
-	if errors.Is(err, ledger.ErrNotFound) {
-		row, err = s.cfg.Ledger.ApprovedNotRun(ctx, key)
-	}
+	row, err := s.cfg.Ledger.GetOrApproved(ctx, key)
 	if err != nil {
 		return err
 	}

@@ -406,12 +406,9 @@ func (in *Inbox) decide(w http.ResponseWriter, r *http.Request, x *session) {
 	}
 	// A decision is finished once begun, even if the page goes away.
 	ctx := context.WithoutCancel(r.Context())
-	row, err := in.cfg.Ledger.Get(ctx, d.Key)
-	if errors.Is(err, ledger.ErrNotFound) {
-		// An approved call not run yet: released, which Get does not
-		// return. A second decision on it is refused naming the approval.
-		row, err = in.cfg.Ledger.ApprovedNotRun(ctx, d.Key)
-	}
+	// An approved call not run yet is found too (released): a second
+	// decision on it is refused naming the approval.
+	row, err := in.cfg.Ledger.GetOrApproved(ctx, d.Key)
 	switch {
 	case errors.Is(err, ledger.ErrNotFound):
 		fail(w, http.StatusNotFound, "not_found", "no call has this key")

@@ -376,6 +376,21 @@ func (s *Store) ApprovedNotRun(ctx context.Context, key string) (Row, error) {
 	return row, nil
 }
 
+// GetOrApproved returns the row of key as Get does or, for a call a person
+// approved that has not been claimed to run since, its released row (State
+// Released, as ApprovedNotRun returns it), in one read: a Get and then an
+// ApprovedNotRun both miss the row when its call is claimed between them.
+// Else ErrNotFound.
+func (s *Store) GetOrApproved(ctx context.Context, key string) (Row, error) {
+	ctx, cancel := withDefaultTimeout(ctx)
+	defer cancel()
+	row, err := s.getAny(ctx, key)
+	if err == nil && row.State == stateReleased && row.ApprovalStatus != ApprovalApproved {
+		return Row{}, fmt.Errorf("%w: %s", ErrNotFound, key)
+	}
+	return row, err
+}
+
 // ApprovalPublished records that the request of a call awaiting approval
 // is in the approvals stream.
 func (s *Store) ApprovalPublished(ctx context.Context, row Row) error {

@@ -137,6 +137,43 @@ func TestAnApprovedCallIsReleasedToRunOnceWithoutAskingAgain(t *testing.T) {
 	})
 }
 
+func TestGetOrApprovedReadsAnApprovedCallNotRunYetAndNoOtherReleasedRow(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, s *ledger.Store) {
+		ctx := context.Background()
+		c, row := awaiting(t, s, payment)
+		if got, err := s.GetOrApproved(ctx, c.Key); err != nil || got.State != ledger.AwaitingApproval {
+			t.Fatalf("awaiting: %+v %v", got, err)
+		}
+		if _, err := s.Decide(ctx, c.Key, ledger.Decision{Approve: true, By: "alice", Reason: "ok", Group: "finance", Digest: row.ArgsDigest}); err != nil {
+			t.Fatal(err)
+		}
+		got, err := s.GetOrApproved(ctx, c.Key)
+		if err != nil || got.State != ledger.Released || got.ApprovalStatus != ledger.ApprovalApproved || got.Approval == nil {
+			t.Fatalf("approved, not run yet: %+v %v", got, err)
+		}
+		again := c
+		again.Token = newToken()
+		run := mustClaim(t, s, again)
+		if got, err := s.GetOrApproved(ctx, c.Key); err != nil || got.State != ledger.InFlight || got.Attempt != run.Attempt {
+			t.Fatalf("approved and claimed: %+v %v", got, err)
+		}
+		// A released row of a call no person approved is no row, as for Get.
+		other := newClaim(time.Minute)
+		other.Token = newToken()
+		released := mustClaim(t, s, other)
+		if err := s.Release(ctx, released.Fence()); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.GetOrApproved(ctx, other.Key); !errors.Is(err, ledger.ErrNotFound) {
+			t.Fatalf("released, never approved: %v", err)
+		}
+		if _, err := s.GetOrApproved(ctx, "no-such-key"); !errors.Is(err, ledger.ErrNotFound) {
+			t.Fatalf("no row: %v", err)
+		}
+	})
+}
+
 func TestADeniedCallFailsAndNeverRuns(t *testing.T) {
 	t.Parallel()
 	eachBackend(t, func(t *testing.T, s *ledger.Store) {

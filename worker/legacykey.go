@@ -47,12 +47,9 @@ func (d *delivery) useLegacyKey() error {
 		}
 		return nil
 	}
-	row, err := d.w.cfg.Ledger.Get(d.runCtx, key)
-	if errors.Is(err, ledger.ErrNotFound) {
-		// An approved call's released row, which Get does not see: a
-		// retried turn runs it rather than ask again under the new key.
-		row, err = d.w.cfg.Ledger.ApprovedNotRun(d.runCtx, key)
-	}
+	// An approved call's released row too: a retried turn runs it rather
+	// than ask again under the new key.
+	row, err := d.w.cfg.Ledger.GetOrApproved(d.runCtx, key)
 	switch {
 	case errors.Is(err, ledger.ErrNotFound):
 		return nil

@@ -72,26 +72,18 @@ func ServeLookup(nc *nats.Conn, store *ledger.Store, log *slog.Logger, tenants .
 }
 
 func lookup(ctx context.Context, store *ledger.Store, key, tenant string) (*jobs.Lookup, error) {
-	row, err := store.Get(ctx, key)
+	row, err := store.GetOrApproved(ctx, key)
 	if err == nil && row.Tenant != tenant {
 		err = ledger.ErrNotFound
 	}
-	if errors.Is(err, ledger.ErrNotFound) {
-		approved, aerr := store.ApprovedNotRun(ctx, key)
-		if aerr == nil && approved.Tenant != tenant {
-			aerr = ledger.ErrNotFound
-		}
-		switch {
-		case errors.Is(aerr, ledger.ErrNotFound):
-			return &jobs.Lookup{Key: key, State: jobs.LookupUnknown}, nil
-		case aerr != nil:
-			return nil, aerr
-		}
-		return &jobs.Lookup{Key: key, State: jobs.LookupApproved, Attempt: approved.Attempt, FirstToolUseID: approved.FirstToolUseID,
-			UpdatedAt: approved.UpdatedAt, Approval: approvals.Result(approved)}, nil
-	}
-	if err != nil {
+	switch {
+	case errors.Is(err, ledger.ErrNotFound):
+		return &jobs.Lookup{Key: key, State: jobs.LookupUnknown}, nil
+	case err != nil:
 		return nil, err
+	case row.State == ledger.Released: // approved, not run yet
+		return &jobs.Lookup{Key: key, State: jobs.LookupApproved, Attempt: row.Attempt, FirstToolUseID: row.FirstToolUseID,
+			UpdatedAt: row.UpdatedAt, Approval: approvals.Result(row)}, nil
 	}
 	l := &jobs.Lookup{Key: key, State: string(row.State), Attempt: row.Attempt, FirstToolUseID: row.FirstToolUseID, UpdatedAt: row.UpdatedAt}
 	if row.State == ledger.Completed && len(row.Result) > 0 {
