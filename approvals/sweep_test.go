@@ -3,8 +3,11 @@ package approvals_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/toolq/toolq/approvals"
 	"github.com/toolq/toolq/jobs"
@@ -25,6 +28,22 @@ import (
 // never answered, for as long as the globex rows wait.
 func TestASweepReachesADecisionBehindAHundredItCannotAnnounce(t *testing.T) {
 	t.Parallel()
+	js, svc, acme := decidedBehind(t, 100, "c")
+	for range 3 {
+		svc.Sweep(context.Background())
+	}
+	if err := announced(js, acme); err != nil {
+		t.Fatalf("three sweeps of the acme consumer never announced acme's decided call (%v): it starves behind 100 globex decisions it cannot announce", err)
+	}
+}
+
+// decidedBehind decides n globex calls while no consumer announces them,
+// then one acme call whose key is at least from (the globex ones come
+// first by age and by key, whichever a sweep reads the unanswered calls
+// in), and returns the acme consumer's approvals service (its sweep on
+// every call) and the acme call's key.
+func decidedBehind(t *testing.T, n int, from string) (jetstream.JetStream, *approvals.Service, string) {
+	t.Helper()
 	ctx := context.Background()
 	_, js, store := broker(t, "acme", "globex")
 	offline, err := approvals.New(approvals.Config{Ledger: store, Tenants: []string{"acme", "globex"}})
@@ -46,16 +65,14 @@ func TestASweepReachesADecisionBehindAHundredItCannotAnnounce(t *testing.T) {
 		}
 		return key
 	}
-	// The globex calls come first by age and by key, whichever a sweep
-	// reads the unanswered calls in.
-	acmeTurn := int64(1000)
-	for keyOf("acme", acmeTurn) < "c" {
+	acmeTurn := int64(100000)
+	for keyOf("acme", acmeTurn) < from {
 		acmeTurn++
 	}
-	for turn, n := int64(0), 0; n < 100; turn++ {
+	for turn, k := int64(0), 0; k < n; turn++ {
 		if keyOf("globex", turn) < keyOf("acme", acmeTurn) {
 			decided("globex", turn)
-			n++
+			k++
 		}
 	}
 	time.Sleep(20 * time.Millisecond)
@@ -65,14 +82,24 @@ func TestASweepReachesADecisionBehindAHundredItCannotAnnounce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for range 3 {
-		svc.Sweep(ctx)
+	return js, svc, acme
+}
+
+// announced says whether acme's last job is the call of key.
+func announced(js jetstream.JetStream, key string) error {
+	ctx := context.Background()
+	s, err := js.Stream(ctx, jobs.JobsStream)
+	if err != nil {
+		return err
 	}
-	s, _ := js.Stream(ctx, jobs.JobsStream)
 	m, err := s.GetLastMsgForSubject(ctx, jobs.TenantJobSubject("acme", "pay"))
-	if err != nil || m.Header.Get(jobs.HeaderKey) != acme {
-		t.Fatalf("three sweeps of the acme consumer never announced acme's decided call (%v): it starves behind 100 globex decisions it cannot announce", err)
+	if err != nil {
+		return err
 	}
+	if got := m.Header.Get(jobs.HeaderKey); got != key {
+		return fmt.Errorf("acme's last job is the call of %s", got)
+	}
+	return nil
 }
 
 // TestASweepGoesOnFromWhereTheLastOneStopped: each sweep reads up to a
@@ -83,69 +110,11 @@ func TestASweepReachesADecisionBehindAHundredItCannotAnnounce(t *testing.T) {
 // one sweep and would not tell.)
 func TestASweepGoesOnFromWhereTheLastOneStopped(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	n := testenv.StartNATS(t)
-	js, _ := jetstream.New(n.Connect())
-	if err := jobs.ProvisionStreams(ctx, js, jobs.Streams{Tenants: []string{"acme", "globex"}}); err != nil {
-		t.Fatal(err)
-	}
-	store, err := ledger.OpenSQLite(ctx, filepath.Join(t.TempDir(), "ledger.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(store.Close)
-	if err := store.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	offline, err := approvals.New(approvals.Config{Ledger: store, Tenants: []string{"acme", "globex"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	args := json.RawMessage(`{"amount_cents":90000}`)
-	keyOf := func(tenant string, turn int64) string {
-		key, err := jobs.Call{Tenant: tenant, ConversationID: "c", TurnIndex: turn, Tool: "pay", Args: args}.Key()
-		if err != nil {
-			t.Fatal(err)
-		}
-		return key
-	}
-	decided := func(tenant string, turn int64) string {
-		key := keyOf(tenant, turn)
-		got, err := store.Claim(ctx, []ledger.Claim{{Key: key, ConversationID: "c", TurnIndex: turn, Tool: "pay", ArgsDigest: "d",
-			ToolUseID: "toolu_1", Owner: "t", Lease: time.Minute, Token: key}})
-		if err != nil || !got[0].Claimed {
-			t.Fatalf("%+v %v", got, err)
-		}
-		if _, err := store.AwaitApproval(ctx, got[0].Row.Fence(), ledger.ApprovalInfo{Args: args, Group: "finance", TTL: time.Hour}, "toolu_1"); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := offline.Decide(ctx, key, ledger.Decision{Approve: true, By: "gina", Reason: "ok"}); err != nil {
-			t.Fatal(err)
-		}
-		return key
-	}
-	acmeTurn := int64(100000)
-	for keyOf("acme", acmeTurn) < "f" {
-		acmeTurn++
-	}
-	for turn, n := int64(0), 0; n < 1000; turn++ {
-		if keyOf("globex", turn) < keyOf("acme", acmeTurn) {
-			decided("globex", turn)
-			n++
-		}
-	}
-	acme := decided("acme", acmeTurn)
-	time.Sleep(20 * time.Millisecond)
-	svc, err := approvals.New(approvals.Config{Ledger: store, JS: js, Tenants: []string{"acme"}, Unanswered: time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
+	js, svc, acme := decidedBehind(t, 1000, "f")
 	for range 3 {
-		svc.Sweep(ctx)
+		svc.Sweep(context.Background())
 	}
-	s, _ := js.Stream(ctx, jobs.JobsStream)
-	m, err := s.GetLastMsgForSubject(ctx, jobs.TenantJobSubject("acme", "pay"))
-	if err != nil || m.Header.Get(jobs.HeaderKey) != acme {
+	if err := announced(js, acme); err != nil {
 		t.Fatalf("three sweeps never announced acme's decided call behind 1000 globex ones (%v)", err)
 	}
 }
