@@ -194,7 +194,10 @@ func (c *callFlags) key(fs *flag.FlagSet, pos []string) (string, error) {
 // rowKey is the key of the row the worker acts on for the call: key, or,
 // for a call named by its fields, the key it had before member names were
 // ordered by all their UTF-16 code units when the ledger has a row under
-// that one (worker/legacykey.go). An error is the ledger's.
+// that one (worker/legacykey.go). A legacy row released as not run (which
+// Get does not see) is the row when the call has none under key yet: a
+// resolution repeated finds it, and once the call ran again under key,
+// that row is the one. An error is the ledger's.
 func (c *callFlags) rowKey(ctx context.Context, st *ledger.Store, key string) (string, error) {
 	if !c.byFields {
 		return key, nil
@@ -209,12 +212,22 @@ func (c *callFlags) rowKey(ctx context.Context, st *ledger.Store, key string) (s
 	}
 	_, err = st.Get(ctx, legacy.Key())
 	switch {
-	case errors.Is(err, ledger.ErrNotFound):
-		return key, nil
-	case err != nil:
+	case err == nil:
+		return legacy.Key(), nil
+	case !errors.Is(err, ledger.ErrNotFound):
 		return "", err
 	}
-	return legacy.Key(), nil
+	// ApprovalStatusOf sees released rows too.
+	for _, k := range []string{key, legacy.Key()} {
+		_, err := st.ApprovalStatusOf(ctx, k)
+		switch {
+		case err == nil:
+			return k, nil
+		case !errors.Is(err, ledger.ErrNotFound):
+			return "", err
+		}
+	}
+	return key, nil
 }
 
 func ledgerShow(ctx context.Context, args []string, stdio cli.IO, getenv func(string) string) error {
@@ -250,9 +263,12 @@ func ledgerShow(ctx context.Context, args []string, stdio cli.IO, getenv func(st
 	if *asJSON {
 		return cli.PrintJSON(stdio.Out, r)
 	}
+	// What a row holds is the agent's (its call, the approval's args) or
+	// the tool's (its result, its error): printed as cli.Printable makes it.
+	p := cli.Printable
 	w := cli.NewTable(stdio.Out)
 	for _, kv := range [][2]string{
-		{"key", r.Key}, {"state", string(r.State)}, {"attempt", fmt.Sprint(r.Attempt)}, {"tool", r.Tool},
+		{"key", r.Key}, {"state", string(r.State)}, {"attempt", attemptText(r)}, {"tool", r.Tool},
 		{"conversation_id", r.ConversationID}, {"turn_index", fmt.Sprint(r.TurnIndex)}, {"ordinal", fmt.Sprint(r.Ordinal)},
 		{"args_digest", r.ArgsDigest}, {"first_tool_use_id", r.FirstToolUseID}, {"owner", r.Owner},
 		{"lease", leaseText(r) + " (until " + r.LeaseUntil.Format(time.RFC3339Nano) + ")"},
@@ -260,7 +276,7 @@ func ledgerShow(ctx context.Context, args []string, stdio cli.IO, getenv func(st
 		{"created_at", r.CreatedAt.Format(time.RFC3339Nano)}, {"updated_at", r.UpdatedAt.Format(time.RFC3339Nano)},
 		{"answered_at", answeredText(r)},
 	} {
-		fmt.Fprintf(w, "%s:\t%s\n", kv[0], kv[1])
+		fmt.Fprintf(w, "%s:\t%s\n", kv[0], p(kv[1]))
 	}
 	if r.ApprovalStatus != "" && r.Approval != nil {
 		for _, kv := range [][2]string{
@@ -269,7 +285,7 @@ func ledgerShow(ctx context.Context, args []string, stdio cli.IO, getenv func(st
 			{"approval_args", string(r.Approval.Args)},
 			{"waiters", strings.Join(r.Waiters, ", ")},
 		} {
-			fmt.Fprintf(w, "%s:\t%s\n", kv[0], kv[1])
+			fmt.Fprintf(w, "%s:\t%s\n", kv[0], p(kv[1]))
 		}
 	}
 	if len(r.History) == 0 {
@@ -280,9 +296,19 @@ func ledgerShow(ctx context.Context, args []string, stdio cli.IO, getenv func(st
 		if i == 0 {
 			label = "history:"
 		}
-		fmt.Fprintf(w, "%s\t%s\n", label, eventText(e))
+		fmt.Fprintf(w, "%s\t%s\n", label, p(eventText(e)))
 	}
 	return w.Flush()
+}
+
+// attemptText is the row's attempt, and for an indeterminate row the
+// attempt a resolution names: the row's, whatever its error says (a holder
+// lost during attempt 1 is indeterminate at attempt 2, its takeover).
+func attemptText(r ledger.Row) string {
+	if r.State == ledger.Indeterminate {
+		return fmt.Sprintf("%d (resolve with --attempt %d)", r.Attempt, r.Attempt)
+	}
+	return fmt.Sprint(r.Attempt)
 }
 
 // eventText is one line of a row's history.

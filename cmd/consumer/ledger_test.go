@@ -522,3 +522,87 @@ func TestLedgerShowByFieldsFindsTheRowTheWorkerAnswersFrom(t *testing.T) {
 		t.Fatalf("the row under the key before the fix: %+v %v; want completed", row, err)
 	}
 }
+
+// TestLedgerShowEscapesAToolsControlCharacters: an indeterminate row's
+// error is the tool's text (a downstream's error body), and its approval
+// args and history are the agent's; `ledger show`, the runbook's first
+// step for an indeterminate call, prints them escaped, as `dlq show` does,
+// and says which attempt a resolution names.
+func TestLedgerShowEscapesAToolsControlCharacters(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dir := t.TempDir()
+	env := map[string]string{"TOOLQ_DATA_DIR": dir}
+	if _, err := runConsumer(t, env, "migrate"); err != nil {
+		t.Fatal(err)
+	}
+	st, err := ledger.Open(ctx, "", dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	res, err := st.Claim(ctx, []ledger.Claim{{Key: "k-esc", ConversationID: "c", TurnIndex: 1, Tool: "t",
+		ArgsDigest: "d", ToolUseID: "toolu_0", Owner: "w", Lease: time.Hour}})
+	if err != nil || !res[0].Claimed {
+		t.Fatalf("claim: %v %+v", err, res)
+	}
+	if err := st.MarkIndeterminate(ctx, res[0].Row.Fence(), ledger.ErrorInfo{Code: "reset", Message: "upstream said \x1b]0;owned\x07\x1b[2J"}); err != nil {
+		t.Fatal(err)
+	}
+	out, err := runConsumer(t, env, "ledger", "show", "k-esc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.ContainsAny(out, "\x1b\x07") {
+		t.Fatalf("ledger show printed the tool's escape sequences raw: %q", out)
+	}
+	if !strings.Contains(out, `upstream said \x1b]0;owned\a\x1b[2J`) || !strings.Contains(out, "resolve with --attempt 1") {
+		t.Fatalf("ledger show: %q; want the error escaped and the attempt to resolve", out)
+	}
+}
+
+// TestAResolutionByFieldsRepeatedOnALegacyRowChangesNothing: the
+// runbook's resolution by the call's fields, of a row under the key from
+// before the member-order fix, releases that row. The same command again
+// finds the released row and changes nothing ("was already resolved this
+// way"), where Get, which does not see it, would have found no row.
+func TestAResolutionByFieldsRepeatedOnALegacyRowChangesNothing(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dir := t.TempDir()
+	env := map[string]string{"TOOLQ_DATA_DIR": dir}
+	if _, err := runConsumer(t, env, "migrate"); err != nil {
+		t.Fatal(err)
+	}
+	st, err := ledger.Open(ctx, "", dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	args := `{"votes":{"👎":3,"👍":12}}`
+	call := jobs.Call{ConversationID: "c", TurnIndex: 1, Tool: "cast_vote", Args: []byte(args)}
+	m, err := call.Material()
+	if err != nil {
+		t.Fatal(err)
+	}
+	legacy, ok := m.Legacy()
+	if !ok {
+		t.Fatal("no legacy key")
+	}
+	res, err := st.Claim(ctx, []ledger.Claim{{Key: legacy.Key(), ConversationID: "c", TurnIndex: 1, Tool: "cast_vote",
+		ArgsDigest: legacy.ArgsDigest(), ToolUseID: "toolu_0", Owner: "before-the-fix", Lease: time.Hour}})
+	if err != nil || !res[0].Claimed {
+		t.Fatalf("claim: %v %+v", err, res)
+	}
+	if err := st.MarkIndeterminate(ctx, res[0].Row.Fence(), ledger.ErrorInfo{Code: "reset", Message: "reset"}); err != nil {
+		t.Fatal(err)
+	}
+	resolve := []string{"ledger", "resolve", "--conversation", "c", "--turn", "1", "--tool", "cast_vote", "--args", args,
+		"--attempt", "1", "--not-run", "--reason", "no vote in the tally"}
+	if _, err := runConsumer(t, env, resolve...); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := runConsumer(t, env, resolve...); err != nil || !strings.Contains(out, "already resolved this way") {
+		t.Fatalf("the same resolution by the call's fields again: %q %v; want \"already resolved this way: nothing changed\"", out, err)
+	}
+}

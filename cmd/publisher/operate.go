@@ -344,7 +344,8 @@ func runReplay(ctx context.Context, args []string, stdio cli.IO, getenv func(str
 		if state == "" {
 			state = "-"
 		}
-		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\t%s\n", rep.Seq, newSeq, rep.Subject, rep.Key, rep.ToolUseID, state, rep.Outcome)
+		p := cli.Printable // the key and tool_use_id are the agent's text
+		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\t%s\n", rep.Seq, newSeq, p(rep.Subject), p(rep.Key), p(rep.ToolUseID), state, rep.Outcome)
 	}
 	w.Flush()
 	printSummary(stdio.Out, *dry, consulted, len(replayed), summary)

@@ -327,3 +327,58 @@ func TestADeadLetterListingEscapesAnAgentsControlCharacters(t *testing.T) {
 		t.Fatalf("dlq ls --json: %q %v; want the tool_use_id as it is", out, err)
 	}
 }
+
+// TestDlqShowEscapesAByteThatIsNotUTF8: an invalid job's body is the
+// agent's bytes, dead-lettered as they came. "\x9b2J" (8-bit CSI, erase
+// display) is invalid UTF-8: `dlq show` prints it escaped.
+func TestDlqShowEscapesAByteThatIsNotUTF8(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	n := testenv.StartNATS(t)
+	js, _ := jetstream.New(n.Connect())
+	if err := jobs.ProvisionStreams(ctx, js, jobs.Streams{}); err != nil {
+		t.Fatal(err)
+	}
+	dl := nats.NewMsg(jobs.DLQSubject(jobs.DLQInvalid))
+	dl.Data = []byte("\x9b2J\x9b0;owned")
+	dl.Header.Set(jobs.HeaderDLQReason, jobs.DLQInvalid)
+	dl.Header.Set(jobs.HeaderDLQDetail, "invalid character")
+	dl.Header.Set(jobs.HeaderDLQSubject, "toolq.jobs.send_payment")
+	if _, err := js.PublishMsg(ctx, dl); err != nil {
+		t.Fatal(err)
+	}
+	out, err := runPublisher(t, "", "dlq", "show", "1", "--nats-url", n.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(out, "\x9b") {
+		t.Fatalf("dlq show printed the raw C1 byte 0x9b (CSI): %q", out)
+	}
+}
+
+// TestAReplayEscapesAnAgentsControlCharacters: `replay` prints each job's
+// tool_use_id (read from any JSON object, valid job or not) and key (the
+// Toolq-Key header of a job whose body is invalid) escaped, as `dlq ls`
+// does, dry run included.
+func TestAReplayEscapesAnAgentsControlCharacters(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	n := testenv.StartNATS(t)
+	js, _ := jetstream.New(n.Connect())
+	if err := jobs.ProvisionStreams(ctx, js, jobs.Streams{}); err != nil {
+		t.Fatal(err)
+	}
+	m := nats.NewMsg("toolq.jobs.send_payment")
+	m.Data = []byte(`{"version":1,"tool_use_id":"\u001b]0;owned\u0007\u001b[2Jtoolu_x"}`)
+	m.Header.Set(jobs.HeaderKey, "k\x1b[31mred")
+	if _, err := js.PublishMsg(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	out, err := runPublisher(t, "", "replay", "--subject", "toolq.jobs.>", "--from-seq", "1", "--dry-run", "--nats-url", n.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.ContainsAny(out, "\x1b\x07") {
+		t.Fatalf("replay --dry-run printed the agent's escape sequences raw: %q", out)
+	}
+}

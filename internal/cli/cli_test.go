@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/toolq/toolq/internal/cli"
 	"github.com/toolq/toolq/internal/version"
@@ -79,9 +80,48 @@ func TestPrintable(t *testing.T) {
 		"\x1b]0;t\a\x1b[2Jx":     `\x1b]0;t\a\x1b[2Jx`,
 		"a\tb\nc\r\x7f":          `a\tb\nc\r\x7f`,
 		"\u009b2J \u202egnp.exe": `\u009b2J \u202egnp.exe`,
+		"\x9b2J a\xffb":          `\x9b2J a\xffb`,
+		"a\xffb\t":               `a\xffb\t`,
+		"toolu_\u2028x\u2029":    `toolu_\u2028x\u2029`,
 	} {
 		if got := cli.Printable(in); got != want {
 			t.Errorf("Printable(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+// A lone byte 0x9b is the 8-bit CSI a terminal with 8-bit controls (or a
+// non-UTF-8 locale) obeys: an invalid job body can carry it.
+func TestPrintableEscapesAByteThatIsNotUTF8(t *testing.T) {
+	t.Parallel()
+	for _, in := range []string{"\x9b2J", "job \x9d0;owned\x9c ok", "\x8d\x9b31m"} {
+		got := cli.Printable(in)
+		for i := 0; i < len(got); i++ {
+			if got[i] >= 0x80 && got[i] <= 0x9f && !utf8.ValidString(got) {
+				t.Errorf("Printable(%q) = %q: the raw C1 byte %#x reaches the terminal", in, got, got[i])
+				break
+			}
+		}
+	}
+}
+
+// An invalid byte reads the same whether or not a control character is
+// beside it, and is the byte the text holds, not U+FFFD.
+func TestPrintableWritesAnInvalidByteTheSameBesideAControl(t *testing.T) {
+	t.Parallel()
+	alone, withTab := cli.Printable("a\xffb"), cli.Printable("a\xffb\t")
+	if strings.Contains(withTab, "\uFFFD") || !strings.HasPrefix(withTab, alone) {
+		t.Errorf("Printable(%q) = %q but Printable(%q) = %q: the byte 0xff is shown two ways", "a\xffb", alone, "a\xffb\t", withTab)
+	}
+}
+
+// U+2028 and U+2029 end a line in some terminals and editors: they would
+// break a table row.
+func TestPrintableEscapesLineAndParagraphSeparators(t *testing.T) {
+	t.Parallel()
+	for _, in := range []string{"toolu_\u2028x", "toolu_\u2029x"} {
+		if got := cli.Printable(in); got == in {
+			t.Errorf("Printable(%q) = %q, unescaped", in, got)
 		}
 	}
 }

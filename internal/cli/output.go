@@ -2,11 +2,13 @@ package cli
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"strconv"
 	"strings"
 	"text/tabwriter"
 	"unicode"
+	"unicode/utf8"
 )
 
 // PrintJSON writes v to w as what every --json prints: one JSON document,
@@ -24,27 +26,36 @@ func NewTable(w io.Writer) *tabwriter.Writer {
 	return tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 }
 
-// Printable is s with its control characters (C0, DEL, C1) and bidi
-// controls written as Go escapes (\x1b, \n, \u202e), for text an agent
-// wrote that a command prints on an operator's terminal: there it moves no
-// cursor, sets no window title, and stays in its table cell. --json
-// output, which escapes them itself, keeps the text as it is.
+// Printable is s with what a terminal may obey or break a line at written
+// as Go escapes: control characters (C0, DEL, C1: \x1b, \n, \u0085), bidi
+// controls (\u202e), the line and paragraph separators (\u2028, \u2029),
+// and each byte that is not UTF-8 (\x9b, which a terminal with 8-bit
+// controls takes for CSI). It is for text an agent or a tool wrote that a
+// command prints on an operator's terminal: there it moves no cursor, sets
+// no window title, and stays in its table cell. --json output keeps the
+// text as it is: JSON is for programs, and encoding/json writes a bidi
+// control raw, so a program that shows it must escape it.
 func Printable(s string) string {
-	if !strings.ContainsFunc(s, unprintable) {
+	if utf8.ValidString(s) && !strings.ContainsFunc(s, unprintable) {
 		return s
 	}
 	var b strings.Builder
-	for _, r := range s {
-		if !unprintable(r) {
-			b.WriteRune(r)
-			continue
+	for i := 0; i < len(s); {
+		r, n := utf8.DecodeRuneInString(s[i:])
+		switch {
+		case r == utf8.RuneError && n == 1:
+			fmt.Fprintf(&b, `\x%02x`, s[i])
+		case unprintable(r):
+			q := strconv.QuoteRune(r)
+			b.WriteString(q[1 : len(q)-1])
+		default:
+			b.WriteString(s[i : i+n])
 		}
-		q := strconv.QuoteRune(r)
-		b.WriteString(q[1 : len(q)-1])
+		i += n
 	}
 	return b.String()
 }
 
 func unprintable(r rune) bool {
-	return unicode.IsControl(r) || unicode.Is(unicode.Bidi_Control, r)
+	return unicode.IsControl(r) || unicode.Is(unicode.Bidi_Control, r) || r == '\u2028' || r == '\u2029'
 }
