@@ -529,6 +529,78 @@ func TestARepeatedResolutionDoesNotReleaseTheAttemptAfterIt(t *testing.T) {
 	})
 }
 
+// TestAHolderLostIsResolvedAtTheAttemptTheRowShows: an unkeyed write's
+// holder stops mid-call; the next delivery takes the row over (attempt
+// 1 -> 2) and marks it indeterminate, "w1 stopped during attempt 1"
+// (worker/delivery.go, holderLost). The outcome to check is attempt 1's,
+// and the attempt named is the row's, 2, as `ledger show` prints it: one
+// rule, whatever the error says. Attempt 1 is refused.
+func TestAHolderLostIsResolvedAtTheAttemptTheRowShows(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, s *ledger.Store) {
+		ctx := context.Background()
+		c := newClaim(50 * time.Millisecond)
+		row := mustClaim(t, s, c)          // attempt 1: sent, then the worker died
+		time.Sleep(100 * time.Millisecond) // its lease runs out
+		taken, err := s.Takeover(ctx, row.Fence(), "w2", "tok2", time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		info := ledger.ErrorInfo{Code: "holder_lost", Message: "w1 stopped during attempt 1; whether the call took effect is unknown"}
+		if err := s.MarkIndeterminate(ctx, taken.Fence(), info); err != nil {
+			t.Fatal(err)
+		}
+		got := mustGet(t, s, c.Key)
+		if got.State != ledger.Indeterminate || got.Attempt != 2 {
+			t.Fatalf("row: %s at attempt %d, want indeterminate at 2", got.State, got.Attempt)
+		}
+		r := ledger.Resolution{Output: json.RawMessage(`{"id":"T-9"}`), By: "alice", Reason: "attempt 1's ticket T-9 is in the tracker", Attempt: 1}
+		isErr(t, resolveErr(s.Resolve(ctx, c.Key, r)), ledger.ErrOtherAttempt)
+		r.Attempt = got.Attempt
+		if changed, err := s.Resolve(ctx, c.Key, r); !changed || err != nil {
+			t.Fatalf("resolving at the row's attempt %d: %v %v", got.Attempt, changed, err)
+		}
+	})
+}
+
+// TestAResolutionOfAnAttemptNeverResolvedIsNoRepeat: attempt 1 was
+// resolved not run; the call ran again, attempt 2, in flight or completed.
+// Resolving attempt 2 not run is no repeat of attempt 1's resolution
+// ("already resolved this way") but of an attempt never resolved:
+// refused, and the row is left as it is.
+func TestAResolutionOfAnAttemptNeverResolvedIsNoRepeat(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, s *ledger.Store) {
+		for _, completed := range []bool{false, true} {
+			ctx := context.Background()
+			c := newClaim(time.Minute)
+			row := mustClaim(t, s, c)
+			if err := s.MarkIndeterminate(ctx, row.Fence(), ledger.ErrorInfo{Code: "reset", Message: "reset"}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := s.Resolve(ctx, c.Key, ledger.Resolution{NotRun: true, By: "alice", Reason: "nothing for attempt 1", Attempt: 1}); err != nil {
+				t.Fatal(err)
+			}
+			again := mustClaim(t, s, c) // attempt 2 runs
+			state := ledger.InFlight
+			if completed {
+				if err := s.Complete(ctx, again.Fence(), json.RawMessage(`{"ok":true}`)); err != nil {
+					t.Fatal(err)
+				}
+				state = ledger.Completed
+			}
+			changed, err := s.Resolve(ctx, c.Key, ledger.Resolution{NotRun: true, By: "bob", Reason: "nothing for attempt 2", Attempt: again.Attempt})
+			if err == nil && !changed {
+				t.Fatalf("resolving attempt %d, %s, never resolved: changed=false err=nil (\"already resolved this way\")", again.Attempt, state)
+			}
+			isErr(t, err, ledger.ErrOtherAttempt)
+			if got := mustGet(t, s, c.Key); got.State != state || got.Attempt != again.Attempt {
+				t.Fatalf("after the refused resolution: %s at attempt %d, want %s at %d", got.State, got.Attempt, state, again.Attempt)
+			}
+		}
+	})
+}
+
 // TestOfConcurrentResolutionsOfARowOneChangesIt: operators resolving one
 // row at once with different outputs: exactly one changes it.
 func TestOfConcurrentResolutionsOfARowOneChangesIt(t *testing.T) {

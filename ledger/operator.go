@@ -19,9 +19,12 @@ type Resolution struct {
 	NotRun bool            // the call did not happen: release the row so it can run
 	By     string          // who decided (required)
 	Reason string          // why (required)
-	// Attempt is the attempt decided on (Row.Attempt, as the operator read
-	// it): the outcome checked is that attempt's. 0 takes the row's, and
-	// is refused for a row resolved before (released, it ran again).
+	// Attempt is the row's attempt as the operator read it (Row.Attempt,
+	// which `ledger show` prints), whose outcome the row's error says what
+	// to check: a holder lost during attempt N leaves the row indeterminate
+	// at N+1, the takeover that sent nothing, and N+1 is the one named.
+	// 0 takes the row's, and is refused for a row resolved before
+	// (released, it ran again).
 	Attempt int64
 }
 
@@ -227,7 +230,7 @@ func (s *Store) OldestInFlight(ctx context.Context) (Row, error) {
 // (r.Attempt), never one whose outcome nobody checked.
 // Errors: ErrNotFound; ErrOtherAttempt when the row is indeterminate at
 // another attempt than r.Attempt, or r.Attempt is 0 and the row was resolved
-// before; ErrResolved when the row was resolved with another decision;
+// before, or it was resolved at another attempt than r.Attempt; ErrResolved when the row was resolved with another decision;
 // ErrNotIndeterminate when it is in another state without having been
 // resolved; ErrInvalidOutput.
 func (s *Store) Resolve(ctx context.Context, key string, r Resolution) (changed bool, err error) {
@@ -258,8 +261,8 @@ func (s *Store) Resolve(ctx context.Context, key string, r Resolution) (changed 
 			attempt = row.Attempt
 		}
 		if attempt != row.Attempt {
-			return false, fmt.Errorf("%w: %s is indeterminate at attempt %d, not %d: check that attempt's outcome and name it",
-				ErrOtherAttempt, key, row.Attempt, attempt)
+			return false, fmt.Errorf("%w: %s is indeterminate at attempt %d, not %d: check the outcome its error names and give attempt %d",
+				ErrOtherAttempt, key, row.Attempt, attempt, row.Attempt)
 		}
 		ev := Event{At: time.Now().UTC().Truncate(time.Millisecond), By: r.By, Action: "resolve", Decision: r.Decision(),
 			Reason: r.Reason, From: row.State, Error: row.Error, Output: r.Output, Attempt: attempt}
@@ -293,12 +296,19 @@ func (s *Store) Resolve(ctx context.Context, key string, r Resolution) (changed 
 		}
 		return false, fmt.Errorf("%w: %s is %s", ErrNotIndeterminate, key, row.State)
 	}
-	if last.Decision == r.Decision() && (r.NotRun || sameJSON(last.Output, r.Output)) {
-		return false, nil
-	}
 	state := string(row.State)
 	if row.State == stateReleased {
 		state = "released (no row until the call is claimed again)"
+	}
+	// A repeat is of the attempt resolved; another attempt (the call ran
+	// again) was never resolved. A history from before attempts were
+	// recorded has none to compare.
+	if r.Attempt != 0 && last.Attempt != 0 && r.Attempt != last.Attempt {
+		return false, fmt.Errorf("%w: %s was resolved %s at attempt %d by %s at %s (%q), not at attempt %d; it is now %s at attempt %d",
+			ErrOtherAttempt, key, last.Decision, last.Attempt, last.By, last.At.Format(time.RFC3339), last.Reason, r.Attempt, state, row.Attempt)
+	}
+	if last.Decision == r.Decision() && (r.NotRun || sameJSON(last.Output, r.Output)) {
+		return false, nil
 	}
 	return false, fmt.Errorf("%w: %s was resolved %s by %s at %s (%q); it is now %s", ErrResolved, key, last.Decision,
 		last.By, last.At.Format(time.RFC3339), last.Reason, state)

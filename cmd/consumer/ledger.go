@@ -341,18 +341,19 @@ func ledgerResolve(ctx context.Context, args []string, stdio cli.IO, getenv func
 		"                        --attempt N (--output JSON | --not-run) --reason TEXT [--by NAME]\n\n"+
 		"Settles an indeterminate row. --output: the call did happen, and this JSON is its\n"+
 		"output (duplicates get it from now on). --not-run: it did not happen; the row is\n"+
-		"released so that a redelivery or a replay runs the call. --attempt: the attempt\n"+
-		"whose outcome you checked, as 'ledger show' prints it; a row at another attempt (it\n"+
-		"ran again) is refused. The decision, who took it and why are recorded in the row's\n"+
-		"history ('ledger show'). Resolving a resolved row the same way again changes\n"+
-		"nothing; another way is refused.", stdio)
+		"released so that a redelivery or a replay runs the call. --attempt: the row's\n"+
+		"attempt as 'ledger show' prints it (\"resolve with --attempt N\"), once you checked\n"+
+		"the outcome the row's error names (a worker lost during attempt N-1 leaves the row\n"+
+		"at N); another attempt (the call ran again) is refused. The decision, who took it\n"+
+		"and why are recorded in the row's history ('ledger show'). Resolving a resolved\n"+
+		"row the same way again changes nothing; another way is refused.", stdio)
 	var sf storeFlags
 	sf.register(fs, getenv)
 	output := fs.String("output", "", "the call's output, as JSON")
 	notRun := fs.Bool("not-run", false, "the call did not take effect: release the row")
 	reason := fs.String("reason", "", "why: what you checked (required; recorded in the row's history)")
 	by := fs.String("by", osUser(getenv), "who decided (default: the OS user)")
-	attempt := fs.Int64("attempt", 0, "the attempt whose outcome you checked ('ledger show'); without it, the row's, refused once the row was resolved before")
+	attempt := fs.Int64("attempt", 0, "the row's attempt, as 'ledger show' prints it; without it, the row's, refused once the row was resolved before")
 	logFormat := fs.String("log-format", cli.Env(getenv, "TOOLQ_LOG_FORMAT", "text"), "the line that records the decision on standard error: text or json (env TOOLQ_LOG_FORMAT)")
 	var cf callFlags
 	cf.register(fs)
