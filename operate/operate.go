@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/textproto"
 	"slices"
 	"strconv"
 	"strings"
@@ -142,10 +143,11 @@ var ErrRequeueDuplicate = errors.New("operate: requeue dropped as a duplicate")
 // at d.JobSeq. A dead letter names its original by that sequence alone, and
 // a stream made again (or restored) numbers from 1 again: the message there
 // is taken for the original only if it is on the dead letter's subject, was
-// stored before the dead letter, in a stream made before it, and agrees
-// with what the dead letter kept of it (its headers, its body or the body's
-// size). Errors: ErrOriginalGone when that sequence holds no message or
-// another one; JetStream's, wrapped.
+// stored before the dead letter, in a stream made before it (both within a
+// minute, for the servers' clocks), and agrees with what the dead letter
+// kept of it (its headers, its body or the body's size). Errors:
+// ErrOriginalGone when that sequence holds no message or another one;
+// JetStream's, wrapped.
 func Original(ctx context.Context, js jetstream.JetStream, d DeadLetter) (*jetstream.RawStreamMsg, error) {
 	if d.JobSeq == 0 {
 		return nil, fmt.Errorf("%w: dead letter %d names no job sequence", ErrOriginalGone, d.Seq)
@@ -154,10 +156,6 @@ func Original(ctx context.Context, js jetstream.JetStream, d DeadLetter) (*jetst
 	if err != nil {
 		return nil, fmt.Errorf("operate: stream %s: %w", jobs.JobsStream, err)
 	}
-	if created := s.CachedInfo().Created; created.After(d.Time) {
-		return nil, fmt.Errorf("%w: the stream was made at %s, after dead letter %d", ErrOriginalGone,
-			created.UTC().Format(time.RFC3339), d.Seq)
-	}
 	m, err := jsretry.Do(ctx, func(ctx context.Context) (*jetstream.RawStreamMsg, error) { return s.GetMsg(ctx, d.JobSeq) })
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return nil, fmt.Errorf("%w (job %d)", ErrOriginalGone, d.JobSeq)
@@ -165,20 +163,26 @@ func Original(ctx context.Context, js jetstream.JetStream, d DeadLetter) (*jetst
 	if err != nil {
 		return nil, fmt.Errorf("operate: job %d: %w", d.JobSeq, err)
 	}
-	if why := notOriginal(d, m); why != "" {
+	if why := notOriginal(d, m, s.CachedInfo().Created); why != "" {
 		return nil, fmt.Errorf("%w: job %d is another call: %s", ErrOriginalGone, d.JobSeq, why)
 	}
 	return m, nil
 }
 
-// clockSlack is how far ahead of its dead letter's an original's time may
-// be: the two streams' leaders stamp them with their own clocks, and a too
-// large job is dead-lettered within milliseconds of being stored.
-const clockSlack = time.Second
+// clockSlack is how far ahead of its dead letter's time an original's, and
+// its stream's creation, may be: the two streams' leaders stamp them with
+// their own clocks, which can be apart by more than a second (NTP trouble,
+// a VM resumed), and a too large job is dead-lettered within milliseconds
+// of being stored. The subject, the body or its size and the headers carry
+// the original's identity; the times only tell a stream made again since.
+const clockSlack = time.Minute
 
-// notOriginal says why m cannot be the job d was made of, or "".
-func notOriginal(d DeadLetter, m *jetstream.RawStreamMsg) string {
+// notOriginal says why m, read from a stream made at created, cannot be the
+// job d was made of, or "".
+func notOriginal(d DeadLetter, m *jetstream.RawStreamMsg, created time.Time) string {
 	switch {
+	case created.After(d.Time.Add(clockSlack)):
+		return fmt.Sprintf("%s was made at %s, after dead letter %d", jobs.JobsStream, created.UTC().Format(time.RFC3339), d.Seq)
 	case m.Subject != d.Subject:
 		return fmt.Sprintf("it is on %s, the dead letter's was on %s", m.Subject, d.Subject)
 	case m.Time.After(d.Time.Add(clockSlack)):
@@ -190,13 +194,21 @@ func notOriginal(d DeadLetter, m *jetstream.RawStreamMsg) string {
 		return fmt.Sprintf("its body is %d bytes, the dead letter's original was %d", len(m.Data), d.BodyOmitted)
 	}
 	// The dead letter kept the original's headers but JetStream's own (its
-	// Nats-Msg-Id is the dead letter's).
+	// Nats-Msg-Id is the dead letter's), as nats.go wrote them: a value
+	// trimmed of the spaces around it, which another client may have sent
+	// and nats.go keeps when it reads the original.
 	for k, v := range d.Header {
-		if !strings.HasPrefix(k, "Nats-") && !slices.Equal(m.Header[k], v) {
+		if !strings.HasPrefix(k, "Nats-") && !slices.EqualFunc(m.Header[k], v, sameTrimmed) {
 			return fmt.Sprintf("its header %s is not the dead letter's", k)
 		}
 	}
 	return ""
+}
+
+// sameTrimmed reports whether a and b are the same header value once
+// trimmed as nats.go trims a value it writes.
+func sameTrimmed(a, b string) bool {
+	return textproto.TrimString(a) == textproto.TrimString(b)
 }
 
 // Requeue publishes the dead letter at seq again on its original subject,

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -244,5 +245,64 @@ func TestAReplayListsARequeuedDeadLetter(t *testing.T) {
 	again, err := operate.Replay(ctx, js, operate.ReplayRange{Subject: jobs.JobsSubjects, FromSeq: newSeq}, true)
 	if err != nil || len(again) != 1 || again[0].Seq != newSeq {
 		t.Fatalf("the range replayed again: %+v %v; want job %d alone, its replay skipped", again, err, newSeq)
+	}
+}
+
+// TestARequeueFindsAnOriginalStampedByALeaderWhoseClockIsAhead:
+// TOOLQ_JOBS's leader stamps a too-large job with a clock 1.5s ahead of
+// TOOLQ_DLQ's leader (R3 streams have their own leaders; NTP trouble, a VM
+// resumed). The worker dead-letters it at once (too_large, first delivery,
+// milliseconds later), so the dead letter's stamp is 1.5s before the
+// job's. Modelled on one server by storing the dead letter first and the
+// job 1.5s later at the sequence the dead letter names. The original is
+// found, and the dead letter, whose body was omitted, requeued from it.
+func TestARequeueFindsAnOriginalStampedByALeaderWhoseClockIsAhead(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	n := testenv.StartNATS(t)
+	js, _ := jetstream.New(n.Connect())
+	if err := jobs.ProvisionStreams(ctx, js, jobs.Streams{}); err != nil {
+		t.Fatal(err)
+	}
+	body := `{"version":1,"conversation_id":"c","turn_index":0,"tool":"send_payment","tool_use_id":"toolu_s","args":{"memo":"` + strings.Repeat("x", 4000) + `"}}`
+	dl := publishDeadLetter(t, js, jobs.DLQTooLarge, 1, "", jobs.HeaderDLQBodyOmitted, strconv.Itoa(len(body)), "X-Agent", "a1")
+	time.Sleep(1500 * time.Millisecond)
+	job := nats.NewMsg("toolq.jobs.send_payment")
+	job.Data = []byte(body)
+	job.Header.Set("X-Agent", "a1")
+	if ack, err := js.PublishMsg(ctx, job); err != nil || ack.Sequence != 1 {
+		t.Fatalf("job: %+v %v", ack, err)
+	}
+	if _, err := operate.Requeue(ctx, js, dl); errors.Is(err, operate.ErrOriginalGone) {
+		t.Fatalf("requeue of the dead letter of job 1, in TOOLQ_JOBS, stamped 1.5s after the dead letter by a leader's clock: %v", err)
+	}
+}
+
+// TestAReplaySkipsARequeuedDeadLetterWhoseCallCameBefore: a dead letter
+// requeued while its original is still in TOOLQ_JOBS is a second job of
+// one call; a replay of a range that holds both publishes the original
+// alone, not the call twice.
+func TestAReplaySkipsARequeuedDeadLetterWhoseCallCameBefore(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	n := testenv.StartNATS(t)
+	js, _ := jetstream.New(n.Connect())
+	if err := jobs.ProvisionStreams(ctx, js, jobs.Streams{}); err != nil {
+		t.Fatal(err)
+	}
+	c := jobs.NewClient(js)
+	if _, err := c.Publish(ctx, &jobs.Job{ConversationID: "c", Tool: "send_payment", ToolUseID: "toolu_dl", Args: json.RawMessage(`{}`)}); err != nil {
+		t.Fatal(err)
+	}
+	s, _ := js.Stream(ctx, jobs.JobsStream)
+	orig, _ := s.GetMsg(ctx, 1)
+	dl := publishDeadLetter(t, js, jobs.DLQMaxDeliver, 1, string(orig.Data))
+	newSeq, err := operate.Requeue(ctx, js, dl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := operate.Replay(ctx, js, operate.ReplayRange{Subject: jobs.JobsSubjects, FromSeq: 1, ToSeq: newSeq}, true)
+	if err != nil || len(got) != 1 || got[0].Seq != 1 {
+		t.Fatalf("replay of jobs 1 to %d, the original and its requeued dead letter: %+v %v; want job 1 alone", newSeq, got, err)
 	}
 }
