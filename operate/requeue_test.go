@@ -259,11 +259,7 @@ func TestAReplayListsARequeuedDeadLetter(t *testing.T) {
 func TestARequeueFindsAnOriginalStampedByALeaderWhoseClockIsAhead(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	n := testenv.StartNATS(t)
-	js, _ := jetstream.New(n.Connect())
-	if err := jobs.ProvisionStreams(ctx, js, jobs.Streams{}); err != nil {
-		t.Fatal(err)
-	}
+	_, js := withStreams(t)
 	body := `{"version":1,"conversation_id":"c","turn_index":0,"tool":"send_payment","tool_use_id":"toolu_s","args":{"memo":"` + strings.Repeat("x", 4000) + `"}}`
 	dl := publishDeadLetter(t, js, jobs.DLQTooLarge, 1, "", jobs.HeaderDLQBodyOmitted, strconv.Itoa(len(body)), "X-Agent", "a1")
 	time.Sleep(1500 * time.Millisecond)
@@ -285,11 +281,7 @@ func TestARequeueFindsAnOriginalStampedByALeaderWhoseClockIsAhead(t *testing.T) 
 func TestAReplaySkipsARequeuedDeadLetterWhoseCallCameBefore(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	n := testenv.StartNATS(t)
-	js, _ := jetstream.New(n.Connect())
-	if err := jobs.ProvisionStreams(ctx, js, jobs.Streams{}); err != nil {
-		t.Fatal(err)
-	}
+	_, js := withStreams(t)
 	c := jobs.NewClient(js)
 	if _, err := c.Publish(ctx, &jobs.Job{ConversationID: "c", Tool: "send_payment", ToolUseID: "toolu_dl", Args: json.RawMessage(`{}`)}); err != nil {
 		t.Fatal(err)
