@@ -492,23 +492,7 @@ func TestLedgerShowByFieldsFindsTheRowTheWorkerAnswersFrom(t *testing.T) {
 	env := map[string]string{"TOOLQ_DATA_DIR": dir}
 	st := migratedLedger(t, env)
 	args := `{"votes":{"👎":3,"👍":12}}`
-	call := jobs.Call{ConversationID: "c", TurnIndex: 1, Tool: "cast_vote", Args: []byte(args)}
-	m, err := call.Material()
-	if err != nil {
-		t.Fatal(err)
-	}
-	legacy, ok := m.Legacy()
-	if !ok {
-		t.Fatal("no legacy key")
-	}
-	res, err := st.Claim(ctx, []ledger.Claim{{Key: legacy.Key(), ConversationID: "c", TurnIndex: 1, Tool: "cast_vote",
-		ArgsDigest: legacy.ArgsDigest(), ToolUseID: "toolu_0", Owner: "before-the-fix", Lease: time.Hour}})
-	if err != nil || !res[0].Claimed {
-		t.Fatalf("claim: %v %+v", err, res)
-	}
-	if err := st.MarkIndeterminate(ctx, res[0].Row.Fence(), ledger.ErrorInfo{Code: "reset", Message: "reset"}); err != nil {
-		t.Fatal(err)
-	}
+	legacy := indeterminateUnderLegacyKey(t, st, args)
 	out, err := runConsumer(t, env, "ledger", "show", "--conversation", "c", "--turn", "1", "--tool", "cast_vote", "--args", args, "--json")
 	var row ledger.Row
 	if err != nil || json.Unmarshal([]byte(out), &row) != nil || row.Key != legacy.Key() {
@@ -568,20 +552,28 @@ func TestLedgerShowEscapesAToolsControlCharacters(t *testing.T) {
 // way"), where Get, which does not see it, would have found no row.
 func TestAResolutionByFieldsRepeatedOnALegacyRowChangesNothing(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	dir := t.TempDir()
-	env := map[string]string{"TOOLQ_DATA_DIR": dir}
-	if _, err := runConsumer(t, env, "migrate"); err != nil {
-		t.Fatal(err)
-	}
-	st, err := ledger.Open(ctx, "", dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
+	env := map[string]string{"TOOLQ_DATA_DIR": t.TempDir()}
+	st := migratedLedger(t, env)
 	args := `{"votes":{"👎":3,"👍":12}}`
-	call := jobs.Call{ConversationID: "c", TurnIndex: 1, Tool: "cast_vote", Args: []byte(args)}
-	m, err := call.Material()
+	indeterminateUnderLegacyKey(t, st, args)
+	resolve := []string{"ledger", "resolve", "--conversation", "c", "--turn", "1", "--tool", "cast_vote", "--args", args,
+		"--attempt", "1", "--not-run", "--reason", "no vote in the tally"}
+	if _, err := runConsumer(t, env, resolve...); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := runConsumer(t, env, resolve...); err != nil || !strings.Contains(out, "already resolved this way") {
+		t.Fatalf("the same resolution by the call's fields again: %q %v; want \"already resolved this way: nothing changed\"", out, err)
+	}
+}
+
+// indeterminateUnderLegacyKey leaves the call of args (conversation c, turn
+// 1, cast_vote) indeterminate under the key it had before the member-order
+// fix, as a consumer of that release would have, and returns that key's
+// material.
+func indeterminateUnderLegacyKey(t *testing.T, st *ledger.Store, args string) jobs.Material {
+	t.Helper()
+	ctx := context.Background()
+	m, err := jobs.Call{ConversationID: "c", TurnIndex: 1, Tool: "cast_vote", Args: []byte(args)}.Material()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -597,12 +589,5 @@ func TestAResolutionByFieldsRepeatedOnALegacyRowChangesNothing(t *testing.T) {
 	if err := st.MarkIndeterminate(ctx, res[0].Row.Fence(), ledger.ErrorInfo{Code: "reset", Message: "reset"}); err != nil {
 		t.Fatal(err)
 	}
-	resolve := []string{"ledger", "resolve", "--conversation", "c", "--turn", "1", "--tool", "cast_vote", "--args", args,
-		"--attempt", "1", "--not-run", "--reason", "no vote in the tally"}
-	if _, err := runConsumer(t, env, resolve...); err != nil {
-		t.Fatal(err)
-	}
-	if out, err := runConsumer(t, env, resolve...); err != nil || !strings.Contains(out, "already resolved this way") {
-		t.Fatalf("the same resolution by the call's fields again: %q %v; want \"already resolved this way: nothing changed\"", out, err)
-	}
+	return legacy
 }
