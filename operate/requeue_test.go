@@ -219,14 +219,7 @@ func TestTwoRequeuesOfOneDeadLetterAtOncePublishOneJob(t *testing.T) {
 func TestAReplayListsARequeuedDeadLetter(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	_, js := withStreams(t)
-	c := jobs.NewClient(js)
-	if _, err := c.Publish(ctx, &jobs.Job{ConversationID: "c", Tool: "send_payment", ToolUseID: "toolu_dl", Args: json.RawMessage(`{}`)}); err != nil {
-		t.Fatal(err)
-	}
-	s, _ := js.Stream(ctx, jobs.JobsStream)
-	orig, _ := s.GetMsg(ctx, 1)
-	dl := publishDeadLetter(t, js, jobs.DLQMaxDeliver, 1, string(orig.Data))
+	js, s, dl := deadLetteredJob(t)
 	// The original ages out of TOOLQ_JOBS (7 days); the dead letter (30 days) is requeued.
 	if err := s.DeleteMsg(ctx, 1); err != nil {
 		t.Fatal(err)
@@ -281,14 +274,7 @@ func TestARequeueFindsAnOriginalStampedByALeaderWhoseClockIsAhead(t *testing.T) 
 func TestAReplaySkipsARequeuedDeadLetterWhoseCallCameBefore(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	_, js := withStreams(t)
-	c := jobs.NewClient(js)
-	if _, err := c.Publish(ctx, &jobs.Job{ConversationID: "c", Tool: "send_payment", ToolUseID: "toolu_dl", Args: json.RawMessage(`{}`)}); err != nil {
-		t.Fatal(err)
-	}
-	s, _ := js.Stream(ctx, jobs.JobsStream)
-	orig, _ := s.GetMsg(ctx, 1)
-	dl := publishDeadLetter(t, js, jobs.DLQMaxDeliver, 1, string(orig.Data))
+	js, _, dl := deadLetteredJob(t)
 	newSeq, err := operate.Requeue(ctx, js, dl)
 	if err != nil {
 		t.Fatal(err)
@@ -297,4 +283,25 @@ func TestAReplaySkipsARequeuedDeadLetterWhoseCallCameBefore(t *testing.T) {
 	if err != nil || len(got) != 1 || got[0].Seq != 1 {
 		t.Fatalf("replay of jobs 1 to %d, the original and its requeued dead letter: %+v %v; want job 1 alone", newSeq, got, err)
 	}
+}
+
+// deadLetteredJob starts a server with toolq's streams and one job, of the
+// call toolu_dl, at sequence 1 of TOOLQ_JOBS, dead-lettered (max_deliver)
+// with its body, and returns TOOLQ_JOBS and the dead letter's sequence.
+func deadLetteredJob(t *testing.T) (jetstream.JetStream, jetstream.Stream, uint64) {
+	t.Helper()
+	ctx := context.Background()
+	_, js := withStreams(t)
+	if _, err := jobs.NewClient(js).Publish(ctx, &jobs.Job{ConversationID: "c", Tool: "send_payment", ToolUseID: "toolu_dl", Args: json.RawMessage(`{}`)}); err != nil {
+		t.Fatal(err)
+	}
+	s, err := js.Stream(ctx, jobs.JobsStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	orig, err := s.GetMsg(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js, s, publishDeadLetter(t, js, jobs.DLQMaxDeliver, 1, string(orig.Data))
 }

@@ -334,11 +334,7 @@ func TestADeadLetterListingEscapesAnAgentsControlCharacters(t *testing.T) {
 func TestDlqShowEscapesAByteThatIsNotUTF8(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	n := testenv.StartNATS(t)
-	js, _ := jetstream.New(n.Connect())
-	if err := jobs.ProvisionStreams(ctx, js, jobs.Streams{}); err != nil {
-		t.Fatal(err)
-	}
+	n, js := withStreams(t)
 	dl := nats.NewMsg(jobs.DLQSubject(jobs.DLQInvalid))
 	dl.Data = []byte("\x9b2J\x9b0;owned")
 	dl.Header.Set(jobs.HeaderDLQReason, jobs.DLQInvalid)
@@ -363,11 +359,7 @@ func TestDlqShowEscapesAByteThatIsNotUTF8(t *testing.T) {
 func TestAReplayEscapesAnAgentsControlCharacters(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	n := testenv.StartNATS(t)
-	js, _ := jetstream.New(n.Connect())
-	if err := jobs.ProvisionStreams(ctx, js, jobs.Streams{}); err != nil {
-		t.Fatal(err)
-	}
+	n, js := withStreams(t)
 	m := nats.NewMsg("toolq.jobs.send_payment")
 	m.Data = []byte(`{"version":1,"tool_use_id":"\u001b]0;owned\u0007\u001b[2Jtoolu_x"}`)
 	m.Header.Set(jobs.HeaderKey, "k\x1b[31mred")
