@@ -379,9 +379,11 @@ func (m *MCP) classify(res *mcp.CallToolResult, err error, p *mcpProgress, stale
 	if err != nil {
 		return nil, m.classifyError(err, p, stale, ctx)
 	}
-	if res.NeedsInput() && len(res.InputRequests) == 0 {
-		// Load shedding (protocol 2026-07-28): the server is busy and did
-		// not run the tool.
+	if res.NeedsInput() && res.InputRequests != nil && len(res.InputRequests) == 0 {
+		// Load shedding (protocol 2026-07-28): an inputRequests present and
+		// empty, as the SDK's own middleware reads it; the server is busy
+		// and did not run the tool. Without one (a requestState alone: a
+		// step of the tool waits on something else) it asks for input.
 		return nil, NotSentError(codeBusy, "the MCP server is busy: retry later", DefaultNotSentDelay, nil)
 	}
 	if res.NeedsInput() {
@@ -415,7 +417,7 @@ func (m *MCP) classify(res *mcp.CallToolResult, err error, p *mcpProgress, stale
 }
 
 func (m *MCP) classifyError(err error, p *mcpProgress, stale bool, ctx context.Context) error {
-	status, retry, answered := p.answer()
+	status, retry, answered, unanswered := p.answer()
 	refused := status != 0 && (status < 200 || status > 299)
 	code := "http_" + strconv.Itoa(status)
 	switch {
@@ -426,7 +428,12 @@ func (m *MCP) classifyError(err error, p *mcpProgress, stale bool, ctx context.C
 	case refused && answered != nil:
 		// The server's answer to the call, classified below as in a 2xx.
 	case refused && stale && (status == http.StatusBadRequest || status == http.StatusUnauthorized || status == http.StatusForbidden || status == http.StatusNotFound):
-		return NotSentError(codeSessionGone, "the MCP server refused the session (HTTP "+strconv.Itoa(status)+"): "+oneLine(err.Error()), 0, err)
+		if unanswered {
+			return NotSentError(codeSessionGone, "the MCP server refused the session (HTTP "+strconv.Itoa(status)+"): "+oneLine(err.Error()), 0, err)
+		}
+		// A body cut short, too large to read, or a response with another
+		// id: the server may have known the session, and run the tool.
+		return AmbiguousError(code, "the MCP server refused the call, in a body that may be its answer after the tool ran: "+oneLine(err.Error()), 0, err)
 	case refused && status == http.StatusConflict && p.keyed:
 		// An idempotency layer in front of the server holds the key: the
 		// first request under it is still in flight, as for the http executor.

@@ -713,17 +713,6 @@ func TestMCPConflictOnTheCallsKeyIsAmbiguous(t *testing.T) {
 	}
 }
 
-// ---------------------------------------------------------------------------
-// tools import
-
-// `tools import` must write a file that loads (the acceptance: "tools import
-// --mcp writes a registry that tools audit accepts") whatever harmless text
-// a server lists. Three inputs break it: a multi-line description that
-// starts with a tab (scalar() forces a literal block, which yaml.v3 writes
-// but cannot read back), a control character in the server's name (written
-// raw into the head comment), and U+0085 in a property name of the schema
-// (json.Marshal writes it raw; yaml.Unmarshal of that JSON reads it as a
-// line break in a key and fails, and the import aborts).
 // A server on protocol 2026-07-28 (SEP-2575; the Go SDK's stateless mode,
 // which the executor's client negotiates by default) answers a tools/call
 // whose JSON-RPC error is invalid params (-32602) with HTTP 400, and method
@@ -806,6 +795,171 @@ func TestMCPJSONRPCAnswerInA400OnAStatefulSessionIsNotSentAgain(t *testing.T) {
 	}
 }
 
+// answeringSecondCallIn4xx is a Go SDK server with session IDs whose tool,
+// create_ticket, counts its effects; its second tools/call acts and is then
+// answered by answer (w, the call's raw id) instead of the server.
+func answeringSecondCallIn4xx(t *testing.T, effects, calls *atomic.Int32, answer func(w http.ResponseWriter, id json.RawMessage)) string {
+	t.Helper()
+	return goSDKServer(t, func(srv *mcp.Server) {
+		srv.AddTool(&mcp.Tool{Name: "create_ticket", InputSchema: json.RawMessage(`{"type":"object"}`)},
+			func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+				effects.Add(1)
+				return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "ticket"}}}, nil
+			})
+	}, func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			body, _ := io.ReadAll(r.Body)
+			r.Body = io.NopCloser(bytes.NewReader(body))
+			var msg struct {
+				ID     json.RawMessage `json:"id"`
+				Method string          `json:"method"`
+			}
+			json.Unmarshal(body, &msg)
+			if msg.Method == "tools/call" && calls.Add(1) == 2 {
+				effects.Add(1) // acted, then answered in a 4xx
+				answer(w, msg.ID)
+				return
+			}
+			next.ServeHTTP(w, r)
+		})
+	})
+}
+
+// secondCall makes two calls of create_ticket at url, the second on the
+// session of the first, and returns what the second gave.
+func secondCall(t *testing.T, url string) (tools.Outcome, *tools.Error) {
+	t.Helper()
+	tool := mcpTool(t, tools.UnkeyedWrite, tools.MCP{URL: url, Tool: "create_ticket"}, 10*time.Second)
+	if _, outcome, te := callKeyed(t, tool, "key_1", `{}`); outcome != tools.Success {
+		t.Fatalf("first call: %v %+v", outcome, te)
+	}
+	_, outcome, te := callKeyed(t, tool, "key_2", `{}`)
+	return outcome, te
+}
+
+// The call's JSON-RPC answer in a 400 whose body is over what the executor
+// reads of it (an error with large data: the validation report of a large
+// call, say) cannot be told from a refused session: the call may have run,
+// and is ambiguous, never sent again. It was taken for a forgotten session
+// and sent again at once.
+func TestMCPLargeJSONRPCAnswerInA400IsNotSentAgain(t *testing.T) {
+	t.Parallel()
+	var effects, calls atomic.Int32
+	url := answeringSecondCallIn4xx(t, &effects, &calls, func(w http.ResponseWriter, id json.RawMessage) {
+		data, _ := json.Marshal(map[string]string{"report": strings.Repeat("x", 70<<10)})
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusBadRequest)
+		io.WriteString(w, `{"jsonrpc":"2.0","id":`+string(id)+`,"error":{"code":-32602,"message":"late validation","data":`+string(data)+`}}`)
+	})
+	outcome, te := secondCall(t, url)
+	if calls.Load() != 2 {
+		t.Fatalf("a call answered -32602 in a 400 with a 70 KiB body was sent again: %d tools/call POSTs (want 2), %d effects; %v %+v", calls.Load(), effects.Load(), outcome, te)
+	}
+	if outcome != tools.Ambiguous {
+		t.Fatalf("a call answered in a 400 too large to read: %v %+v, want ambiguous", outcome, te)
+	}
+}
+
+// The call's answer with its id echoed as a string ("2" for 2) is its
+// answer still, as the SDK reads it: classified (invalid params: definite),
+// not sent again.
+func TestMCPJSONRPCAnswerInA400WithTheIDAsAStringIsNotSentAgain(t *testing.T) {
+	t.Parallel()
+	var effects, calls atomic.Int32
+	url := answeringSecondCallIn4xx(t, &effects, &calls, func(w http.ResponseWriter, id json.RawMessage) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusBadRequest)
+		io.WriteString(w, `{"jsonrpc":"2.0","id":"`+strings.Trim(string(id), `"`)+`","error":{"code":-32602,"message":"late validation"}}`)
+	})
+	outcome, te := secondCall(t, url)
+	if calls.Load() != 2 {
+		t.Fatalf("a call answered -32602 in a 400 (id echoed as a string) was sent again: %d tools/call POSTs (want 2), %d effects; %v %+v", calls.Load(), effects.Load(), outcome, te)
+	}
+	if outcome != tools.Definite || te.Code != "jsonrpc_-32602" {
+		t.Fatalf("invalid params in a 400, the id as a string: %v %+v, want definite jsonrpc_-32602", outcome, te)
+	}
+}
+
+// A 400 whose body is a JSON-RPC response with another id than the call's
+// is not what a server says of a session it does not know (null, or the
+// Python SDK's "server-error"): ambiguous, not sent again.
+func TestMCPJSONRPCResponseWithAnotherIDInA400IsNotSentAgain(t *testing.T) {
+	t.Parallel()
+	var effects, calls atomic.Int32
+	url := answeringSecondCallIn4xx(t, &effects, &calls, func(w http.ResponseWriter, id json.RawMessage) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusBadRequest)
+		io.WriteString(w, `{"jsonrpc":"2.0","id":9999,"error":{"code":-32602,"message":"late validation"}}`)
+	})
+	outcome, te := secondCall(t, url)
+	if calls.Load() != 2 {
+		t.Fatalf("a call answered in a 400 with another id was sent again: %d tools/call POSTs (want 2), %d effects; %v %+v", calls.Load(), effects.Load(), outcome, te)
+	}
+	if outcome != tools.Ambiguous {
+		t.Fatalf("a call answered in a 400 with another id: %v %+v, want ambiguous", outcome, te)
+	}
+}
+
+// The answer in a 400 whose body is cut short (the connection drops): the
+// server was answering the call, which may have run: ambiguous, never sent
+// again as on a forgotten session.
+func TestMCPAnswerInA400CutShortIsNotSentAgain(t *testing.T) {
+	t.Parallel()
+	var effects, calls atomic.Int32
+	url := answeringSecondCallIn4xx(t, &effects, &calls, func(w http.ResponseWriter, id json.RawMessage) {
+		full := `{"jsonrpc":"2.0","id":` + string(id) + `,"error":{"code":-32602,"message":"late validation"}}`
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Content-Length", "200")
+		w.WriteHeader(http.StatusBadRequest)
+		io.WriteString(w, full[:len(full)/2])
+		w.(http.Flusher).Flush()
+		conn, _, err := http.NewResponseController(w).Hijack()
+		if err == nil {
+			conn.Close()
+		}
+	})
+	outcome, te := secondCall(t, url)
+	if calls.Load() != 2 {
+		t.Fatalf("a call whose 400 answer was cut short was sent again: %d tools/call POSTs (want 2), %d effects; %v %+v", calls.Load(), effects.Load(), outcome, te)
+	}
+	if outcome != tools.Ambiguous {
+		t.Fatalf("a call whose 400 answer was cut short: %v %+v, want ambiguous", outcome, te)
+	}
+}
+
+// A stateless server has no session to forget: a plain-text 400 on a reused
+// session, after the tool acted, is its answer (definite), and the call is
+// not sent again. Only a session with an ID can go stale.
+func TestMCPPlainText400OnAReusedStatelessSessionIsNotSentAgain(t *testing.T) {
+	t.Parallel()
+	var effects, calls atomic.Int32
+	url := statelessServer(t, func(srv *mcp.Server) {
+		srv.AddTool(&mcp.Tool{Name: "create_ticket", InputSchema: json.RawMessage(`{"type":"object"}`)},
+			func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+				effects.Add(1)
+				return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "ticket"}}}, nil
+			})
+	}, func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			body, _ := io.ReadAll(r.Body)
+			r.Body = io.NopCloser(bytes.NewReader(body))
+			if bytes.Contains(body, []byte(`"tools/call"`)) && calls.Add(1) == 2 {
+				effects.Add(1) // acted, then refused by a filter in front of the server
+				http.Error(w, "ticket refused by policy", http.StatusBadRequest)
+				return
+			}
+			next.ServeHTTP(w, r)
+		})
+	})
+	outcome, te := secondCall(t, url)
+	if calls.Load() != 2 {
+		t.Fatalf("a plain-text 400 on a reused stateless session was taken for a stale one: %d tools/call POSTs (want 2), %d effects; %v %+v", calls.Load(), effects.Load(), outcome, te)
+	}
+	if outcome != tools.Definite {
+		t.Fatalf("a plain-text 400 from a stateless server: %v %+v, want definite", outcome, te)
+	}
+}
+
 // A 2026-07-28 server that sheds load answers a tools/call with an empty
 // inputRequests (SEP-2322: busy, retry later), before its tool acts. The
 // SDK's multi-round-trip middleware sent the call again, three times in
@@ -832,6 +986,79 @@ func TestMCPCallAServerShedsIsNotAmbiguous(t *testing.T) {
 	}
 }
 
+// An input_required result with a requestState and no inputRequests (a
+// continuation a server answers while a step waits on something out of
+// band, e.g. a URL-mode elicitation, after its first step acted) asks for
+// input: ambiguous. It was taken for load shedding, not sent, although the
+// tool acted. The SDK's own middleware takes only a present, empty
+// inputRequests for shedding.
+func TestMCPInputRequiredWithARequestStateAndNoInputRequestsIsNotBusy(t *testing.T) {
+	t.Parallel()
+	var effects atomic.Int32
+	url := statelessServer(t, func(srv *mcp.Server) {
+		srv.AddTool(&mcp.Tool{Name: "create_ticket", InputSchema: json.RawMessage(`{"type":"object"}`)},
+			func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+				return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "ticket"}}}, nil
+			})
+	}, func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			body, _ := io.ReadAll(r.Body)
+			r.Body = io.NopCloser(bytes.NewReader(body))
+			var msg struct {
+				ID     json.RawMessage `json:"id"`
+				Method string          `json:"method"`
+			}
+			json.Unmarshal(body, &msg)
+			if msg.Method == "tools/call" {
+				effects.Add(1) // step one done; the rest waits for the user's confirmation
+				w.Header().Set("Content-Type", "application/json")
+				io.WriteString(w, `{"jsonrpc":"2.0","id":`+string(msg.ID)+`,"result":{"resultType":"input_required","requestState":"step=2"}}`)
+				return
+			}
+			next.ServeHTTP(w, r)
+		})
+	})
+	tool := mcpTool(t, tools.UnkeyedWrite, tools.MCP{URL: url, Tool: "create_ticket"}, 10*time.Second)
+	_, outcome, te := callKeyed(t, tool, "key_1", `{}`)
+	if outcome == tools.NotSent {
+		t.Fatalf("an input_required continuation (requestState only, %d effects) gave %v %+v: not sent, so sent again later", effects.Load(), outcome, te)
+	}
+	if outcome != tools.Ambiguous || te.Code != "mcp_input_required" {
+		t.Fatalf("an input_required continuation: %v %+v, want ambiguous mcp_input_required", outcome, te)
+	}
+}
+
+// A stateful Go SDK server, on a protocol before 2026-07-28 with toolq's
+// client, turns a handler's empty InputRequests (busy) into an error of its
+// own, code 0 ("the server is busy, retry later"). Code 0 promises nothing
+// of whether a tool ran, so that busy is ambiguous (docs/tools.md): only a
+// 2026-07-28 server's empty inputRequests is not sent.
+func TestMCPBusyOfAServerOnAnOlderProtocolIsAmbiguous(t *testing.T) {
+	t.Parallel()
+	url := goSDKServer(t, func(srv *mcp.Server) {
+		srv.AddTool(&mcp.Tool{Name: "create_ticket", InputSchema: json.RawMessage(`{"type":"object"}`)},
+			func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+				return &mcp.CallToolResult{InputRequests: mcp.InputRequestMap{}}, nil // busy
+			})
+	}, nil)
+	tool := mcpTool(t, tools.UnkeyedWrite, tools.MCP{URL: url, Tool: "create_ticket"}, 10*time.Second)
+	_, outcome, te := callKeyed(t, tool, "key_1", `{}`)
+	if outcome != tools.Ambiguous || te.Code != "jsonrpc_0" {
+		t.Fatalf("a call a server on an older protocol shed: %v %+v, want ambiguous jsonrpc_0", outcome, te)
+	}
+}
+
+// ---------------------------------------------------------------------------
+// tools import
+
+// `tools import` must write a file that loads (the acceptance: "tools import
+// --mcp writes a registry that tools audit accepts") whatever harmless text
+// a server lists. Three inputs break it: a multi-line description that
+// starts with a tab (scalar() forces a literal block, which yaml.v3 writes
+// but cannot read back), a control character in the server's name (written
+// raw into the head comment), and U+0085 in a property name of the schema
+// (json.Marshal writes it raw; yaml.Unmarshal of that JSON reads it as a
+// line break in a key and fails, and the import aborts).
 func TestMCPImportOfAnyToolListWritesAFileThatLoads(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {

@@ -7,7 +7,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"io"
 	"net/http"
 	"net/http/httptrace"
@@ -200,12 +199,16 @@ type mcpProgress struct {
 	// the call: a server on protocol 2026-07-28 sends invalid params as a
 	// 400 and method not found as a 404, after its tool ran.
 	wire *jsonrpc.Error
+	// unanswered: the refused POST's body, read whole, says nothing of the
+	// call (see readRefusal), as a server's refusal of a session it does
+	// not know does.
+	unanswered bool
 }
 
-func (p *mcpProgress) answer() (status int, retryAfter time.Duration, wire *jsonrpc.Error) {
+func (p *mcpProgress) answer() (status int, retryAfter time.Duration, wire *jsonrpc.Error, unanswered bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.status, time.Duration(p.retryAfter) * time.Second, p.wire
+	return p.status, time.Duration(p.retryAfter) * time.Second, p.wire, p.unanswered
 }
 
 // trackedTransport marks a tools/call written once its connection took it.
@@ -287,13 +290,15 @@ func (t mcpTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return resp, err
 	}
 	var wire *jsonrpc.Error
+	var unanswered bool
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		wire = errorAnswer(req, resp)
+		wire, unanswered = readRefusal(req, resp)
 	}
 	p.mu.Lock()
 	p.status = resp.StatusCode
 	p.retryAfter, _ = strconv.Atoi(resp.Header.Get("Retry-After"))
 	p.wire = wire
+	p.unanswered = unanswered
 	p.mu.Unlock()
 	return resp, nil
 }
@@ -302,40 +307,83 @@ func (t mcpTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 // call's answer in it.
 const maxErrorBody = 64 << 10
 
-// errorAnswer is the JSON-RPC error a refused POST's body carries as the
-// answer to the call it sent, if it does: a response with the call's id.
-// A body with another id (null, as servers answer for a session they do
-// not know) or none is the refusal of the request, not of the call. The
-// body is read ahead and left whole for the SDK.
-func errorAnswer(req *http.Request, resp *http.Response) *jsonrpc.Error {
-	head, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
+// readRefusal reads a refused POST's body for what it says of the call:
+// wire is the JSON-RPC error it carries as the call's answer (a response
+// with the call's id, as a number or as its string spelling); unanswered,
+// that it says nothing of the call: it is no JSON-RPC response (plain
+// text, a gateway's page), or one with no id (null, absent, or the Python
+// SDK's "server-error"), as a server refuses a session it does not know.
+// A body cut short or over maxErrorBody, or a response with another id,
+// is neither: it may be the call's answer, unread. The body is left whole
+// for the SDK.
+func readRefusal(req *http.Request, resp *http.Response) (wire *jsonrpc.Error, unanswered bool) {
+	head, err := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody+1))
 	resp.Body = readCloser{io.MultiReader(bytes.NewReader(head), resp.Body), resp.Body}
-	msg, err := jsonrpc.DecodeMessage(head)
-	if err != nil || req.GetBody == nil {
-		return nil
+	if err != nil || len(head) > maxErrorBody {
+		return nil, false
 	}
-	answer, ok := msg.(*jsonrpc.Response)
-	if !ok || answer.Error == nil {
-		return nil
+	var msg struct {
+		Version string          `json:"jsonrpc"`
+		Method  json.RawMessage `json:"method"`
+		ID      json.RawMessage `json:"id"`
+		Error   json.RawMessage `json:"error"`
+	}
+	if json.Unmarshal(head, &msg) != nil || msg.Version != "2.0" || msg.Method != nil {
+		return nil, true
+	}
+	var id any
+	dec := json.NewDecoder(bytes.NewReader(msg.ID))
+	dec.UseNumber()
+	if len(msg.ID) > 0 && dec.Decode(&id) != nil {
+		return nil, false
+	}
+	var spelled string
+	switch id := id.(type) {
+	case nil:
+		return nil, true
+	case string:
+		spelled = id
+	case json.Number:
+		spelled = id.String()
+	default:
+		return nil, false
+	}
+	if call := callID(req); call == "" || call != spelled {
+		return nil, spelled == "server-error"
+	}
+	if err := json.Unmarshal(msg.Error, &wire); err != nil || wire == nil {
+		return nil, false
+	}
+	return wire, false
+}
+
+// callID is the id of the request req sent, spelled as a string ("" if
+// it cannot be read).
+func callID(req *http.Request) string {
+	if req.GetBody == nil {
+		return ""
 	}
 	body, err := req.GetBody()
 	if err != nil {
-		return nil
+		return ""
 	}
 	defer body.Close()
 	sent, err := io.ReadAll(body)
 	if err != nil {
-		return nil
+		return ""
 	}
-	call, err := jsonrpc.DecodeMessage(sent)
-	if r, ok := call.(*jsonrpc.Request); err != nil || !ok || r.ID != answer.ID {
-		return nil
+	msg, err := jsonrpc.DecodeMessage(sent)
+	r, ok := msg.(*jsonrpc.Request)
+	if err != nil || !ok {
+		return ""
 	}
-	var wire *jsonrpc.Error
-	if !errors.As(answer.Error, &wire) {
-		return nil
+	switch id := r.ID.Raw().(type) {
+	case int64:
+		return strconv.FormatInt(id, 10)
+	case string:
+		return id
 	}
-	return wire
+	return ""
 }
 
 type readCloser struct {
