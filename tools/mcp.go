@@ -259,20 +259,26 @@ func serverEnv(extra map[string]string, inherit bool) []string {
 //
 //	no session could be opened; the call not written                      → NotSent
 //	its POST answered 429, or 503 with Retry-After                        → NotSent, retry after that
-//	its POST answered 400, 401, 403 or 404 with no JSON-RPC answer to the
-//	call, on a session with an ID that served calls before (the server
-//	restarted, or expired the session)                                    → NotSent, and sent on a new session
+//	its POST answered 400, 401, 403 or 404, on a session with an ID that
+//	served calls before (the server restarted, or expired the session),
+//	with a body read whole (at most 64 KiB) that is no JSON-RPC response,
+//	or one with no id (null, absent, "server-error")                      → NotSent, and sent on a new session
+//	the same with a body too large, cut short, or a JSON-RPC response
+//	with another id than the call's                                       → Ambiguous
 //	its POST answered 409 to a call that carried its key                  → Ambiguous, retry after Retry-After
 //	its POST answered another 4xx (but 408)                               → Definite: the server refused it
 //	its POST answered 408 or 5xx                                          → Ambiguous
 //	a JSON-RPC error in the response to the call (in a 2xx, or as the
-//	body of any other status: protocol 2026-07-28 sends invalid params
-//	as a 400 and method not found as a 404, after the tool ran): parse
-//	error, invalid request, method not found, invalid params
-//	(-32700, -32600…-32602)                                               → Definite
-//	any other JSON-RPC error (internal, server, application, code 0)      → Ambiguous: the tool may have run
-//	a result saying the server is busy (an empty inputRequests)           → NotSent, retry later
-//	a result asking for input (elicitation, roots, sampling)              → Ambiguous: the tool may have acted first
+//	body of any other status, with the call's id or its string spelling:
+//	protocol 2026-07-28 sends invalid params as a 400 and method not
+//	found as a 404, after the tool ran): parse error, invalid request,
+//	method not found, invalid params (-32700, -32600…-32602)              → Definite
+//	any other JSON-RPC error (internal, server, application, code 0:
+//	an older server's busy among them)                                    → Ambiguous: the tool may have run
+//	a result saying the server is busy (protocol 2026-07-28: an
+//	inputRequests present and empty)                                      → NotSent, retry later
+//	a result asking for input (elicitation, roots, sampling; or
+//	input_required with no inputRequests)                                 → Ambiguous: the tool may have acted first
 //	a result with isError: true                                           → Definite (IsError "ambiguous": Ambiguous)
 //	a stream cut (its resume refused too), a timeout or the server gone
 //	once the call was written                                             → Ambiguous
