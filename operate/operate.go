@@ -143,9 +143,9 @@ var ErrRequeueDuplicate = errors.New("operate: requeue dropped as a duplicate")
 // at d.JobSeq. A dead letter names its original by that sequence alone, and
 // a stream made again (or restored) numbers from 1 again: the message there
 // is taken for the original only if it is on the dead letter's subject, was
-// stored before the dead letter, in a stream made before it (both within a
-// minute, for the servers' clocks), and agrees with what the dead letter
-// kept of it (its headers, its body or the body's size). Errors:
+// stored before the dead letter (within a minute, for the servers' clocks),
+// in a stream made before it, and agrees with what the dead letter kept of
+// it (its headers, its body or the body's size). Errors:
 // ErrOriginalGone when that sequence holds no message or another one;
 // JetStream's, wrapped.
 func Original(ctx context.Context, js jetstream.JetStream, d DeadLetter) (*jetstream.RawStreamMsg, error) {
@@ -169,19 +169,22 @@ func Original(ctx context.Context, js jetstream.JetStream, d DeadLetter) (*jetst
 	return m, nil
 }
 
-// clockSlack is how far ahead of its dead letter's time an original's, and
-// its stream's creation, may be: the two streams' leaders stamp them with
-// their own clocks, which can be apart by more than a second (NTP trouble,
-// a VM resumed), and a too large job is dead-lettered within milliseconds
-// of being stored. The subject, the body or its size and the headers carry
-// the original's identity; the times only tell a stream made again since.
+// clockSlack is how far ahead of its dead letter's time an original's may
+// be: the two streams' leaders stamp them with their own clocks, which can
+// be apart by more than a second (NTP trouble, a VM resumed), and a too
+// large job is dead-lettered within milliseconds of being stored. The
+// stream's creation gets none: a stream made after the dead letter cannot
+// hold its original, and one made again within the minute can hold another
+// call of the same subject and size at its sequence, which a dead letter
+// that kept neither body nor headers cannot tell. Refusing keeps the dead
+// letter; taking the other call would lose it.
 const clockSlack = time.Minute
 
 // notOriginal says why m, read from a stream made at created, cannot be the
 // job d was made of, or "".
 func notOriginal(d DeadLetter, m *jetstream.RawStreamMsg, created time.Time) string {
 	switch {
-	case created.After(d.Time.Add(clockSlack)):
+	case created.After(d.Time):
 		return fmt.Sprintf("%s was made at %s, after dead letter %d", jobs.JobsStream, created.UTC().Format(time.RFC3339), d.Seq)
 	case m.Subject != d.Subject:
 		return fmt.Sprintf("it is on %s, the dead letter's was on %s", m.Subject, d.Subject)

@@ -168,6 +168,55 @@ func TestARequeueAfterTheJobsStreamWasMadeAgainDoesNotPublishAnotherCall(t *test
 	}
 }
 
+// TestARequeueAfterTheJobsStreamWasMadeAgainAtOnceDoesNotTakeACallOfTheSameSize:
+// job 1 (toolu_A, too large, published without headers by a non-Go client)
+// is dead-lettered with its body omitted. TOOLQ_JOBS is then made again
+// within the minute the servers' clocks are allowed and another call,
+// toolu_B, of the same size, on the same subject, is job 1 of the new
+// stream: only the stream's creation after the dead letter tells it, and
+// requeue refuses; taking toolu_B would delete toolu_A's dead letter.
+func TestARequeueAfterTheJobsStreamWasMadeAgainAtOnceDoesNotTakeACallOfTheSameSize(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	_, js := withStreams(t)
+	mk := func(id string) string {
+		return `{"version":1,"conversation_id":"c","turn_index":0,"tool":"send_payment","tool_use_id":"` + id + `","args":{"memo":"` + strings.Repeat("x", 4000) + `"}}`
+	}
+	a, b := mk("toolu_A"), mk("toolu_B")
+	first := nats.NewMsg("toolq.jobs.send_payment")
+	first.Data = []byte(a)
+	if ack, err := js.PublishMsg(ctx, first); err != nil || ack.Sequence != 1 {
+		t.Fatalf("job A: %+v %v", ack, err)
+	}
+	dl := publishDeadLetter(t, js, jobs.DLQTooLarge, 1, "", jobs.HeaderDLQBodyOmitted, strconv.Itoa(len(a)))
+	if err := js.DeleteStream(ctx, jobs.JobsStream); err != nil {
+		t.Fatal(err)
+	}
+	if err := jobs.ProvisionStreams(ctx, js, jobs.Streams{}); err != nil {
+		t.Fatal(err)
+	}
+	other := nats.NewMsg("toolq.jobs.send_payment")
+	other.Data = []byte(b)
+	if ack, err := js.PublishMsg(ctx, other); err != nil || ack.Sequence != 1 {
+		t.Fatalf("job B: %+v %v", ack, err)
+	}
+	seq, err := operate.Requeue(ctx, js, dl)
+	if errors.Is(err, operate.ErrOriginalGone) {
+		return // refused: the dead letter stays
+	}
+	s, _ := js.Stream(ctx, jobs.JobsStream)
+	var got string
+	if m, gerr := s.GetMsg(ctx, seq); gerr == nil {
+		got = string(m.Data)
+	}
+	_, dlqErr := func() (*jetstream.RawStreamMsg, error) {
+		d, _ := js.Stream(ctx, jobs.DLQStream)
+		return d.GetMsg(ctx, dl)
+	}()
+	t.Fatalf("requeue of toolu_A's dead letter (body omitted) after TOOLQ_JOBS was made again: seq %d err %v; requeued body is toolu_B's: %v; dead letter still in DLQ: %v",
+		seq, err, strings.Contains(got, "toolu_B"), dlqErr == nil)
+}
+
 // barrierJS holds every PublishMsg until n of them are waiting: two
 // requeues that both read the dead letter before either publishes.
 type barrierJS struct {
