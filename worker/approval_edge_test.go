@@ -645,3 +645,117 @@ func TestEveryToolUseIDOfAnApprovedCallWhoseOutputDoesNotFitBesideItsArgsIsAnswe
 		t.Fatalf("outputs differ or carry the whole output: %.80s / %.80s", a, b)
 	}
 }
+
+// TestEveryToolUseIDOfAnApprovedCallIsAnsweredWhenTheResultsStreamRefusesItsArgs:
+// the results stream's max message size (64 KiB) is lower than the
+// server's, the case sendResult's smallest form is for. An approved call's
+// args (150 KiB, inside the room an approval takes) travel in every result
+// of the call, so a smallest form that only dropped the output was refused
+// too. Every tool_use_id that asked gets a final result, the approval's
+// args left out (args_too_large) and its decision kept.
+func TestEveryToolUseIDOfAnApprovedCallIsAnsweredWhenTheResultsStreamRefusesItsArgs(t *testing.T) {
+	t.Parallel()
+	exec := tools.ExecutorFunc(func(ctx context.Context, r tools.Request) (json.RawMessage, error) {
+		return json.RawMessage(`{"ok":true}`), nil
+	})
+	reg, err := tools.NewRegistry([]tools.Definition{{Name: "pay", Class: tools.KeyedWrite, Executor: exec,
+		Schema:   json.RawMessage(`{"type":"object","properties":{"amount_cents":{"type":"integer"},"to":{"type":"string"}}}`),
+		Approval: &tools.Approval{When: "args.amount_cents > 50000", TTL: time.Hour, Group: "finance"}}}, tools.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, store := startWorker(t, reg, worker.Config{ApprovalSweep: 200 * time.Millisecond, Logger: testLogger(t)})
+	conv := "conv-args-refused"
+	call := jobs.Job{ConversationID: conv, TurnIndex: 1, Tool: "pay", ToolUseID: "toolu_1",
+		Args: json.RawMessage(`{"amount_cents":90000,"to":"` + strings.Repeat("a", 150<<10) + `"}`)}
+	key := publish(t, js, &call)
+	if r := resultsOf(t, js, conv, 1)[0]; r.Status != jobs.StatusAwaitingApproval {
+		t.Fatalf("first answer: %s %+v", r.Status, r.Error)
+	}
+	retried := call
+	retried.ToolUseID = "toolu_2"
+	publish(t, js, &retried)
+	if r := resultsOf(t, js, conv, 2)[1]; r.Status != jobs.StatusAwaitingApproval {
+		t.Fatalf("retried turn: %s", r.Status)
+	}
+	ctx := context.Background()
+	s, err := js.Stream(ctx, jobs.ResultsStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := s.CachedInfo().Config
+	cfg.MaxMsgSize = 64 << 10
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	svc, err := approvals.New(approvals.Config{Ledger: store, JS: js, Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := svc.Decide(ctx, key, ledger.Decision{Approve: true, By: "alice", Reason: "ok"}); err != nil {
+		t.Fatal(err)
+	}
+	var final map[string]*jobs.Result
+	for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); {
+		final = finalByID(collectResults(t, js, conv, 2*time.Second))
+		if final["toolu_1"] != nil && final["toolu_2"] != nil {
+			for id, r := range final {
+				if a := r.Approval; a == nil || a.Decision != "approved" || !strings.Contains(string(a.Args), `"args_too_large":true`) {
+					t.Fatalf("%s's final result: %s, approval %+v; want its decision, the args left out", id, r.Status, a)
+				}
+			}
+			return
+		}
+	}
+	row, _ := store.Get(ctx, key)
+	t.Fatalf("final results %v; row %s waiters %v; dead letters %v", keysOf(final), row.State, row.Waiters, deadLetteredIDs(t, js))
+}
+
+// TestAnApprovedCallWhoseSmallestResultIsRefusedEndsInTheDLQ: a results
+// stream whose max message size (256 bytes) refuses even a result without
+// its output and approval args leaves the approved call's job unanswered,
+// but not silently: each refusal is a counted retry, and the job ends in
+// the DLQ at the delivery limit.
+func TestAnApprovedCallWhoseSmallestResultIsRefusedEndsInTheDLQ(t *testing.T) {
+	t.Parallel()
+	exec := tools.ExecutorFunc(func(ctx context.Context, r tools.Request) (json.RawMessage, error) {
+		return json.RawMessage(`{"ok":true}`), nil
+	})
+	reg, err := tools.NewRegistry([]tools.Definition{{Name: "pay", Class: tools.KeyedWrite, Executor: exec,
+		Schema:   json.RawMessage(`{"type":"object","properties":{"amount_cents":{"type":"integer"}}}`),
+		Approval: &tools.Approval{When: "args.amount_cents > 50000", TTL: time.Hour, Group: "finance"}}}, tools.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, store := startWorker(t, reg, worker.Config{ApprovalSweep: 200 * time.Millisecond, Logger: testLogger(t),
+		RetryDelay: 10 * time.Millisecond, Consumer: worker.Consumer{MaxDeliver: 3}})
+	conv := "conv-smallest-refused"
+	key := publish(t, js, &jobs.Job{ConversationID: conv, TurnIndex: 1, Tool: "pay", ToolUseID: "toolu_1", Args: json.RawMessage(`{"amount_cents":90000}`)})
+	if r := resultsOf(t, js, conv, 1)[0]; r.Status != jobs.StatusAwaitingApproval {
+		t.Fatalf("first answer: %s %+v", r.Status, r.Error)
+	}
+	ctx := context.Background()
+	s, err := js.Stream(ctx, jobs.ResultsStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := s.CachedInfo().Config
+	cfg.MaxMsgSize = 256
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	svc, err := approvals.New(approvals.Config{Ledger: store, JS: js, Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := svc.Decide(ctx, key, ledger.Decision{Approve: true, By: "alice", Reason: "ok"}); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		if deadLetteredIDs(t, js)["toolu_1"] > 0 {
+			return
+		}
+	}
+	row, _ := store.Get(ctx, key)
+	t.Fatalf("no dead letter of the approved call whose every result the results stream refuses; row %s, final results %v", row.State, keysOf(finalByID(collectResults(t, js, conv, time.Second))))
+}

@@ -63,8 +63,10 @@ func (d *delivery) publish(r *jobs.Result, label Outcome) verdict {
 // or to a waiter's, goes through it. r is encoded to fit the broker
 // (encodeResult); a result refused for its size all the same (the results
 // stream's max message size is lower than the server's) is published in
-// its smallest form, without its output: the call took effect, and every
-// tool_use_id that asked must still be answered.
+// its smallest form (smallestResult): the call took effect, and every
+// tool_use_id that asked must still be answered. When even that is refused
+// the error comes back, a counted retry for the delivery, which ends in the
+// DLQ at the delivery limit rather than unanswered.
 func (d *delivery) sendResult(ctx context.Context, msg *nats.Msg, r *jobs.Result) error {
 	var err error
 	if msg.Data, err = encodeResult(r, d.w.payloadLimit(msg), d.w.outputLimit()); err != nil {
@@ -81,12 +83,27 @@ func (d *delivery) sendResult(ctx context.Context, msg *nats.Msg, r *jobs.Result
 	}
 	err = d.durably(ctx, "publish result", send)
 	if tooLarge(err) {
-		d.w.log.WarnContext(d.ctx, "result too large for the results stream; publishing it without its output",
+		d.w.log.WarnContext(d.ctx, "result too large for the results stream; publishing it without its output and approval args",
 			d.attrs("answer_to", r.ToolUseID, "bytes", len(msg.Data), "error", err)...)
-		msg.Data, _ = encodeResult(r, 0, 0)
+		msg.Data, _ = encodeResult(smallestResult(r), 0, 0)
 		err = d.durably(ctx, "publish result", send)
 	}
 	return err
+}
+
+// smallestResult is r without what can make it large: its output, which
+// encodeResult with no room replaces, and its approval's args (a call's
+// args take up to the room an approval takes), replaced the same way by
+// {"args_too_large":true,"bytes":N}. The rest of the approval stays, its
+// args_digest naming the args; the ledger keeps them whole.
+func smallestResult(r *jobs.Result) *jobs.Result {
+	if r.Approval == nil {
+		return r
+	}
+	small, a := *r, *r.Approval
+	a.Args = json.RawMessage(fmt.Sprintf(`{"args_too_large":true,"bytes":%d}`, len(r.Approval.Args)))
+	small.Approval = &a
+	return &small
 }
 
 // answerID names one answer to one publication of a job, for its result's
