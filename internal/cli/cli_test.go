@@ -75,14 +75,18 @@ func TestADurationInDaysDoesNotWrapAround(t *testing.T) {
 func TestPrintable(t *testing.T) {
 	t.Parallel()
 	for in, want := range map[string]string{
-		"toolu_1":                "toolu_1",
-		"👍 ünïcode 👨\u200d👩":     "👍 ünïcode 👨\u200d👩", // a joiner is not a control
-		"\x1b]0;t\a\x1b[2Jx":     `\x1b]0;t\a\x1b[2Jx`,
-		"a\tb\nc\r\x7f":          `a\tb\nc\r\x7f`,
-		"\u009b2J \u202egnp.exe": `\u009b2J \u202egnp.exe`,
-		"\x9b2J a\xffb":          `\x9b2J a\xffb`,
-		"a\xffb\t":               `a\xffb\t`,
-		"toolu_\u2028x\u2029":    `toolu_\u2028x\u2029`,
+		"toolu_1":                  "toolu_1",
+		"👍 ünïcode 👨\u200d👩":       "👍 ünïcode 👨\u200d👩", // a joiner between emoji stays
+		"🏳\ufe0f\u200d🌈 👋🏽\u200d👍": "🏳\ufe0f\u200d🌈 👋🏽\u200d👍",
+		"toolu_\u200d1 \u200d👍":    `toolu_\u200d1 \u200d👍`,
+		"toolu_\u200b1\ufeff":      `toolu_\u200b1\ufeff`,
+		`toolu_\x1b`:               `toolu_\x1b`, // a backslash prints as itself
+		"\x1b]0;t\a\x1b[2Jx":       `\x1b]0;t\a\x1b[2Jx`,
+		"a\tb\nc\r\x7f":            `a\tb\nc\r\x7f`,
+		"\u009b2J \u202egnp.exe":   `\u009b2J \u202egnp.exe`,
+		"\x9b2J a\xffb":            `\x9b2J a\xffb`,
+		"a\xffb\t":                 `a\xffb\t`,
+		"toolu_\u2028x\u2029":      `toolu_\u2028x\u2029`,
 	} {
 		if got := cli.Printable(in); got != want {
 			t.Errorf("Printable(%q) = %q, want %q", in, got, want)
@@ -124,6 +128,41 @@ func TestPrintableEscapesLineAndParagraphSeparators(t *testing.T) {
 			t.Errorf("Printable(%q) = %q, unescaped", in, got)
 		}
 	}
+}
+
+// TestPrintableTellsApartTextsThatDifferByAnInvisibleCharacter: two
+// tool_use_ids or keys that differ by a character a terminal shows as
+// nothing (a format character) print differently (replay, ledger show).
+// A backslash prints as itself, so text holding the four characters \x1b
+// prints as an escaped ESC does: not checked here.
+func TestPrintableTellsApartTextsThatDifferByAnInvisibleCharacter(t *testing.T) {
+	t.Parallel()
+	for _, pair := range [][2]string{
+		{"toolu_1", "toolu_\u200b1"}, // a zero-width space
+		{"toolu_1", "toolu_1\u2060"}, // a word joiner
+		{"toolu_1", "\ufefftoolu_1"}, // a BOM
+		{"toolu_1", "toolu_\u00ad1"}, // a soft hyphen
+		{"toolu_1", "toolu_\u200c1"}, // a zero-width non-joiner
+		{"toolu_1", "toolu_\u200d1"}, // a zero-width joiner, not between emoji
+	} {
+		a, b := cli.Printable(pair[0]), cli.Printable(pair[1])
+		if a == b || visible(a) == visible(b) {
+			t.Errorf("Printable(%q) = %q and Printable(%q) = %q look the same on a terminal", pair[0], a, pair[1], b)
+		}
+	}
+}
+
+// visible drops what a terminal shows as nothing.
+func visible(s string) string {
+	var out []rune
+	for _, r := range s {
+		switch r {
+		case '\u200b', '\u2060', '\ufeff', '\u00ad', '\u200c', '\u200d':
+			continue
+		}
+		out = append(out, r)
+	}
+	return string(out)
 }
 
 func TestCommands(t *testing.T) {
