@@ -437,8 +437,10 @@ func (m *MCP) classifyError(err error, p *mcpProgress, stale bool, ctx context.C
 		if unanswered {
 			return NotSentError(codeSessionGone, "the MCP server refused the session (HTTP "+strconv.Itoa(status)+"): "+oneLine(err.Error()), 0, err)
 		}
-		// A body cut short, too large to read, or a response with another
-		// id: the server may have known the session, and run the tool.
+		// Any other body (cut short, too large to read, a response with
+		// another id, JSON-RPC in another form than one plain response)
+		// may be the call's answer: the server may have known the session,
+		// and run the tool.
 		return AmbiguousError(code, "the MCP server refused the call, in a body that may be its answer after the tool ran: "+oneLine(err.Error()), 0, err)
 	case refused && status == http.StatusConflict && p.keyed:
 		// An idempotency layer in front of the server holds the key: the

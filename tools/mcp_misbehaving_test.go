@@ -380,10 +380,19 @@ func sessionNotFound(w http.ResponseWriter) {
 	io.WriteString(w, `{"jsonrpc":"2.0","id":"server-error","error":{"code":-32600,"message":"Session not found"}}`)
 }
 
+// typeScriptSessionNotFound answers a request for a session the server does
+// not know as a TypeScript SDK server does (StreamableHTTPServerTransport's
+// validateSession): 404, a JSON-RPC error with id null.
+func typeScriptSessionNotFound(w http.ResponseWriter) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusNotFound)
+	io.WriteString(w, `{"jsonrpc":"2.0","error":{"code":-32001,"message":"Session not found"},"id":null}`)
+}
+
 // forgetfulServer is a Python-SDK-like server of one tool, create_ticket,
 // answered by handle: restart makes it forget every session it handed out,
-// which it then answers with sessionNotFound. It returns the server's URL.
-func forgetfulServer(t *testing.T, handle mcp.ToolHandler) (url string, restart func()) {
+// which it then answers with notFound. It returns the server's URL.
+func forgetfulServer(t *testing.T, notFound func(http.ResponseWriter), handle mcp.ToolHandler) (url string, restart func()) {
 	t.Helper()
 	var known sync.Map
 	var current atomic.Pointer[http.Handler]
@@ -398,7 +407,7 @@ func forgetfulServer(t *testing.T, handle mcp.ToolHandler) (url string, restart 
 	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if sid := r.Header.Get("Mcp-Session-Id"); sid != "" {
 			if _, ok := known.Load(sid); !ok {
-				sessionNotFound(w)
+				notFound(w)
 				return
 			}
 		}
@@ -423,7 +432,33 @@ func forgetfulServer(t *testing.T, handle mcp.ToolHandler) (url string, restart 
 func TestMCPSessionAPythonSDKServerForgotIsReplacedNotDefinite(t *testing.T) {
 	t.Parallel()
 	var effects atomic.Int32
-	url, restart := forgetfulServer(t, func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+	url, restart := forgetfulServer(t, sessionNotFound, func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		effects.Add(1)
+		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "ticket"}}}, nil
+	})
+	tool := mcpTool(t, tools.UnkeyedWrite, tools.MCP{URL: url, Tool: "create_ticket"}, 5*time.Second)
+	if _, outcome, te := callKeyed(t, tool, "key_1", `{}`); outcome != tools.Success {
+		t.Fatalf("first call: %v %+v", outcome, te)
+	}
+	restart() // same effects kept; its sessions are gone
+	var failed []string
+	for i := 2; i <= 4; i++ {
+		if _, outcome, te := callKeyed(t, tool, "key_"+strconv.Itoa(i), `{}`); outcome != tools.Success {
+			failed = append(failed, outcome.String()+" "+te.Code)
+		}
+	}
+	if len(failed) > 0 {
+		t.Fatalf("after the server restarted, calls gave %v (effects: %d): want each sent once on a new session", failed, effects.Load())
+	}
+}
+
+// A TypeScript SDK server answers a session it does not know with a
+// JSON-RPC error whose id is null: a forgotten session, and the call is
+// sent once on a new one.
+func TestMCPSessionATypeScriptSDKServerForgotIsReplaced(t *testing.T) {
+	t.Parallel()
+	var effects atomic.Int32
+	url, restart := forgetfulServer(t, typeScriptSessionNotFound, func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
 		effects.Add(1)
 		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "ticket"}}}, nil
 	})
@@ -450,7 +485,7 @@ func TestMCPSessionAPythonSDKServerForgotIsReplacedNotDefinite(t *testing.T) {
 // not sent, as did the next ones, for as many sessions as the pool held.
 func TestMCPAfterARestartACallIsSentOnANewSessionNotAnotherStaleOne(t *testing.T) {
 	t.Parallel()
-	url, restart := forgetfulServer(t, func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+	url, restart := forgetfulServer(t, sessionNotFound, func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
 		time.Sleep(300 * time.Millisecond) // the calls overlap: one session each
 		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "ticket"}}}, nil
 	})
@@ -924,6 +959,65 @@ func TestMCPAnswerInA400CutShortIsNotSentAgain(t *testing.T) {
 	}
 	if outcome != tools.Ambiguous {
 		t.Fatalf("a call whose 400 answer was cut short: %v %+v, want ambiguous", outcome, te)
+	}
+}
+
+// A 400 whose body carries the call's answer, or may, in a form other than
+// one JSON-RPC response (a batch, SSE framing, a byte order mark, two
+// messages, a member named twice, JSON that is not quite JSON-RPC) is not
+// what a server says of a session it does not know: the call, which acted,
+// is not sent again. Each was taken for a forgotten session.
+func TestMCPAnswerInAnUnusual4xxBodyIsNotSentAgain(t *testing.T) {
+	errOf := func(id json.RawMessage) string {
+		return `{"jsonrpc":"2.0","id":` + string(id) + `,"error":{"code":-32602,"message":"late validation"}}`
+	}
+	cases := []struct {
+		name  string
+		ctype string
+		body  func(id json.RawMessage) string
+	}{
+		{"batch array", "application/json", func(id json.RawMessage) string { return "[" + errOf(id) + "]" }},
+		{"utf8 BOM", "application/json", func(id json.RawMessage) string { return "\xef\xbb\xbf" + errOf(id) }},
+		{"SSE framed", "text/event-stream", func(id json.RawMessage) string { return "event: message\ndata: " + errOf(id) + "\n\n" }},
+		{"no jsonrpc member", "application/json", func(id json.RawMessage) string {
+			return `{"id":` + string(id) + `,"error":{"code":-32602,"message":"late validation"}}`
+		}},
+		{"jsonrpc 2.0 as number", "application/json", func(id json.RawMessage) string {
+			return `{"jsonrpc":2.0,"id":` + string(id) + `,"error":{"code":-32602,"message":"late validation"}}`
+		}},
+		{"id leading zero", "application/json", func(id json.RawMessage) string {
+			return `{"jsonrpc":"2.0","id":0` + string(id) + `,"error":{"code":-32602,"message":"late validation"}}`
+		}},
+		{"duplicate id keys, last null", "application/json", func(id json.RawMessage) string {
+			return `{"jsonrpc":"2.0","id":` + string(id) + `,"error":{"code":-32602,"message":"late validation"},"id":null}`
+		}},
+		{"result in a 400", "application/json", func(id json.RawMessage) string {
+			return `{"jsonrpc":"2.0","id":` + string(id) + `,"result":{"content":[{"type":"text","text":"ticket"}]}}`
+		}},
+		{"id as float", "application/json", func(id json.RawMessage) string {
+			return `{"jsonrpc":"2.0","id":` + string(id) + `.0,"error":{"code":-32602,"message":"late validation"}}`
+		}},
+		{"notification with the call's outcome", "application/json", func(id json.RawMessage) string {
+			return `{"jsonrpc":"2.0","method":"notifications/message","params":{"level":"error","data":"ticket created, then failed"}}`
+		}},
+		{"trailing garbage", "application/json", func(id json.RawMessage) string { return errOf(id) + "\n\x00" }},
+		{"two messages", "application/json", func(id json.RawMessage) string { return errOf(id) + "\n" + errOf(id) }},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			var effects, calls atomic.Int32
+			url := answeringSecondCallIn4xx(t, &effects, &calls, func(w http.ResponseWriter, id json.RawMessage) {
+				w.Header().Set("Content-Type", c.ctype)
+				w.WriteHeader(http.StatusBadRequest)
+				io.WriteString(w, c.body(id))
+			})
+			outcome, te := secondCall(t, url)
+			if calls.Load() != 2 || outcome == tools.NotSent {
+				t.Fatalf("acted, answered in a 400 (%s): %d tools/call POSTs (want 2), %d effects; %v %+v", c.name, calls.Load(), effects.Load(), outcome, te)
+			}
+			t.Logf("%s: %v %+v", c.name, outcome, te)
+		})
 	}
 }
 

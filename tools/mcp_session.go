@@ -8,8 +8,10 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"mime"
 	"net/http"
 	"net/http/httptrace"
+	"regexp"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -308,53 +310,125 @@ func (t mcpTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 const maxErrorBody = 64 << 10
 
 // readRefusal reads a refused POST's body for what it says of the call:
-// wire is the JSON-RPC error it carries as the call's answer (a response
-// with the call's id, as a number or as its string spelling); unanswered,
-// that it says nothing of the call: it is no JSON-RPC response (plain
-// text, a gateway's page), or one with no id (null, absent, or the Python
-// SDK's "server-error"), as a server refuses a session it does not know.
-// A body cut short or over maxErrorBody, or a response with another id,
-// is neither: it may be the call's answer, unread. The body is left whole
-// for the SDK.
+// wire is the JSON-RPC error it carries as the call's answer (one JSON-RPC
+// response with the call's id, as a number or as its string spelling);
+// unanswered, that it says nothing of the call, as a server's refusal of a
+// session it does not know does. That is told positively and narrowly (see
+// saysNothing): anything else, a body that is not read whole (cut short,
+// over maxErrorBody) included, may be the call's answer in a form not read
+// here, and is neither. The body is left whole for the SDK.
 func readRefusal(req *http.Request, resp *http.Response) (wire *jsonrpc.Error, unanswered bool) {
 	head, err := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody+1))
 	resp.Body = readCloser{io.MultiReader(bytes.NewReader(head), resp.Body), resp.Body}
 	if err != nil || len(head) > maxErrorBody {
 		return nil, false
 	}
-	var msg struct {
-		Version string          `json:"jsonrpc"`
-		Method  json.RawMessage `json:"method"`
-		ID      json.RawMessage `json:"id"`
-		Error   json.RawMessage `json:"error"`
-	}
-	if json.Unmarshal(head, &msg) != nil || msg.Version != "2.0" || msg.Method != nil {
+	call := callID(req)
+	if saysNothing(resp.Header.Get("Content-Type"), head, call) {
 		return nil, true
 	}
+	msg, ok := oneObject(head)
+	if !ok || string(msg["jsonrpc"]) != `"2.0"` || call == "" {
+		return nil, false
+	}
 	var id any
-	dec := json.NewDecoder(bytes.NewReader(msg.ID))
+	dec := json.NewDecoder(bytes.NewReader(msg["id"]))
 	dec.UseNumber()
-	if len(msg.ID) > 0 && dec.Decode(&id) != nil {
+	if dec.Decode(&id) != nil {
 		return nil, false
 	}
 	var spelled string
 	switch id := id.(type) {
-	case nil:
-		return nil, true
 	case string:
 		spelled = id
 	case json.Number:
 		spelled = id.String()
-	default:
+	}
+	if spelled != call {
 		return nil, false
 	}
-	if call := callID(req); call == "" || call != spelled {
-		return nil, spelled == "server-error"
-	}
-	if err := json.Unmarshal(msg.Error, &wire); err != nil || wire == nil {
+	if err := json.Unmarshal(msg["error"], &wire); err != nil || wire == nil {
 		return nil, false
 	}
 	return wire, false
+}
+
+// saysNothing reports whether a refused POST's body, read whole, says
+// nothing of the call whose id is call: it is no JSON (plain text, a
+// gateway's page) that names the call's id, or it is exactly one JSON-RPC
+// error with no id (null, absent, or the Python SDK's "server-error"), as
+// the SDKs refuse a session they do not know. A JSON or event-stream body
+// in any other form (a batch, SSE framing, a BOM, two messages) may carry
+// the call's answer.
+func saysNothing(contentType string, body []byte, call string) bool {
+	if !mayBeJSON(contentType, body) {
+		return call != "" && !mentionsID(body, call)
+	}
+	msg, ok := oneObject(body)
+	if !ok || string(msg["jsonrpc"]) != `"2.0"` || len(msg["error"]) == 0 || msg["error"][0] != '{' {
+		return false
+	}
+	for name := range msg {
+		if name != "jsonrpc" && name != "id" && name != "error" {
+			return false
+		}
+	}
+	id, ok := msg["id"]
+	return !ok || string(id) == "null" || string(id) == `"server-error"`
+}
+
+// mayBeJSON reports whether a body of the content type may be JSON-RPC:
+// JSON, an event stream, or, with no type, what begins as JSON would
+// (after spaces and a byte order mark). A type that cannot be read may be.
+func mayBeJSON(contentType string, body []byte) bool {
+	if contentType == "" {
+		body = bytes.TrimLeft(body, " \t\r\n")
+		body = bytes.TrimLeft(bytes.TrimPrefix(body, []byte("\ufeff")), " \t\r\n")
+		return len(body) > 0 && (body[0] == '{' || body[0] == '[')
+	}
+	media, _, err := mime.ParseMediaType(contentType)
+	return err != nil || media == "application/json" || media == "text/event-stream"
+}
+
+// mentionsID reports whether body names the id call as a JSON member
+// would ("id": 7, or "id":"7"), in any case and spacing; a longer id that
+// begins so counts too, which errs toward the call's answer.
+func mentionsID(body []byte, call string) bool {
+	re := regexp.MustCompile(`(?i)"id"\s*:\s*"?0*` + regexp.QuoteMeta(call))
+	return re.Match(body)
+}
+
+// oneObject decodes body as exactly one JSON object, its members raw; ok
+// is false for anything else: not an object, a member named twice, or
+// data after it.
+func oneObject(body []byte) (members map[string]json.RawMessage, ok bool) {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+		return nil, false
+	}
+	members = map[string]json.RawMessage{}
+	for dec.More() {
+		t, err := dec.Token()
+		name, isName := t.(string)
+		if err != nil || !isName {
+			return nil, false
+		}
+		if _, twice := members[name]; twice {
+			return nil, false
+		}
+		var v json.RawMessage
+		if dec.Decode(&v) != nil {
+			return nil, false
+		}
+		members[name] = v
+	}
+	if _, err := dec.Token(); err != nil {
+		return nil, false
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, false
+	}
+	return members, true
 }
 
 // callID is the id of the request req sent, spelled as a string ("" if
