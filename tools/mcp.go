@@ -259,12 +259,14 @@ func serverEnv(extra map[string]string, inherit bool) []string {
 //
 //	no session could be opened; the call not written                      → NotSent
 //	its POST answered 429, or 503 with Retry-After                        → NotSent, retry after that
-//	its POST answered 400, 401, 403 or 404, on a session with an ID that
-//	served calls before (the server restarted, or expired the session),
-//	with a body read whole (at most 64 KiB) that is no JSON-RPC response,
-//	or one with no id (null, absent, "server-error")                      → NotSent, and sent on a new session
-//	the same with a body too large, cut short, or a JSON-RPC response
-//	with another id than the call's                                       → Ambiguous
+//	its POST answered 404, on a session with an ID that served calls
+//	before (the server restarted, or expired the session), with an SDK's
+//	refusal of an unknown session as its body, read whole (at most 64
+//	KiB): "session not found" or "session is closing" in plain text, or
+//	one JSON-RPC error with id null or "server-error"                     → NotSent, and sent on a new session
+//	its POST answered 400, 401, 403 or 404 on such a session with any
+//	other body (a proxy's page, too large, cut short, a JSON-RPC
+//	response with another id than the call's)                             → Ambiguous
 //	its POST answered 409 to a call that carried its key                  → Ambiguous, retry after Retry-After
 //	its POST answered another 4xx (but 408)                               → Definite: the server refused it
 //	its POST answered 408 or 5xx                                          → Ambiguous
@@ -437,10 +439,11 @@ func (m *MCP) classifyError(err error, p *mcpProgress, stale bool, ctx context.C
 		if unanswered {
 			return NotSentError(codeSessionGone, "the MCP server refused the session (HTTP "+strconv.Itoa(status)+"): "+oneLine(err.Error()), 0, err)
 		}
-		// Any other body (cut short, too large to read, a response with
+		// Any other refusal (a proxy's or gateway's page, in any of these
+		// statuses, a body cut short or too large to read, a response with
 		// another id, JSON-RPC in another form than one plain response)
-		// may be the call's answer: the server may have known the session,
-		// and run the tool.
+		// may stand for the call's answer: the server may have known the
+		// session, and run the tool.
 		return AmbiguousError(code, "the MCP server refused the call, in a body that may be its answer after the tool ran: "+oneLine(err.Error()), 0, err)
 	case refused && status == http.StatusConflict && p.keyed:
 		// An idempotency layer in front of the server holds the key: the

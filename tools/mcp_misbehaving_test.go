@@ -1021,6 +1021,50 @@ func TestMCPAnswerInAnUnusual4xxBodyIsNotSentAgain(t *testing.T) {
 	}
 }
 
+// A proxy in front of a stateful server replaces the server's answer, after
+// the tool acted, with a page of its own: a WAF blocking the response
+// (ModSecurity/CRS outbound rules: 403 text/html), nginx with
+// proxy_intercept_errors replacing a 2026-07-28 server's 400 answer by its
+// error page, or a gateway quoting the upstream answer as a Go string. The
+// call acted; it must not be sent again. Only an SDK's own refusal of a
+// session it does not know, a 404, reads as a forgotten session.
+func TestMCPProxyPageAfterTheEffectIsNotSentAgain(t *testing.T) {
+	cases := []struct {
+		name   string
+		status int
+		ctype  string
+		body   func(id json.RawMessage) string
+	}{
+		{"modsecurity outbound 403 html", http.StatusForbidden, "text/html; charset=iso-8859-1", func(json.RawMessage) string {
+			return "<!DOCTYPE HTML PUBLIC \"-//IETF//DTD HTML 2.0//EN\">\n<html><head>\n<title>403 Forbidden</title>\n</head><body>\n<h1>Forbidden</h1>\n<p>You don't have permission to access this resource.</p>\n</body></html>\n"
+		}},
+		{"nginx proxy_intercept_errors 400 html", http.StatusBadRequest, "text/html", func(json.RawMessage) string {
+			return "<html>\r\n<head><title>400 Bad Request</title></head>\r\n<body>\r\n<center><h1>400 Bad Request</h1></center>\r\n<hr><center>nginx</center>\r\n</body>\r\n</html>\r\n"
+		}},
+		{"nginx 404 html", http.StatusNotFound, "text/html", func(json.RawMessage) string {
+			return "<html>\r\n<head><title>404 Not Found</title></head>\r\n<body>\r\n<center><h1>404 Not Found</h1></center>\r\n<hr><center>nginx</center>\r\n</body>\r\n</html>\r\n"
+		}},
+		{"gateway quoting the upstream answer", http.StatusBadRequest, "text/plain; charset=utf-8", func(id json.RawMessage) string {
+			return "upstream rejected: " + strconv.Quote(`{"jsonrpc":"2.0","id":`+string(id)+`,"error":{"code":-32602,"message":"late validation"}}`) + "\n"
+		}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			var effects, calls atomic.Int32
+			url := answeringSecondCallIn4xx(t, &effects, &calls, func(w http.ResponseWriter, id json.RawMessage) {
+				w.Header().Set("Content-Type", c.ctype)
+				w.WriteHeader(c.status)
+				io.WriteString(w, c.body(id))
+			})
+			outcome, te := secondCall(t, url)
+			if calls.Load() != 2 || outcome == tools.NotSent || outcome == tools.Success {
+				t.Fatalf("acted, then a proxy answered %d (%s): %d tools/call POSTs (want 2), %d effects; %v %+v", c.status, c.name, calls.Load(), effects.Load(), outcome, te)
+			}
+		})
+	}
+}
+
 // A stateless server has no session to forget: a plain-text 400 on a reused
 // session, after the tool acted, is its answer (definite), and the call is
 // not sent again. Only a session with an ID can go stale.

@@ -11,7 +11,6 @@ import (
 	"mime"
 	"net/http"
 	"net/http/httptrace"
-	"regexp"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -201,9 +200,8 @@ type mcpProgress struct {
 	// the call: a server on protocol 2026-07-28 sends invalid params as a
 	// 400 and method not found as a 404, after its tool ran.
 	wire *jsonrpc.Error
-	// unanswered: the refused POST's body, read whole, says nothing of the
-	// call (see readRefusal), as a server's refusal of a session it does
-	// not know does.
+	// unanswered: the refused POST is a server's refusal of a session it
+	// does not know (see unknownSession), which says nothing of the call.
 	unanswered bool
 }
 
@@ -312,21 +310,20 @@ const maxErrorBody = 64 << 10
 // readRefusal reads a refused POST's body for what it says of the call:
 // wire is the JSON-RPC error it carries as the call's answer (one JSON-RPC
 // response with the call's id, as a number or as its string spelling);
-// unanswered, that it says nothing of the call, as a server's refusal of a
-// session it does not know does. That is told positively and narrowly (see
-// saysNothing): anything else, a body that is not read whole (cut short,
-// over maxErrorBody) included, may be the call's answer in a form not read
-// here, and is neither. The body is left whole for the SDK.
+// unanswered, that it is a server's refusal of a session it does not know
+// (see unknownSession). Anything else, a body that is not read whole (cut
+// short, over maxErrorBody) included, may be the call's answer in a form
+// not read here, and is neither. The body is left whole for the SDK.
 func readRefusal(req *http.Request, resp *http.Response) (wire *jsonrpc.Error, unanswered bool) {
 	head, err := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody+1))
 	resp.Body = readCloser{io.MultiReader(bytes.NewReader(head), resp.Body), resp.Body}
 	if err != nil || len(head) > maxErrorBody {
 		return nil, false
 	}
-	call := callID(req)
-	if saysNothing(resp.Header.Get("Content-Type"), head, call) {
+	if unknownSession(resp.StatusCode, resp.Header.Get("Content-Type"), head) {
 		return nil, true
 	}
+	call := callID(req)
 	msg, ok := oneObject(head)
 	if !ok || string(msg["jsonrpc"]) != `"2.0"` || call == "" {
 		return nil, false
@@ -353,16 +350,21 @@ func readRefusal(req *http.Request, resp *http.Response) (wire *jsonrpc.Error, u
 	return wire, false
 }
 
-// saysNothing reports whether a refused POST's body, read whole, says
-// nothing of the call whose id is call: it is no JSON (plain text, a
-// gateway's page) that names the call's id, or it is exactly one JSON-RPC
-// error with no id (null, absent, or the Python SDK's "server-error"), as
-// the SDKs refuse a session they do not know. A JSON or event-stream body
-// in any other form (a batch, SSE framing, a BOM, two messages) may carry
-// the call's answer.
-func saysNothing(contentType string, body []byte, call string) bool {
-	if !mayBeJSON(contentType, body) {
-		return call != "" && !mentionsID(body, call)
+// unknownSession reports whether a refused POST, its body read whole, is
+// an SDK's refusal of a session it does not know, sent before any tool
+// runs: a 404 (the status the MCP transport gives an unknown session) with
+// the Go SDK's plain text ("session not found", or "session is closing"),
+// or exactly one JSON-RPC error and nothing else whose id is null (the
+// TypeScript SDK) or "server-error" (the Python SDK). Nothing else is told
+// from the call's answer: a proxy's or gateway's page, in any status, may
+// have replaced the server's answer after the tool acted.
+func unknownSession(status int, contentType string, body []byte) bool {
+	if status != http.StatusNotFound {
+		return false
+	}
+	if media, _, _ := mime.ParseMediaType(contentType); media == "text/plain" {
+		text := string(bytes.TrimSuffix(body, []byte("\n")))
+		return text == "session not found" || text == "session is closing"
 	}
 	msg, ok := oneObject(body)
 	if !ok || string(msg["jsonrpc"]) != `"2.0"` || len(msg["error"]) == 0 || msg["error"][0] != '{' {
@@ -373,29 +375,8 @@ func saysNothing(contentType string, body []byte, call string) bool {
 			return false
 		}
 	}
-	id, ok := msg["id"]
-	return !ok || string(id) == "null" || string(id) == `"server-error"`
-}
-
-// mayBeJSON reports whether a body of the content type may be JSON-RPC:
-// JSON, an event stream, or, with no type, what begins as JSON would
-// (after spaces and a byte order mark). A type that cannot be read may be.
-func mayBeJSON(contentType string, body []byte) bool {
-	if contentType == "" {
-		body = bytes.TrimLeft(body, " \t\r\n")
-		body = bytes.TrimLeft(bytes.TrimPrefix(body, []byte("\ufeff")), " \t\r\n")
-		return len(body) > 0 && (body[0] == '{' || body[0] == '[')
-	}
-	media, _, err := mime.ParseMediaType(contentType)
-	return err != nil || media == "application/json" || media == "text/event-stream"
-}
-
-// mentionsID reports whether body names the id call as a JSON member
-// would ("id": 7, or "id":"7"), in any case and spacing; a longer id that
-// begins so counts too, which errs toward the call's answer.
-func mentionsID(body []byte, call string) bool {
-	re := regexp.MustCompile(`(?i)"id"\s*:\s*"?0*` + regexp.QuoteMeta(call))
-	return re.Match(body)
+	id := string(msg["id"])
+	return id == "null" || id == `"server-error"`
 }
 
 // oneObject decodes body as exactly one JSON object, its members raw; ok
