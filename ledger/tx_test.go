@@ -418,10 +418,14 @@ func TestCompleteTxConflictIsNotAnOutage(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer holder.Rollback(ctx)
-	if _, err := holder.Exec(ctx, `SELECT * FROM parent WHERE id = 1 FOR UPDATE`); err != nil {
+	// The holder checks for a deadlock long after the commit does, so that
+	// the commit's check, not the holder's, finds the cycle however late a
+	// loaded machine runs either.
+	if _, err := holder.Exec(ctx, `SET LOCAL deadlock_timeout = '60s'; SELECT * FROM parent WHERE id = 1 FOR UPDATE`); err != nil {
 		t.Fatal(err)
 	}
 	holderDone := make(chan error, 1)
+	holding := false // the holder's statement was started: wait for it before the deferred rollback
 	_, err = s.CompleteTx(ctx, row.Fence(), func(txCtx context.Context, tx pgx.Tx) (json.RawMessage, error) {
 		if _, err := tx.Exec(txCtx, `UPDATE other SET id = 1 WHERE id = 1; INSERT INTO child VALUES (1)`); err != nil {
 			return nil, err
@@ -446,13 +450,18 @@ func TestCompleteTxConflictIsNotAnOutage(t *testing.T) {
 			_, err := holder.Exec(ctx, `UPDATE other SET id = 1 WHERE id = 1`)
 			holderDone <- err
 		}()
+		holding = true
 		return json.RawMessage(`{}`), nil
 	})
-	if err == nil || errors.Is(err, ledger.ErrUnavailable) || !strings.Contains(err.Error(), "conflicted with another") {
-		t.Fatalf("err = %v, want the conflict", err)
+	var holderErr error
+	if holding {
+		holderErr = <-holderDone
 	}
-	if err := <-holderDone; err != nil {
-		t.Fatalf("the other transaction: %v", err)
+	if err == nil || errors.Is(err, ledger.ErrUnavailable) || !strings.Contains(err.Error(), "conflicted with another") {
+		t.Fatalf("err = %v, want the conflict (the other transaction: %v)", err, holderErr)
+	}
+	if holderErr != nil {
+		t.Fatalf("the other transaction: %v", holderErr)
 	}
 	if got := mustGet(t, s, claim.Key); got.State != ledger.InFlight || got.Fence() != row.Fence() || effects(t, pool, claim.Key) != 0 {
 		t.Fatalf("row %+v, %d effects", got, effects(t, pool, claim.Key))
