@@ -389,6 +389,16 @@ func typeScriptSessionNotFound(w http.ResponseWriter) {
 	io.WriteString(w, `{"jsonrpc":"2.0","error":{"code":-32001,"message":"Session not found"},"id":null}`)
 }
 
+// typeScriptExampleNoSession answers a request for a session the server
+// does not know as the TypeScript SDK's example servers and the reference
+// server ("everything") do: 400, a JSON-RPC error with no id (they echo
+// the id of a body they do not parse).
+func typeScriptExampleNoSession(w http.ResponseWriter) {
+	w.Header().Set("Content-Type", "application/json; charset=utf-8")
+	w.WriteHeader(http.StatusBadRequest)
+	io.WriteString(w, `{"jsonrpc":"2.0","error":{"code":-32000,"message":"Bad Request: No valid session ID provided"}}`)
+}
+
 // forgetfulServer is a Python-SDK-like server of one tool, create_ticket,
 // answered by handle: restart makes it forget every session it handed out,
 // which it then answers with notFound. It returns the server's URL.
@@ -453,12 +463,26 @@ func TestMCPSessionAPythonSDKServerForgotIsReplacedNotDefinite(t *testing.T) {
 }
 
 // A TypeScript SDK server answers a session it does not know with a
-// JSON-RPC error whose id is null: a forgotten session, and the call is
-// sent once on a new one.
+// JSON-RPC error whose id is null (404), its example servers and the
+// reference server with one with no id (400, "No valid session ID"): a
+// forgotten session, and the call is sent once on a new one.
 func TestMCPSessionATypeScriptSDKServerForgotIsReplaced(t *testing.T) {
 	t.Parallel()
+	for name, refusal := range map[string]func(http.ResponseWriter){"transport 404": typeScriptSessionNotFound, "example server 400": typeScriptExampleNoSession} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			forgottenSessionIsReplaced(t, refusal)
+		})
+	}
+}
+
+// forgottenSessionIsReplaced: after a server that answers a session it
+// does not know with refusal restarted, each call is sent once, on a new
+// session, and succeeds.
+func forgottenSessionIsReplaced(t *testing.T, refusal func(http.ResponseWriter)) {
+	t.Helper()
 	var effects atomic.Int32
-	url, restart := forgetfulServer(t, typeScriptSessionNotFound, func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+	url, restart := forgetfulServer(t, refusal, func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
 		effects.Add(1)
 		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "ticket"}}}, nil
 	})

@@ -352,31 +352,55 @@ func readRefusal(req *http.Request, resp *http.Response) (wire *jsonrpc.Error, u
 
 // unknownSession reports whether a refused POST, its body read whole, is
 // an SDK's refusal of a session it does not know, sent before any tool
-// runs: a 404 (the status the MCP transport gives an unknown session) with
-// the Go SDK's plain text ("session not found", or "session is closing"),
-// or exactly one JSON-RPC error and nothing else whose id is null (the
-// TypeScript SDK) or "server-error" (the Python SDK). Nothing else is told
-// from the call's answer: a proxy's or gateway's page, in any status, may
-// have replaced the server's answer after the tool acted.
+// runs:
+//   - a 404 (the status the MCP transport gives an unknown session) with
+//     the Go SDK's plain text ("session not found", or "session is
+//     closing"), or exactly one JSON-RPC error and nothing else whose id is
+//     null (the TypeScript SDK) or "server-error" (the Python SDK);
+//   - a 400 with exactly one JSON-RPC error and nothing else, its id null
+//     or left out, code -32000 and message "Bad Request: No valid session
+//     ID provided": the TypeScript SDK's example servers and the reference
+//     server answer so a session they do not know (after a restart).
+//
+// Nothing else is told from the call's answer: a proxy's or gateway's
+// page, in any status, may have replaced the server's answer after the
+// tool acted.
 func unknownSession(status int, contentType string, body []byte) bool {
-	if status != http.StatusNotFound {
-		return false
+	switch status {
+	case http.StatusNotFound:
+		if media, _, _ := mime.ParseMediaType(contentType); media == "text/plain" {
+			text := string(bytes.TrimSuffix(body, []byte("\n")))
+			return text == "session not found" || text == "session is closing"
+		}
+		id, _, ok := jsonrpcRefusal(body)
+		return ok && (id == "null" || id == `"server-error"`)
+	case http.StatusBadRequest:
+		id, e, ok := jsonrpcRefusal(body)
+		return ok && (id == "" || id == "null") && e.Code == -32000 && e.Message == "Bad Request: No valid session ID provided"
 	}
-	if media, _, _ := mime.ParseMediaType(contentType); media == "text/plain" {
-		text := string(bytes.TrimSuffix(body, []byte("\n")))
-		return text == "session not found" || text == "session is closing"
-	}
+	return false
+}
+
+// jsonrpcRefusal reads body as exactly one JSON-RPC error and nothing else
+// (members jsonrpc "2.0", error and, if any, id): its id as written ("" if
+// left out) and its error's code and message.
+func jsonrpcRefusal(body []byte) (id string, e struct {
+	Code    int64  `json:"code"`
+	Message string `json:"message"`
+}, ok bool) {
 	msg, ok := oneObject(body)
 	if !ok || string(msg["jsonrpc"]) != `"2.0"` || len(msg["error"]) == 0 || msg["error"][0] != '{' {
-		return false
+		return "", e, false
 	}
 	for name := range msg {
 		if name != "jsonrpc" && name != "id" && name != "error" {
-			return false
+			return "", e, false
 		}
 	}
-	id := string(msg["id"])
-	return id == "null" || id == `"server-error"`
+	if json.Unmarshal(msg["error"], &e) != nil {
+		return "", e, false
+	}
+	return string(msg["id"]), e, true
 }
 
 // oneObject decodes body as exactly one JSON object, its members raw; ok
