@@ -441,25 +441,7 @@ func forgetfulServer(t *testing.T, notFound func(http.ResponseWriter), handle mc
 // server fails, definitely, for as long as the consumer runs.
 func TestMCPSessionAPythonSDKServerForgotIsReplacedNotDefinite(t *testing.T) {
 	t.Parallel()
-	var effects atomic.Int32
-	url, restart := forgetfulServer(t, sessionNotFound, func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
-		effects.Add(1)
-		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "ticket"}}}, nil
-	})
-	tool := mcpTool(t, tools.UnkeyedWrite, tools.MCP{URL: url, Tool: "create_ticket"}, 5*time.Second)
-	if _, outcome, te := callKeyed(t, tool, "key_1", `{}`); outcome != tools.Success {
-		t.Fatalf("first call: %v %+v", outcome, te)
-	}
-	restart() // same effects kept; its sessions are gone
-	var failed []string
-	for i := 2; i <= 4; i++ {
-		if _, outcome, te := callKeyed(t, tool, "key_"+strconv.Itoa(i), `{}`); outcome != tools.Success {
-			failed = append(failed, outcome.String()+" "+te.Code)
-		}
-	}
-	if len(failed) > 0 {
-		t.Fatalf("after the server restarted, calls gave %v (effects: %d): want each sent once on a new session", failed, effects.Load())
-	}
+	forgottenSessionIsReplaced(t, sessionNotFound)
 }
 
 // A TypeScript SDK server answers a session it does not know with a

@@ -603,33 +603,11 @@ func TestEveryToolUseIDOfAnApprovedCallWhoseOutputDoesNotFitBesideItsArgsIsAnswe
 	t.Parallel()
 	out := json.RawMessage(`{"blob":"` + strings.Repeat("o", 900<<10) + `"}`)
 	exec := tools.ExecutorFunc(func(ctx context.Context, r tools.Request) (json.RawMessage, error) { return out, nil })
-	reg, err := tools.NewRegistry([]tools.Definition{{Name: "pay", Class: tools.KeyedWrite, Executor: exec,
-		Schema:   json.RawMessage(`{"type":"object","properties":{"amount_cents":{"type":"integer"},"to":{"type":"string"}}}`),
-		Approval: &tools.Approval{When: "args.amount_cents > 50000", TTL: time.Hour, Group: "finance"}}}, tools.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	reg := guardedPay(t, exec)
 	js, store := startWorker(t, reg, worker.Config{ApprovalSweep: 200 * time.Millisecond, Logger: testLogger(t)})
 	conv := "conv-rev2-bigout"
-	call := jobs.Job{ConversationID: conv, TurnIndex: 1, Tool: "pay", ToolUseID: "toolu_1",
-		Args: json.RawMessage(`{"amount_cents":90000,"to":"` + strings.Repeat("a", 150<<10) + `"}`)}
-	key := publish(t, js, &call)
-	if r := resultsOf(t, js, conv, 1)[0]; r.Status != jobs.StatusAwaitingApproval {
-		t.Fatalf("first answer: %s %+v", r.Status, r.Error)
-	}
-	retried := call
-	retried.ToolUseID = "toolu_2"
-	publish(t, js, &retried)
-	if r := resultsOf(t, js, conv, 2)[1]; r.Status != jobs.StatusAwaitingApproval {
-		t.Fatalf("retried turn: %s", r.Status)
-	}
-	svc, err := approvals.New(approvals.Config{Ledger: store, JS: js, Logger: testLogger(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := svc.Decide(context.Background(), key, ledger.Decision{Approve: true, By: "alice", Reason: "ok"}); err != nil {
-		t.Fatal(err)
-	}
+	key := askedTwice(t, js, conv)
+	approve(t, js, store, key)
 	var final map[string]*jobs.Result
 	for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); {
 		final = finalByID(collectResults(t, js, conv, 2*time.Second))
@@ -658,43 +636,13 @@ func TestEveryToolUseIDOfAnApprovedCallIsAnsweredWhenTheResultsStreamRefusesItsA
 	exec := tools.ExecutorFunc(func(ctx context.Context, r tools.Request) (json.RawMessage, error) {
 		return json.RawMessage(`{"ok":true}`), nil
 	})
-	reg, err := tools.NewRegistry([]tools.Definition{{Name: "pay", Class: tools.KeyedWrite, Executor: exec,
-		Schema:   json.RawMessage(`{"type":"object","properties":{"amount_cents":{"type":"integer"},"to":{"type":"string"}}}`),
-		Approval: &tools.Approval{When: "args.amount_cents > 50000", TTL: time.Hour, Group: "finance"}}}, tools.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	reg := guardedPay(t, exec)
 	js, store := startWorker(t, reg, worker.Config{ApprovalSweep: 200 * time.Millisecond, Logger: testLogger(t)})
 	conv := "conv-args-refused"
-	call := jobs.Job{ConversationID: conv, TurnIndex: 1, Tool: "pay", ToolUseID: "toolu_1",
-		Args: json.RawMessage(`{"amount_cents":90000,"to":"` + strings.Repeat("a", 150<<10) + `"}`)}
-	key := publish(t, js, &call)
-	if r := resultsOf(t, js, conv, 1)[0]; r.Status != jobs.StatusAwaitingApproval {
-		t.Fatalf("first answer: %s %+v", r.Status, r.Error)
-	}
-	retried := call
-	retried.ToolUseID = "toolu_2"
-	publish(t, js, &retried)
-	if r := resultsOf(t, js, conv, 2)[1]; r.Status != jobs.StatusAwaitingApproval {
-		t.Fatalf("retried turn: %s", r.Status)
-	}
+	key := askedTwice(t, js, conv)
 	ctx := context.Background()
-	s, err := js.Stream(ctx, jobs.ResultsStream)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := s.CachedInfo().Config
-	cfg.MaxMsgSize = 64 << 10
-	if _, err := js.UpdateStream(ctx, cfg); err != nil {
-		t.Fatal(err)
-	}
-	svc, err := approvals.New(approvals.Config{Ledger: store, JS: js, Logger: testLogger(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := svc.Decide(ctx, key, ledger.Decision{Approve: true, By: "alice", Reason: "ok"}); err != nil {
-		t.Fatal(err)
-	}
+	limitResults(t, js, 64<<10)
+	approve(t, js, store, key)
 	var final map[string]*jobs.Result
 	for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); {
 		final = finalByID(collectResults(t, js, conv, 2*time.Second))
@@ -721,12 +669,7 @@ func TestAnApprovedCallWhoseSmallestResultIsRefusedEndsInTheDLQ(t *testing.T) {
 	exec := tools.ExecutorFunc(func(ctx context.Context, r tools.Request) (json.RawMessage, error) {
 		return json.RawMessage(`{"ok":true}`), nil
 	})
-	reg, err := tools.NewRegistry([]tools.Definition{{Name: "pay", Class: tools.KeyedWrite, Executor: exec,
-		Schema:   json.RawMessage(`{"type":"object","properties":{"amount_cents":{"type":"integer"}}}`),
-		Approval: &tools.Approval{When: "args.amount_cents > 50000", TTL: time.Hour, Group: "finance"}}}, tools.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	reg := guardedPay(t, exec)
 	js, store := startWorker(t, reg, worker.Config{ApprovalSweep: 200 * time.Millisecond, Logger: testLogger(t),
 		RetryDelay: 10 * time.Millisecond, Consumer: worker.Consumer{MaxDeliver: 3}})
 	conv := "conv-smallest-refused"
@@ -735,22 +678,8 @@ func TestAnApprovedCallWhoseSmallestResultIsRefusedEndsInTheDLQ(t *testing.T) {
 		t.Fatalf("first answer: %s %+v", r.Status, r.Error)
 	}
 	ctx := context.Background()
-	s, err := js.Stream(ctx, jobs.ResultsStream)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := s.CachedInfo().Config
-	cfg.MaxMsgSize = 256
-	if _, err := js.UpdateStream(ctx, cfg); err != nil {
-		t.Fatal(err)
-	}
-	svc, err := approvals.New(approvals.Config{Ledger: store, JS: js, Logger: testLogger(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := svc.Decide(ctx, key, ledger.Decision{Approve: true, By: "alice", Reason: "ok"}); err != nil {
-		t.Fatal(err)
-	}
+	limitResults(t, js, 256)
+	approve(t, js, store, key)
 	for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
 		if deadLetteredIDs(t, js)["toolu_1"] > 0 {
 			return
@@ -758,4 +687,65 @@ func TestAnApprovedCallWhoseSmallestResultIsRefusedEndsInTheDLQ(t *testing.T) {
 	}
 	row, _ := store.Get(ctx, key)
 	t.Fatalf("no dead letter of the approved call whose every result the results stream refuses; row %s, final results %v", row.State, keysOf(finalByID(collectResults(t, js, conv, time.Second))))
+}
+
+// guardedPay is a registry of one keyed write, pay, run by exec, that asks
+// finance's approval for more than 50,000 cents.
+func guardedPay(t *testing.T, exec tools.Executor) *tools.Registry {
+	t.Helper()
+	reg, err := tools.NewRegistry([]tools.Definition{{Name: "pay", Class: tools.KeyedWrite, Executor: exec,
+		Schema:   json.RawMessage(`{"type":"object","properties":{"amount_cents":{"type":"integer"},"to":{"type":"string"}}}`),
+		Approval: &tools.Approval{When: "args.amount_cents > 50000", TTL: time.Hour, Group: "finance"}}}, tools.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return reg
+}
+
+// askedTwice publishes a pay call with 150 KiB of args (inside the room
+// an approval takes) as toolu_1 and again as toolu_2 (a retried turn,
+// which joins as a waiter), each answered awaiting approval, and returns
+// its key.
+func askedTwice(t *testing.T, js jetstream.JetStream, conv string) string {
+	t.Helper()
+	call := jobs.Job{ConversationID: conv, TurnIndex: 1, Tool: "pay", ToolUseID: "toolu_1",
+		Args: json.RawMessage(`{"amount_cents":90000,"to":"` + strings.Repeat("a", 150<<10) + `"}`)}
+	key := publish(t, js, &call)
+	if r := resultsOf(t, js, conv, 1)[0]; r.Status != jobs.StatusAwaitingApproval {
+		t.Fatalf("first answer: %s %+v", r.Status, r.Error)
+	}
+	retried := call
+	retried.ToolUseID = "toolu_2"
+	publish(t, js, &retried)
+	if r := resultsOf(t, js, conv, 2)[1]; r.Status != jobs.StatusAwaitingApproval {
+		t.Fatalf("retried turn: %s", r.Status)
+	}
+	return key
+}
+
+// limitResults lowers the results stream's max message size to size.
+func limitResults(t *testing.T, js jetstream.JetStream, size int32) {
+	t.Helper()
+	ctx := context.Background()
+	s, err := js.Stream(ctx, jobs.ResultsStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := s.CachedInfo().Config
+	cfg.MaxMsgSize = size
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// approve approves the call of key, as alice of finance.
+func approve(t *testing.T, js jetstream.JetStream, store *ledger.Store, key string) {
+	t.Helper()
+	svc, err := approvals.New(approvals.Config{Ledger: store, JS: js, Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := svc.Decide(context.Background(), key, ledger.Decision{Approve: true, By: "alice", Reason: "ok"}); err != nil {
+		t.Fatal(err)
+	}
 }
