@@ -154,6 +154,7 @@ type callFlags struct {
 }
 
 func (c *callFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&c.call.Tenant, "tenant", "", "instead of KEY: the call's tenant (empty: the default tenant's call)")
 	fs.StringVar(&c.call.ConversationID, "conversation", "", "instead of KEY: the call's conversation id")
 	fs.Int64Var(&c.call.TurnIndex, "turn", 0, "instead of KEY: its turn index")
 	fs.StringVar(&c.call.Tool, "tool", "", "instead of KEY: its tool")
@@ -167,13 +168,13 @@ func (c *callFlags) key(fs *flag.FlagSet, pos []string) (string, error) {
 	given := false
 	fs.Visit(func(f *flag.Flag) {
 		switch f.Name {
-		case "conversation", "turn", "tool", "ordinal", "args":
+		case "tenant", "conversation", "turn", "tool", "ordinal", "args":
 			given = true
 		}
 	})
 	switch {
 	case given && len(pos) > 0:
-		return "", errors.New("give KEY or the call's fields (--conversation --turn --tool [--ordinal] --args), not both")
+		return "", errors.New("give KEY or the call's fields ([--tenant] --conversation --turn --tool [--ordinal] --args), not both")
 	case given:
 		if c.args == "" {
 			return "", cli.Usagef("--args is required with the call's fields")
@@ -231,7 +232,7 @@ func (c *callFlags) rowKey(ctx context.Context, st *ledger.Store, key string) (s
 }
 
 func ledgerShow(ctx context.Context, args []string, stdio cli.IO, getenv func(string) string) error {
-	fs := cli.NewFlagSet("show", "consumer ledger show (KEY | --conversation C --turn N --tool T [--ordinal K] --args JSON) [--json]", stdio)
+	fs := cli.NewFlagSet("show", "consumer ledger show (KEY | [--tenant T] --conversation C --turn N --tool T [--ordinal K] --args JSON) [--json]", stdio)
 	var sf storeFlags
 	sf.register(fs, getenv)
 	var cf callFlags
@@ -337,7 +338,7 @@ func errorText(e *ledger.ErrorInfo) string {
 }
 
 func ledgerResolve(ctx context.Context, args []string, stdio cli.IO, getenv func(string) string) error {
-	fs := cli.NewFlagSet("resolve", "consumer ledger resolve (KEY | --conversation C --turn N --tool T [--ordinal K] --args JSON)\n"+
+	fs := cli.NewFlagSet("resolve", "consumer ledger resolve (KEY | [--tenant T] --conversation C --turn N --tool T [--ordinal K] --args JSON)\n"+
 		"                        --attempt N (--output JSON | --not-run) --reason TEXT [--by NAME]\n\n"+
 		"Settles an indeterminate row. --output: the call did happen, and this JSON is its\n"+
 		"output (duplicates get it from now on). --not-run: it did not happen; the row is\n"+

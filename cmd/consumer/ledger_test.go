@@ -174,6 +174,29 @@ func TestLedgerCommands(t *testing.T) {
 			if out, err := runConsumer(t, env, append([]string{"ledger", "show"}, fields...)...); err != nil || !strings.Contains(out, "found T-3") {
 				t.Fatalf("show by the call's fields: %q %v", out, err)
 			}
+			// A tenant's call is named by its fields with --tenant: its key
+			// carries the tenant, and the same fields without it name the
+			// default tenant's call, another row.
+			tenantKey, _ := jobs.Call{Tenant: "acme", ConversationID: "c9", TurnIndex: 2, Tool: "create_ticket", Args: []byte(`{"a":1}`)}.Key()
+			if tenantKey == key {
+				t.Fatal("a tenant's call has the default tenant's key")
+			}
+			row = claim(tenantKey)
+			if err := st.MarkIndeterminate(ctx, row.Fence(), ledger.ErrorInfo{Code: "reset"}); err != nil {
+				t.Fatal(err)
+			}
+			tenantFields := append([]string{"--tenant", "acme"}, fields...)
+			if out, err := runConsumer(t, env, append([]string{"ledger", "resolve", "--not-run", "--reason", "no T-4 for acme"}, tenantFields...)...); err != nil ||
+				!strings.Contains(out, tenantKey) {
+				t.Fatalf("resolve a tenant's call by its fields: %q %v", out, err)
+			}
+			if got, _ := st.Get(ctx, key); got.State != ledger.Completed {
+				t.Fatalf("resolving the tenant's call touched the default tenant's: %+v", got)
+			}
+			if _, err := runConsumer(t, env, "ledger", "show", "--tenant", "Not A Tenant", "--conversation", "c9", "--turn", "2", "--tool", "create_ticket", "--args", "{}"); err == nil ||
+				!strings.Contains(err.Error(), "tenant") {
+				t.Fatalf("show with an invalid tenant: %v", err)
+			}
 			out, err = runConsumer(t, env, "ledger", "purge", "--older-than", "31d")
 			if err != nil || !strings.Contains(out, "purged 0 row") {
 				t.Fatalf("purge: %q %v", out, err)
