@@ -46,7 +46,7 @@ func decide(ctx context.Context, args []string, stdio cli.IO, getenv func(string
 	digest := fs.String("digest", "", "the args digest you reviewed ('ledger show'): refused if the call's differs")
 	tenantsFlag := fs.String("tenants", "", "the tenants the consumers serve (consumer run --tenants; docs/tenants.md), so that a tenant's call is announced on its tenant's subjects (give a tenant's call by its KEY); default: those whose results streams NATS has")
 	var cf callFlags
-	cf.register(fs)
+	cf.register(fs, false)
 	pos, help, err := cli.Parse(fs, args)
 	if help {
 		return cli.ErrHelp

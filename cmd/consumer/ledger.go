@@ -153,8 +153,13 @@ type callFlags struct {
 	byFields bool // the key was derived from the fields
 }
 
-func (c *callFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&c.call.Tenant, "tenant", "", "instead of KEY: the call's tenant (empty: the default tenant's call)")
+// register adds the call's fields to fs; withTenant adds --tenant, for the
+// ledger commands (approve and deny, whose --tenants names the tenants the
+// consumers serve, take a tenant's call by its key).
+func (c *callFlags) register(fs *flag.FlagSet, withTenant bool) {
+	if withTenant {
+		fs.StringVar(&c.call.Tenant, "tenant", "", "instead of KEY: the call's tenant (leave it out for the default tenant's call)")
+	}
 	fs.StringVar(&c.call.ConversationID, "conversation", "", "instead of KEY: the call's conversation id")
 	fs.Int64Var(&c.call.TurnIndex, "turn", 0, "instead of KEY: its turn index")
 	fs.StringVar(&c.call.Tool, "tool", "", "instead of KEY: its tool")
@@ -165,14 +170,21 @@ func (c *callFlags) register(fs *flag.FlagSet) {
 // key returns the key given as the one positional argument, or derived from
 // the call's fields; not both.
 func (c *callFlags) key(fs *flag.FlagSet, pos []string) (string, error) {
-	given := false
+	given, tenantGiven := false, false
 	fs.Visit(func(f *flag.Flag) {
 		switch f.Name {
-		case "tenant", "conversation", "turn", "tool", "ordinal", "args":
+		case "tenant":
+			tenantGiven = true
+			given = true
+		case "conversation", "turn", "tool", "ordinal", "args":
 			given = true
 		}
 	})
 	switch {
+	case tenantGiven && c.call.Tenant == "":
+		// An unset variable ("--tenant $TENANT") would otherwise name the
+		// default tenant's call.
+		return "", cli.Usagef("--tenant is empty: leave it out to name the default tenant's call")
 	case given && len(pos) > 0:
 		return "", errors.New("give KEY or the call's fields ([--tenant] --conversation --turn --tool [--ordinal] --args), not both")
 	case given:
@@ -236,7 +248,7 @@ func ledgerShow(ctx context.Context, args []string, stdio cli.IO, getenv func(st
 	var sf storeFlags
 	sf.register(fs, getenv)
 	var cf callFlags
-	cf.register(fs)
+	cf.register(fs, true)
 	asJSON := fs.Bool("json", false, "print the row as JSON")
 	pos, help, err := cli.Parse(fs, args)
 	if help {
@@ -269,7 +281,7 @@ func ledgerShow(ctx context.Context, args []string, stdio cli.IO, getenv func(st
 	p := cli.Printable
 	w := cli.NewTable(stdio.Out)
 	for _, kv := range [][2]string{
-		{"key", r.Key}, {"state", string(r.State)}, {"attempt", attemptText(r)}, {"tool", r.Tool},
+		{"key", r.Key}, {"tenant", tenantText(r.Tenant)}, {"state", string(r.State)}, {"attempt", attemptText(r)}, {"tool", r.Tool},
 		{"conversation_id", r.ConversationID}, {"turn_index", fmt.Sprint(r.TurnIndex)}, {"ordinal", fmt.Sprint(r.Ordinal)},
 		{"args_digest", r.ArgsDigest}, {"first_tool_use_id", r.FirstToolUseID}, {"owner", r.Owner},
 		{"lease", leaseText(r) + " (until " + r.LeaseUntil.Format(time.RFC3339Nano) + ")"},
@@ -300,6 +312,14 @@ func ledgerShow(ctx context.Context, args []string, stdio cli.IO, getenv func(st
 		fmt.Fprintf(w, "%s\t%s\n", label, p(eventText(e)))
 	}
 	return w.Flush()
+}
+
+// tenantText is whose call a row is: a tenant, or the default tenant.
+func tenantText(tenant string) string {
+	if tenant == "" {
+		return "(default)"
+	}
+	return tenant
 }
 
 // attemptText is the row's attempt, and for an indeterminate row the
@@ -357,7 +377,7 @@ func ledgerResolve(ctx context.Context, args []string, stdio cli.IO, getenv func
 	attempt := fs.Int64("attempt", 0, "the row's attempt, as 'ledger show' prints it; without it, the row's, refused once the row was resolved before")
 	logFormat := fs.String("log-format", cli.Env(getenv, "TOOLQ_LOG_FORMAT", "text"), "the line that records the decision on standard error: text or json (env TOOLQ_LOG_FORMAT)")
 	var cf callFlags
-	cf.register(fs)
+	cf.register(fs, true)
 	pos, help, err := cli.Parse(fs, args)
 	if help {
 		return cli.ErrHelp

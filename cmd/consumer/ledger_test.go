@@ -181,7 +181,12 @@ func TestLedgerCommands(t *testing.T) {
 			if tenantKey == key {
 				t.Fatal("a tenant's call has the default tenant's key")
 			}
-			row = claim(tenantKey)
+			res, err := st.Claim(ctx, []ledger.Claim{{Key: tenantKey, ConversationID: "c9", TurnIndex: 2, Tool: "create_ticket", ArgsDigest: "d",
+				ToolUseID: "toolu_1", Owner: "o", Lease: time.Hour, Tenant: "acme"}})
+			if err != nil || !res[0].Claimed {
+				t.Fatalf("claim acme's call: %v", err)
+			}
+			row = res[0].Row
 			if err := st.MarkIndeterminate(ctx, row.Fence(), ledger.ErrorInfo{Code: "reset"}); err != nil {
 				t.Fatal(err)
 			}

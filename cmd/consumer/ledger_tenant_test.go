@@ -1,0 +1,113 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolq/toolq/internal/testenv"
+	"github.com/toolq/toolq/jobs"
+	"github.com/toolq/toolq/ledger"
+)
+
+// TestApproveTakesNoTenantFlag: approve and deny take a tenant's call by
+// its key, and have no --tenant: it is one letter from approve's --tenants
+// (the tenants the consumers serve), and an operator who means "--tenants
+// acme" while naming the default tenant's call by its fields must be
+// refused, not have acme's identical call approved.
+func TestApproveTakesNoTenantFlag(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	n := testenv.StartNATS(t)
+	js, _ := jetstream.New(n.Connect())
+	if err := jobs.ProvisionStreams(ctx, js, jobs.Streams{Tenants: []string{"acme"}}); err != nil {
+		t.Fatal(err)
+	}
+	env := map[string]string{"TOOLQ_DATA_DIR": t.TempDir(), "NATS_URL": n.URL}
+	st := migratedLedger(t, env)
+	args := `{"amount_cents":90000}`
+	await := func(tenant string) string {
+		key, err := jobs.Call{Tenant: tenant, ConversationID: "c", Tool: "send_payment", Args: json.RawMessage(args)}.Key()
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := st.Claim(ctx, []ledger.Claim{{Key: key, ConversationID: "c", Tool: "send_payment", ArgsDigest: "d",
+			ToolUseID: "toolu_" + tenant, Owner: "o", Lease: time.Hour, Token: "t-" + tenant, Tenant: tenant}})
+		if err != nil || !res[0].Claimed {
+			t.Fatalf("claim %q: %v", tenant, err)
+		}
+		if _, err := st.AwaitApproval(ctx, res[0].Row.Fence(), ledger.ApprovalInfo{Args: json.RawMessage(args), Group: "finance", TTL: time.Hour}, "toolu_"+tenant); err != nil {
+			t.Fatal(err)
+		}
+		return key
+	}
+	await("")
+	acme := await("acme")
+	// Meant: --tenants acme (the consumers serve acme), the default tenant's call by its fields.
+	out, err := runConsumer(t, env, "approve", "--tenant", "acme", "--conversation", "c", "--turn", "0", "--tool", "send_payment", "--args", args,
+		"--reason", "invoice 42", "--by", "alice")
+	row, _ := st.GetOrApproved(ctx, acme)
+	if err == nil || row.ApprovalStatus != ledger.ApprovalAwaiting {
+		t.Fatalf("approve --tenant acme (approve's synopsis has no --tenant; a tenant's call is given by its key): %q %v; acme's row now %s", out, err, row.ApprovalStatus)
+	}
+}
+
+// TestLedgerShowPrintsWhoseCallARowIs: the tenant is one of the fields
+// that name a call, so `ledger show` prints it with the others: an
+// operator who copies them to name the call gives --tenant too.
+func TestLedgerShowPrintsWhoseCallARowIs(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	env := map[string]string{"TOOLQ_DATA_DIR": t.TempDir()}
+	st := migratedLedger(t, env)
+	key, _ := jobs.Call{Tenant: "acme", ConversationID: "c9", TurnIndex: 2, Tool: "create_ticket", Args: []byte(`{"a":1}`)}.Key()
+	res, err := st.Claim(ctx, []ledger.Claim{{Key: key, ConversationID: "c9", TurnIndex: 2, Tool: "create_ticket", ArgsDigest: "d",
+		ToolUseID: "toolu_1", Owner: "o", Lease: time.Hour, Tenant: "acme"}})
+	if err != nil || !res[0].Claimed {
+		t.Fatal(err)
+	}
+	out, err := runConsumer(t, env, "ledger", "show", key)
+	if err != nil || !strings.Contains(out, "tenant:") || !strings.Contains(out, "acme") {
+		t.Fatalf("ledger show of acme's row does not say it is acme's:\n%s %v", out, err)
+	}
+	other, _ := jobs.Call{ConversationID: "c9", TurnIndex: 2, Tool: "create_ticket", Args: []byte(`{"a":1}`)}.Key()
+	if _, err := st.Claim(ctx, []ledger.Claim{{Key: other, ConversationID: "c9", TurnIndex: 2, Tool: "create_ticket", ArgsDigest: "d",
+		ToolUseID: "toolu_2", Owner: "o", Lease: time.Hour}}); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := runConsumer(t, env, "ledger", "show", other); err != nil || !strings.Contains(out, "(default)") {
+		t.Fatalf("ledger show of the default tenant's row does not say so:\n%s %v", out, err)
+	}
+}
+
+// TestLedgerCommandsRefuseAnEmptyTenant: `--tenant ""` (--tenant
+// "$TENANT" with TENANT unset) is refused rather than taken as the default
+// tenant's call: a resolution meant for a tenant's call must not release
+// the default tenant's identical one.
+func TestLedgerCommandsRefuseAnEmptyTenant(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	env := map[string]string{"TOOLQ_DATA_DIR": t.TempDir()}
+	st := migratedLedger(t, env)
+	key, _ := jobs.Call{ConversationID: "c9", TurnIndex: 2, Tool: "create_ticket", Args: []byte(`{"a":1}`)}.Key()
+	res, err := st.Claim(ctx, []ledger.Claim{{Key: key, ConversationID: "c9", TurnIndex: 2, Tool: "create_ticket", ArgsDigest: "d",
+		ToolUseID: "toolu_1", Owner: "o", Lease: time.Hour}})
+	if err != nil || !res[0].Claimed {
+		t.Fatal(err)
+	}
+	if err := st.MarkIndeterminate(ctx, res[0].Row.Fence(), ledger.ErrorInfo{Code: "reset"}); err != nil {
+		t.Fatal(err)
+	}
+	out, err := runConsumer(t, env, "ledger", "resolve", "--tenant", "", "--conversation", "c9", "--turn", "2", "--tool", "create_ticket", "--args", `{"a":1}`,
+		"--not-run", "--reason", "no ticket for acme")
+	if err == nil || !strings.Contains(err.Error(), "--tenant is empty") {
+		t.Fatalf("--tenant \"\" resolved the default tenant's row: %q %v", out, err)
+	}
+	if got, err := st.Get(ctx, key); err != nil || got.State != ledger.Indeterminate {
+		t.Fatalf("after the refusal: %+v %v", got, err)
+	}
+}
