@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/user"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -126,9 +127,18 @@ func ledgerLs(ctx context.Context, args []string, stdio cli.IO, getenv func(stri
 	if *asJSON {
 		return cli.PrintJSON(stdio.Out, rows)
 	}
+	// A TENANT column when a row listed is a tenant's: two tenants'
+	// identical calls differ in nothing else but the key.
+	tenants := slices.ContainsFunc(rows, func(r ledger.Row) bool { return r.Tenant != "" })
 	w := cli.NewTable(stdio.Out)
+	if tenants {
+		fmt.Fprint(w, "TENANT\t")
+	}
 	fmt.Fprintln(w, "KEY\tSTATE\tATTEMPT\tTOOL\tCONVERSATION\tTURN\tORDINAL\tLEASE\tUPDATED")
 	for _, r := range rows {
+		if tenants {
+			fmt.Fprintf(w, "%s\t", tenantText(r.Tenant))
+		}
 		fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%s\t%d\t%d\t%s\t%s\n", r.Key, r.State, r.Attempt, r.Tool, r.ConversationID,
 			r.TurnIndex, r.Ordinal, leaseText(r), r.UpdatedAt.Format(time.RFC3339))
 	}
@@ -186,7 +196,11 @@ func (c *callFlags) key(fs *flag.FlagSet, pos []string) (string, error) {
 		// default tenant's call.
 		return "", cli.Usagef("--tenant is empty: leave it out to name the default tenant's call")
 	case given && len(pos) > 0:
-		return "", errors.New("give KEY or the call's fields ([--tenant] --conversation --turn --tool [--ordinal] --args), not both")
+		tenant := ""
+		if fs.Lookup("tenant") != nil {
+			tenant = "[--tenant] "
+		}
+		return "", fmt.Errorf("give KEY or the call's fields (%s--conversation --turn --tool [--ordinal] --args), not both", tenant)
 	case given:
 		if c.args == "" {
 			return "", cli.Usagef("--args is required with the call's fields")

@@ -111,3 +111,55 @@ func TestLedgerCommandsRefuseAnEmptyTenant(t *testing.T) {
 		t.Fatalf("after the refusal: %+v %v", got, err)
 	}
 }
+
+// TestLedgerLsShowsWhoseCallEachRowIs: two tenants' identical calls differ
+// in nothing but the key and the tenant, so `ledger ls` prints a TENANT
+// column when a row listed is a tenant's (and none when no row is).
+func TestLedgerLsShowsWhoseCallEachRowIs(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	env := map[string]string{"TOOLQ_DATA_DIR": t.TempDir()}
+	st := migratedLedger(t, env)
+	for _, tenant := range []string{"", "acme"} {
+		key, _ := jobs.Call{Tenant: tenant, ConversationID: "c9", TurnIndex: 2, Tool: "create_ticket", Args: []byte(`{"a":1}`)}.Key()
+		res, err := st.Claim(ctx, []ledger.Claim{{Key: key, ConversationID: "c9", TurnIndex: 2, Tool: "create_ticket", ArgsDigest: "d",
+			ToolUseID: "toolu_" + tenant + "x", Owner: "o", Lease: time.Hour, Tenant: tenant}})
+		if err != nil || !res[0].Claimed {
+			t.Fatal(err)
+		}
+		if tenant == "" {
+			if out, err := runConsumer(t, env, "ledger", "ls"); err != nil || strings.Contains(out, "TENANT") {
+				t.Fatalf("ledger ls of the default tenant's rows alone: %q %v", out, err)
+			}
+		}
+	}
+	out, err := runConsumer(t, env, "ledger", "ls")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) != 3 || !strings.HasPrefix(lines[0], "TENANT") {
+		t.Fatalf("ledger ls of two tenants' rows:\n%s", out)
+	}
+	got := map[string]bool{strings.Fields(lines[1])[0]: true, strings.Fields(lines[2])[0]: true}
+	if !got["acme"] || !got["(default)"] {
+		t.Fatalf("ledger ls does not say whose call each row is:\n%s", out)
+	}
+}
+
+// TestApproveRefusesKeyAndFieldsWithoutOfferingTenant: approve's refusal
+// of a KEY given with the call's fields names the flags approve takes, and
+// --tenant is not one of them.
+func TestApproveRefusesKeyAndFieldsWithoutOfferingTenant(t *testing.T) {
+	t.Parallel()
+	env := map[string]string{"TOOLQ_DATA_DIR": t.TempDir()}
+	_, err := runConsumer(t, env, "approve", "0123456789abcdef0123456789abcdef", "--conversation", "c", "--turn", "0",
+		"--tool", "t", "--args", "{}", "--reason", "r", "--by", "b")
+	if err == nil || !strings.Contains(err.Error(), "not both") || strings.Contains(err.Error(), "--tenant") {
+		t.Fatalf("approve's error: %v", err)
+	}
+	_, err = runConsumer(t, env, "ledger", "show", "0123456789abcdef0123456789abcdef", "--tenant", "acme")
+	if err == nil || !strings.Contains(err.Error(), "[--tenant]") {
+		t.Fatalf("ledger show's error: %v", err)
+	}
+}

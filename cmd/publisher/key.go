@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"strings"
 
 	"github.com/toolq/toolq/internal/cli"
 	"github.com/toolq/toolq/jobs"
@@ -30,8 +31,29 @@ func runKey(_ context.Context, args []string, stdio cli.IO, _ func(string) strin
 	if err := cli.ParseNone(fs, args); err != nil {
 		return err
 	}
-	argsSet := false
-	fs.Visit(func(f *flag.Flag) { argsSet = argsSet || f.Name == "args" })
+	argsSet, tenantSet := false, false
+	var fields []string // the call's field flags given
+	fs.Visit(func(f *flag.Flag) {
+		switch f.Name {
+		case "args":
+			argsSet = true
+		case "tenant":
+			tenantSet = true
+			fields = append(fields, "--"+f.Name)
+		case "conversation", "turn", "tool", "ordinal":
+			fields = append(fields, "--"+f.Name)
+		}
+	})
+	switch {
+	case tenantSet && call.Tenant == "":
+		// An unset variable ("--tenant $TENANT") would otherwise give the
+		// default tenant's key.
+		return cli.Usagef("--tenant is empty: leave it out for the default tenant's key")
+	case !argsSet && len(fields) > 0:
+		// Without --args the calls are read from standard input, each with
+		// its own fields: the flags would be ignored.
+		return cli.Usagef("%s without --args: give the call's --args too, or leave the fields to the job bodies on standard input", strings.Join(fields, " "))
+	}
 	if argsSet {
 		call.Args = []byte(argsJSON)
 		line, err := keyLine(call, *material)

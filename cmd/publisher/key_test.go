@@ -64,6 +64,8 @@ func TestKeyRejectsFlags(t *testing.T) {
 		"lone surrogate":         {"--conversation", "c", "--turn", "1", "--tool", "t", "--args", `{"a":"\udead"}`},
 		"nesting thousands deep": {"--conversation", "c", "--turn", "1", "--tool", "t", "--args", `{"a":` + strings.Repeat("[", 5000) + strings.Repeat("]", 5000) + "}"},
 		"unexpected argument":    {"--conversation", "c", "--turn", "1", "--tool", "t", "--args", "{}", "extra"},
+		"empty tenant":           {"--tenant", "", "--conversation", "c", "--turn", "1", "--tool", "t", "--args", "{}"},
+		"fields without args":    {"--tenant", "acme", "--conversation", "c"},
 	} {
 		out, err := runPublisher(t, "", append([]string{"key"}, args...)...)
 		if err == nil || out != "" {
