@@ -636,16 +636,19 @@ func TestOfConcurrentResolutionsOfARowOneChangesIt(t *testing.T) {
 	})
 }
 
-// TestListFilters: List selects by tool, conversation, state and age.
+// TestListFilters: List selects by tool, conversation, tenant, state and age.
 func TestListFilters(t *testing.T) {
 	t.Parallel()
 	eachBackend(t, func(t *testing.T, s *ledger.Store) {
 		ctx := context.Background()
 		isErr(t, resolveErr(s.OldestInFlight(ctx)), ledger.ErrNotFound)
 		conv := fmt.Sprintf("conv-filter-%d", keySeq.Add(1))
-		for _, tool := range []string{"send_payment", "create_ticket", "create_ticket"} {
+		for i, tool := range []string{"send_payment", "create_ticket", "create_ticket"} {
 			c := newClaim(time.Minute)
 			c.ConversationID, c.Tool = conv, tool
+			if i == 2 {
+				c.Tenant = "acme"
+			}
 			mustClaim(t, s, c)
 		}
 		if _, err := s.OldestInFlight(ctx); err != nil {
@@ -657,6 +660,8 @@ func TestListFilters(t *testing.T) {
 		}{
 			{ledger.Filter{ConversationID: conv}, 3},
 			{ledger.Filter{ConversationID: conv, Tool: "create_ticket"}, 2},
+			{ledger.Filter{ConversationID: conv, Tenant: "acme"}, 1},
+			{ledger.Filter{ConversationID: conv, Tenant: "globex"}, 0},
 			{ledger.Filter{ConversationID: conv, State: ledger.Completed}, 0},
 			{ledger.Filter{ConversationID: conv, NewerThan: time.Hour}, 3},
 			{ledger.Filter{ConversationID: conv, OlderThan: time.Hour}, 0},

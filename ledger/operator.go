@@ -42,6 +42,7 @@ type Filter struct {
 	Stale          bool  // only in-flight rows whose lease has expired
 	Tool           string
 	ConversationID string
+	Tenant         string        // only this tenant's rows (empty: every tenant's, the default's too)
 	OlderThan      time.Duration // last updated more than this ago
 	NewerThan      time.Duration // last updated at most this ago
 	// Approval selects by ApprovalStatus: "any" for every call that needed
@@ -98,7 +99,7 @@ func (f Filter) listArgs() (namedArgs, error) {
 	if err != nil {
 		return nil, fmt.Errorf("ledger: list: %w", err)
 	}
-	return namedArgs{"state": string(f.State), "limit": f.Limit, "tool": f.Tool, "conversation": f.ConversationID,
+	return namedArgs{"state": string(f.State), "limit": f.Limit, "tool": f.Tool, "conversation": f.ConversationID, "tenant": f.Tenant,
 		"older_ms": f.OlderThan.Milliseconds(), "newer_ms": f.NewerThan.Milliseconds(), "approval": f.Approval,
 		"groups": string(groups)}, nil
 }

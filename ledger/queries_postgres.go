@@ -23,13 +23,14 @@ const pgCols = `key, conversation_id, turn_index, tool, ordinal, args_digest, st
 // by another holder, under another token.
 const pgFenced = `WHERE key = @key AND attempt = @attempt AND claim_token = @token::text AND state = 'in_flight'`
 
-// pgListFilter is a list's Filter: @state, @tool, @conversation, the
+// pgListFilter is a list's Filter: @state, @tool, @conversation, @tenant, the
 // least and greatest age in milliseconds, @older_ms and @newer_ms (0: any),
 // @approval, and the approver groups, a JSON array @groups ([]: any). A
 // released row is listed only as an approved call not run yet.
 const pgListFilter = `(state <> 'released' OR (approval_status = 'approved' AND @approval::text IN ('any', 'decided', 'approved')))
 	AND (@state::text = '' OR state = @state::text) AND (@tool::text = '' OR tool = @tool::text)
 	AND (@conversation::text = '' OR conversation_id = @conversation::text)
+	AND (@tenant::text = '' OR tenant = @tenant::text)
 	AND (@older_ms::bigint = 0 OR updated_at < now() - @older_ms::bigint * interval '1 millisecond')
 	AND (@newer_ms::bigint = 0 OR updated_at >= now() - @newer_ms::bigint * interval '1 millisecond')
 	AND (@approval::text = '' OR approval_status = @approval::text OR (@approval::text = 'any' AND approval_status <> '')

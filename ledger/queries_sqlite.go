@@ -21,6 +21,7 @@ const sqliteFenced = `WHERE key = @key AND attempt = @attempt AND claim_token = 
 const sqliteListFilter = `(state <> 'released' OR (approval_status = 'approved' AND @approval IN ('any', 'decided', 'approved')))
 	AND (@state = '' OR state = @state) AND (@tool = '' OR tool = @tool)
 	AND (@conversation = '' OR conversation_id = @conversation)
+	AND (@tenant = '' OR tenant = @tenant)
 	AND (@older_ms = 0 OR updated_at < ` + sqliteNow + ` - @older_ms)
 	AND (@newer_ms = 0 OR updated_at >= ` + sqliteNow + ` - @newer_ms)
 	AND (@approval = '' OR approval_status = @approval OR (@approval = 'any' AND approval_status <> '')

@@ -81,13 +81,14 @@ func runMigrate(ctx context.Context, args []string, stdio cli.IO, getenv func(st
 
 func ledgerLs(ctx context.Context, args []string, stdio cli.IO, getenv func(string) string) error {
 	fs := cli.NewFlagSet("ls", "consumer ledger ls [--state in_flight|completed|failed|indeterminate|awaiting_approval] [--stale] [--tool T] "+
-		"[--conversation C] [--older-than D] [--newer-than D] [--limit N] [--json]", stdio)
+		"[--conversation C] [--tenant T] [--older-than D] [--newer-than D] [--limit N] [--json]", stdio)
 	var sf storeFlags
 	sf.register(fs, getenv)
 	state := fs.String("state", "", "only rows in this state")
 	stale := fs.Bool("stale", false, "only in-flight rows whose lease has expired (their holder died)")
 	tool := fs.String("tool", "", "only rows of this tool")
 	conversation := fs.String("conversation", "", "only rows of this conversation")
+	tenant := fs.String("tenant", "", "only rows of this tenant's calls")
 	olderThan := fs.String("older-than", "", "only rows last updated more than D ago (90m, 36h, 30d)")
 	newerThan := fs.String("newer-than", "", "only rows last updated at most D ago")
 	limit := fs.Int("limit", 100, "at most this many rows, most recently updated first")
@@ -98,7 +99,12 @@ func ledgerLs(ctx context.Context, args []string, stdio cli.IO, getenv func(stri
 	if *state != "" && !ledger.State(*state).Valid() {
 		return cli.Usagef("--state %q: want in_flight, completed, failed, indeterminate or awaiting_approval", *state)
 	}
-	f := ledger.Filter{State: ledger.State(*state), Stale: *stale, Tool: *tool, ConversationID: *conversation, Limit: *limit}
+	tenantGiven := false
+	fs.Visit(func(f *flag.Flag) { tenantGiven = tenantGiven || f.Name == "tenant" })
+	if tenantGiven && (*tenant == "" || !jobs.ValidTenant(*tenant)) {
+		return cli.Usagef("--tenant %q: not a tenant's name (leave it out to list every tenant's rows)", *tenant)
+	}
+	f := ledger.Filter{State: ledger.State(*state), Stale: *stale, Tool: *tool, ConversationID: *conversation, Tenant: *tenant, Limit: *limit}
 	for _, a := range []struct {
 		name, v string
 		d       *time.Duration

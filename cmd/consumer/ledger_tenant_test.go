@@ -114,7 +114,8 @@ func TestLedgerCommandsRefuseAnEmptyTenant(t *testing.T) {
 
 // TestLedgerLsShowsWhoseCallEachRowIs: two tenants' identical calls differ
 // in nothing but the key and the tenant, so `ledger ls` prints a TENANT
-// column when a row listed is a tenant's (and none when no row is).
+// column when a row listed is a tenant's (and none when no row is), and
+// --tenant lists one tenant's rows.
 func TestLedgerLsShowsWhoseCallEachRowIs(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -144,6 +145,15 @@ func TestLedgerLsShowsWhoseCallEachRowIs(t *testing.T) {
 	got := map[string]bool{strings.Fields(lines[1])[0]: true, strings.Fields(lines[2])[0]: true}
 	if !got["acme"] || !got["(default)"] {
 		t.Fatalf("ledger ls does not say whose call each row is:\n%s", out)
+	}
+	out, err = runConsumer(t, env, "ledger", "ls", "--tenant", "acme")
+	if lines := strings.Split(strings.TrimSpace(out), "\n"); err != nil || len(lines) != 2 || strings.Fields(lines[1])[0] != "acme" {
+		t.Fatalf("ledger ls --tenant acme: %q %v", out, err)
+	}
+	for _, bad := range []string{"", "Not A Tenant", "jobs"} {
+		if out, err := runConsumer(t, env, "ledger", "ls", "--tenant", bad); err == nil || !strings.Contains(err.Error(), "--tenant") {
+			t.Errorf("ledger ls --tenant %q: %q %v", bad, out, err)
+		}
 	}
 }
 
