@@ -206,7 +206,7 @@ func (c *callFlags) key(fs *flag.FlagSet, pos []string) (string, error) {
 		if fs.Lookup("tenant") != nil {
 			tenant = "[--tenant] "
 		}
-		return "", fmt.Errorf("give KEY or the call's fields (%s--conversation --turn --tool [--ordinal] --args), not both", tenant)
+		return "", cli.Usagef("give KEY or the call's fields (%s--conversation --turn --tool [--ordinal] --args), not both", tenant)
 	case given:
 		if c.args == "" {
 			return "", cli.Usagef("--args is required with the call's fields")

@@ -3,12 +3,14 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/toolq/toolq/internal/cli"
 	"github.com/toolq/toolq/internal/testenv"
 	"github.com/toolq/toolq/jobs"
 	"github.com/toolq/toolq/ledger"
@@ -158,18 +160,20 @@ func TestLedgerLsShowsWhoseCallEachRowIs(t *testing.T) {
 }
 
 // TestApproveRefusesKeyAndFieldsWithoutOfferingTenant: approve's refusal
-// of a KEY given with the call's fields names the flags approve takes, and
-// --tenant is not one of them.
+// of a KEY given with the call's fields is a usage error (exit 2) that
+// names the flags approve takes, and --tenant is not one of them.
 func TestApproveRefusesKeyAndFieldsWithoutOfferingTenant(t *testing.T) {
 	t.Parallel()
 	env := map[string]string{"TOOLQ_DATA_DIR": t.TempDir()}
 	_, err := runConsumer(t, env, "approve", "0123456789abcdef0123456789abcdef", "--conversation", "c", "--turn", "0",
 		"--tool", "t", "--args", "{}", "--reason", "r", "--by", "b")
-	if err == nil || !strings.Contains(err.Error(), "not both") || strings.Contains(err.Error(), "--tenant") {
+	var exit *cli.ExitError
+	if err == nil || !strings.Contains(err.Error(), "not both") || strings.Contains(err.Error(), "--tenant") ||
+		!errors.As(err, &exit) || exit.Code != cli.ExitUsage {
 		t.Fatalf("approve's error: %v", err)
 	}
 	_, err = runConsumer(t, env, "ledger", "show", "0123456789abcdef0123456789abcdef", "--tenant", "acme")
-	if err == nil || !strings.Contains(err.Error(), "[--tenant]") {
+	if err == nil || !strings.Contains(err.Error(), "[--tenant]") || !errors.As(err, &exit) || exit.Code != cli.ExitUsage {
 		t.Fatalf("ledger show's error: %v", err)
 	}
 }

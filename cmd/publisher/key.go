@@ -14,6 +14,10 @@ import (
 	"github.com/toolq/toolq/jobs"
 )
 
+// errEmptyTenant refuses a --tenant given empty: an unset variable
+// ("--tenant $TENANT") would otherwise name the default tenant's call.
+var errEmptyTenant = cli.Usagef("--tenant is empty: leave it out for the default tenant's call")
+
 func runKey(_ context.Context, args []string, stdio cli.IO, _ func(string) string) error {
 	fs := cli.NewFlagSet("key", "publisher key [[--tenant T] --conversation C --turn N --tool T [--ordinal K] --args JSON] [--material]\n\n"+
 		"With --args, prints the key of that one call. Without it, reads job bodies as JSON\n"+
@@ -26,7 +30,7 @@ func runKey(_ context.Context, args []string, stdio cli.IO, _ func(string) strin
 	fs.StringVar(&call.Tool, "tool", "", "tool name")
 	fs.Int64Var(&call.Ordinal, "ordinal", 0, "position of the call among identical calls of the turn")
 	fs.StringVar(&argsJSON, "args", "", "the call's arguments, a JSON object")
-	fs.StringVar(&call.Tenant, "tenant", "", "the tenant whose call it is (its material starts with \"tenant|\"); empty: the default tenant")
+	fs.StringVar(&call.Tenant, "tenant", "", "the tenant whose call it is (its material starts with \"tenant|\"); leave it out for the default tenant's call")
 	material := fs.Bool("material", false, "print the exact hashed material instead of the key")
 	if err := cli.ParseNone(fs, args); err != nil {
 		return err
@@ -44,12 +48,10 @@ func runKey(_ context.Context, args []string, stdio cli.IO, _ func(string) strin
 			fields = append(fields, "--"+f.Name)
 		}
 	})
-	switch {
-	case tenantSet && call.Tenant == "":
-		// An unset variable ("--tenant $TENANT") would otherwise give the
-		// default tenant's key.
-		return cli.Usagef("--tenant is empty: leave it out for the default tenant's key")
-	case !argsSet && len(fields) > 0:
+	if tenantSet && call.Tenant == "" {
+		return errEmptyTenant
+	}
+	if !argsSet && len(fields) > 0 {
 		// Without --args the calls are read from standard input, each with
 		// its own fields: the flags would be ignored.
 		return cli.Usagef("%s without --args: give the call's --args too, or leave the fields to the job bodies on standard input", strings.Join(fields, " "))

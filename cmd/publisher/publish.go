@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"time"
 
@@ -30,11 +31,16 @@ func runPublish(ctx context.Context, args []string, stdio cli.IO, getenv func(st
 	fs.StringVar(&job.Tool, "tool", "", "tool name")
 	fs.StringVar(&job.ToolUseID, "tool-use-id", "", "the model's tool_use id (default: a new toolu_… id)")
 	fs.StringVar(&argsJSON, "args", "", "the call's arguments, a JSON object")
-	fs.StringVar(&job.Tenant, "tenant", "", "the tenant whose call it is (docs/tenants.md): published on toolq.<tenant>.jobs.<tool>, awaited in its results stream, with the inbox prefix _INBOX_<tenant>; empty: the default tenant")
+	fs.StringVar(&job.Tenant, "tenant", "", "the tenant whose call it is (docs/tenants.md): published on toolq.<tenant>.jobs.<tool>, awaited in its results stream, with the inbox prefix _INBOX_<tenant>; leave it out for the default tenant's call")
 	wait := fs.Bool("wait", false, "wait for the result and print it")
 	timeout := fs.Duration("timeout", 30*time.Second, "how long --wait waits")
 	if err := cli.ParseNone(fs, args); err != nil {
 		return err
+	}
+	tenantSet := false
+	fs.Visit(func(f *flag.Flag) { tenantSet = tenantSet || f.Name == "tenant" })
+	if tenantSet && job.Tenant == "" {
+		return errEmptyTenant
 	}
 	if argsJSON == "" {
 		return cli.Usagef("--args is required (a JSON object)")

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
 	"strings"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/toolq/toolq/embedded"
+	"github.com/toolq/toolq/internal/cli"
 	"github.com/toolq/toolq/internal/testenv"
 	"github.com/toolq/toolq/jobs"
 	"github.com/toolq/toolq/worker"
@@ -94,5 +96,18 @@ func TestPublish(t *testing.T) {
 	_, err = runPublisher(t, "", append([]string{"publish", "--tool", "search_orders", "--wait", "--timeout", "1s", "--args", `{"query":"x"}`}, env...)...)
 	if err == nil || !strings.Contains(err.Error(), "no result") {
 		t.Fatalf("wait without a consumer: %v", err)
+	}
+}
+
+// TestPublishRefusesAnEmptyTenant: `--tenant ""` (--tenant "$TENANT" with
+// TENANT unset) is a usage error naming --tenant, before any connection:
+// the call is not published as the default tenant's.
+func TestPublishRefusesAnEmptyTenant(t *testing.T) {
+	t.Parallel()
+	_, err := runPublisher(t, "", "publish", "--nats-url", "nats://127.0.0.1:1", "--tenant", "",
+		"--conversation", "c", "--turn", "1", "--tool", "t", "--args", "{}")
+	var exit *cli.ExitError
+	if !errors.As(err, &exit) || exit.Code != cli.ExitUsage || !strings.Contains(err.Error(), "--tenant") {
+		t.Fatalf("publish --tenant \"\": %v, want a usage error naming --tenant", err)
 	}
 }
