@@ -29,7 +29,7 @@ var toolsCommands = &cli.Commands{Name: "consumer tools", List: []cli.Command{
 }}
 
 var ledgerCommands = &cli.Commands{Name: "consumer ledger", List: []cli.Command{
-	{Name: "ls", Summary: "list ledger rows (--state S, --stale, --tool T, --conversation C, --older-than D, --json)", Run: ledgerLs},
+	{Name: "ls", Summary: "list ledger rows (--state S, --stale, --tool T, --conversation C, --tenant T, --older-than D, --json)", Run: ledgerLs},
 	{Name: "show", Summary: "show one row and its history (KEY or the call's fields, --json)", Run: ledgerShow},
 	{Name: "resolve", Summary: "settle an indeterminate row (KEY, --output JSON | --not-run, --reason TEXT)", Run: ledgerResolve},
 	{Name: "purge", Summary: "delete finished rows older than D (--older-than D)", Run: ledgerPurge},
