@@ -99,10 +99,11 @@ func ledgerLs(ctx context.Context, args []string, stdio cli.IO, getenv func(stri
 	if *state != "" && !ledger.State(*state).Valid() {
 		return cli.Usagef("--state %q: want in_flight, completed, failed, indeterminate or awaiting_approval", *state)
 	}
-	tenantGiven := false
-	fs.Visit(func(f *flag.Flag) { tenantGiven = tenantGiven || f.Name == "tenant" })
-	if tenantGiven && (*tenant == "" || !jobs.ValidTenant(*tenant)) {
-		return cli.Usagef("--tenant %q: not a tenant's name (leave it out to list every tenant's rows)", *tenant)
+	if err := cli.RefuseEmpty(fs, "tenant", "to list every tenant's rows"); err != nil {
+		return err
+	}
+	if !jobs.ValidTenant(*tenant) {
+		return cli.Usagef("--tenant %q: not a tenant's name", *tenant)
 	}
 	f := ledger.Filter{State: ledger.State(*state), Stale: *stale, Tool: *tool, ConversationID: *conversation, Tenant: *tenant, Limit: *limit}
 	for _, a := range []struct {
@@ -186,21 +187,17 @@ func (c *callFlags) register(fs *flag.FlagSet, withTenant bool) {
 // key returns the key given as the one positional argument, or derived from
 // the call's fields; not both.
 func (c *callFlags) key(fs *flag.FlagSet, pos []string) (string, error) {
-	given, tenantGiven := false, false
+	if err := cli.RefuseEmpty(fs, "tenant", "to name the default tenant's call"); err != nil {
+		return "", err
+	}
+	given := false
 	fs.Visit(func(f *flag.Flag) {
 		switch f.Name {
-		case "tenant":
-			tenantGiven = true
-			given = true
-		case "conversation", "turn", "tool", "ordinal", "args":
+		case "tenant", "conversation", "turn", "tool", "ordinal", "args":
 			given = true
 		}
 	})
 	switch {
-	case tenantGiven && c.call.Tenant == "":
-		// An unset variable ("--tenant $TENANT") would otherwise name the
-		// default tenant's call.
-		return "", cli.Usagef("--tenant is empty: leave it out to name the default tenant's call")
 	case given && len(pos) > 0:
 		tenant := ""
 		if fs.Lookup("tenant") != nil {

@@ -58,29 +58,36 @@ func TestApproveTakesNoTenantFlag(t *testing.T) {
 	}
 }
 
+// claimTicket claims tenant's call (the default tenant's for "") of
+// create_ticket {"a":1} at turn 2 of conversation c9, and returns its key
+// and row.
+func claimTicket(t *testing.T, st *ledger.Store, tenant string) (string, ledger.Row) {
+	t.Helper()
+	key, err := jobs.Call{Tenant: tenant, ConversationID: "c9", TurnIndex: 2, Tool: "create_ticket", Args: []byte(`{"a":1}`)}.Key()
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := st.Claim(context.Background(), []ledger.Claim{{Key: key, ConversationID: "c9", TurnIndex: 2, Tool: "create_ticket", ArgsDigest: "d",
+		ToolUseID: "toolu_" + tenant + "x", Owner: "o", Lease: time.Hour, Tenant: tenant}})
+	if err != nil || !res[0].Claimed {
+		t.Fatalf("claim %q's call: %v", tenant, err)
+	}
+	return key, res[0].Row
+}
+
 // TestLedgerShowPrintsWhoseCallARowIs: the tenant is one of the fields
 // that name a call, so `ledger show` prints it with the others: an
 // operator who copies them to name the call gives --tenant too.
 func TestLedgerShowPrintsWhoseCallARowIs(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
 	env := map[string]string{"TOOLQ_DATA_DIR": t.TempDir()}
 	st := migratedLedger(t, env)
-	key, _ := jobs.Call{Tenant: "acme", ConversationID: "c9", TurnIndex: 2, Tool: "create_ticket", Args: []byte(`{"a":1}`)}.Key()
-	res, err := st.Claim(ctx, []ledger.Claim{{Key: key, ConversationID: "c9", TurnIndex: 2, Tool: "create_ticket", ArgsDigest: "d",
-		ToolUseID: "toolu_1", Owner: "o", Lease: time.Hour, Tenant: "acme"}})
-	if err != nil || !res[0].Claimed {
-		t.Fatal(err)
-	}
+	key, _ := claimTicket(t, st, "acme")
 	out, err := runConsumer(t, env, "ledger", "show", key)
 	if err != nil || !strings.Contains(out, "tenant:") || !strings.Contains(out, "acme") {
 		t.Fatalf("ledger show of acme's row does not say it is acme's:\n%s %v", out, err)
 	}
-	other, _ := jobs.Call{ConversationID: "c9", TurnIndex: 2, Tool: "create_ticket", Args: []byte(`{"a":1}`)}.Key()
-	if _, err := st.Claim(ctx, []ledger.Claim{{Key: other, ConversationID: "c9", TurnIndex: 2, Tool: "create_ticket", ArgsDigest: "d",
-		ToolUseID: "toolu_2", Owner: "o", Lease: time.Hour}}); err != nil {
-		t.Fatal(err)
-	}
+	other, _ := claimTicket(t, st, "")
 	if out, err := runConsumer(t, env, "ledger", "show", other); err != nil || !strings.Contains(out, "(default)") {
 		t.Fatalf("ledger show of the default tenant's row does not say so:\n%s %v", out, err)
 	}
@@ -95,13 +102,8 @@ func TestLedgerCommandsRefuseAnEmptyTenant(t *testing.T) {
 	ctx := context.Background()
 	env := map[string]string{"TOOLQ_DATA_DIR": t.TempDir()}
 	st := migratedLedger(t, env)
-	key, _ := jobs.Call{ConversationID: "c9", TurnIndex: 2, Tool: "create_ticket", Args: []byte(`{"a":1}`)}.Key()
-	res, err := st.Claim(ctx, []ledger.Claim{{Key: key, ConversationID: "c9", TurnIndex: 2, Tool: "create_ticket", ArgsDigest: "d",
-		ToolUseID: "toolu_1", Owner: "o", Lease: time.Hour}})
-	if err != nil || !res[0].Claimed {
-		t.Fatal(err)
-	}
-	if err := st.MarkIndeterminate(ctx, res[0].Row.Fence(), ledger.ErrorInfo{Code: "reset"}); err != nil {
+	key, row := claimTicket(t, st, "")
+	if err := st.MarkIndeterminate(ctx, row.Fence(), ledger.ErrorInfo{Code: "reset"}); err != nil {
 		t.Fatal(err)
 	}
 	out, err := runConsumer(t, env, "ledger", "resolve", "--tenant", "", "--conversation", "c9", "--turn", "2", "--tool", "create_ticket", "--args", `{"a":1}`,
@@ -120,16 +122,10 @@ func TestLedgerCommandsRefuseAnEmptyTenant(t *testing.T) {
 // --tenant lists one tenant's rows.
 func TestLedgerLsShowsWhoseCallEachRowIs(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
 	env := map[string]string{"TOOLQ_DATA_DIR": t.TempDir()}
 	st := migratedLedger(t, env)
 	for _, tenant := range []string{"", "acme"} {
-		key, _ := jobs.Call{Tenant: tenant, ConversationID: "c9", TurnIndex: 2, Tool: "create_ticket", Args: []byte(`{"a":1}`)}.Key()
-		res, err := st.Claim(ctx, []ledger.Claim{{Key: key, ConversationID: "c9", TurnIndex: 2, Tool: "create_ticket", ArgsDigest: "d",
-			ToolUseID: "toolu_" + tenant + "x", Owner: "o", Lease: time.Hour, Tenant: tenant}})
-		if err != nil || !res[0].Claimed {
-			t.Fatal(err)
-		}
+		claimTicket(t, st, tenant)
 		if tenant == "" {
 			if out, err := runConsumer(t, env, "ledger", "ls"); err != nil || strings.Contains(out, "TENANT") {
 				t.Fatalf("ledger ls of the default tenant's rows alone: %q %v", out, err)

@@ -14,10 +14,6 @@ import (
 	"github.com/toolq/toolq/jobs"
 )
 
-// errEmptyTenant refuses a --tenant given empty: an unset variable
-// ("--tenant $TENANT") would otherwise name the default tenant's call.
-var errEmptyTenant = cli.Usagef("--tenant is empty: leave it out for the default tenant's call")
-
 func runKey(_ context.Context, args []string, stdio cli.IO, _ func(string) string) error {
 	fs := cli.NewFlagSet("key", "publisher key [[--tenant T] --conversation C --turn N --tool T [--ordinal K] --args JSON] [--material]\n\n"+
 		"With --args, prints the key of that one call. Without it, reads job bodies as JSON\n"+
@@ -35,22 +31,19 @@ func runKey(_ context.Context, args []string, stdio cli.IO, _ func(string) strin
 	if err := cli.ParseNone(fs, args); err != nil {
 		return err
 	}
-	argsSet, tenantSet := false, false
+	if err := cli.RefuseEmpty(fs, "tenant", "for the default tenant's key"); err != nil {
+		return err
+	}
+	argsSet := false
 	var fields []string // the call's field flags given
 	fs.Visit(func(f *flag.Flag) {
 		switch f.Name {
 		case "args":
 			argsSet = true
-		case "tenant":
-			tenantSet = true
-			fields = append(fields, "--"+f.Name)
-		case "conversation", "turn", "tool", "ordinal":
+		case "tenant", "conversation", "turn", "tool", "ordinal":
 			fields = append(fields, "--"+f.Name)
 		}
 	})
-	if tenantSet && call.Tenant == "" {
-		return errEmptyTenant
-	}
 	if !argsSet && len(fields) > 0 {
 		// Without --args the calls are read from standard input, each with
 		// its own fields: the flags would be ignored.

@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"time"
 
@@ -37,10 +36,8 @@ func runPublish(ctx context.Context, args []string, stdio cli.IO, getenv func(st
 	if err := cli.ParseNone(fs, args); err != nil {
 		return err
 	}
-	tenantSet := false
-	fs.Visit(func(f *flag.Flag) { tenantSet = tenantSet || f.Name == "tenant" })
-	if tenantSet && job.Tenant == "" {
-		return errEmptyTenant
+	if err := cli.RefuseEmpty(fs, "tenant", "for the default tenant's call"); err != nil {
+		return err
 	}
 	if argsJSON == "" {
 		return cli.Usagef("--args is required (a JSON object)")

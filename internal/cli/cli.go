@@ -174,3 +174,15 @@ func ParseN(fs *flag.FlagSet, args []string, n int, what string) ([]string, erro
 	}
 	return pos, nil
 }
+
+// RefuseEmpty is a usage error when the flag name was given with an empty
+// value ("--tenant $TENANT" with the variable unset), which would otherwise
+// mean the same as leaving it out; hint says what leaving it out does.
+func RefuseEmpty(fs *flag.FlagSet, name, hint string) error {
+	empty := false
+	fs.Visit(func(f *flag.Flag) { empty = empty || f.Name == name && f.Value.String() == "" })
+	if empty {
+		return Usagef("--%s is empty: leave it out %s", name, hint)
+	}
+	return nil
+}
